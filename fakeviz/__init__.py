@@ -1,0 +1,51 @@
+"""fakeviz: see a PyTorch model you cannot afford to run.
+
+Build and drive a model under fake tensors (shape, dtype, stride, device and
+storage identity, no data), record every dispatched aten op, and look at the
+record: ops, storages, memory per device.
+
+>>> import fakeviz as fv
+>>> with fv.record(device="cuda:0") as trace:   # doctest: +SKIP
+...     model = build_model(); model(ids).sum().backward()
+>>> trace.ops                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from . import _cuda_shim
+from ._errors import DataDependentError, FakeVizError, FakeVizWarning, RecordError, TraceFormatError
+from ._recorder import Recording, record
+from ._session import fake_mode, fakeify, is_fake, meta_like
+from ._trace import PHASES, STORAGE_KINDS, Trace, load
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PHASES",
+    "STORAGE_KINDS",
+    "DataDependentError",
+    "FakeVizError",
+    "FakeVizWarning",
+    "RecordError",
+    "Recording",
+    "Trace",
+    "TraceFormatError",
+    "fake_cuda_status",
+    "fake_mode",
+    "fakeify",
+    "is_fake",
+    "load",
+    "meta_like",
+    "record",
+]
+
+
+def fake_cuda_status() -> _cuda_shim.ShimStatus:
+    """How fake cuda devices are provided in this process (native, shim or unavailable)."""
+    return _cuda_shim.ensure_fake_cuda()
+
+
+# Load the fake-cuda shim as early as possible: before any real backward runs,
+# so torch's autograd engine sizes its device queues for 64 fake cuda devices.
+# See Note: [fake cuda on a CPU-only build].
+_cuda_shim.ensure_fake_cuda()

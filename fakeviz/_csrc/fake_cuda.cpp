@@ -1,0 +1,106 @@
+// fakeviz fake-CUDA shim for CPU-only builds of PyTorch.
+//
+// Note: [fake cuda on a CPU-only build]
+// A CPU-only libtorch has no DeviceGuardImpl for CUDA, so FakeTensorMode cannot
+// run module init, copy_ or indexing on fake cuda tensors ("PyTorch is not
+// linked with support for cuda devices"), and the autograd engine cannot route
+// backward work for them. This shim
+//   1. registers a DeviceGuardImpl for CUDA that owns no memory and runs no
+//      kernels: it only tracks the "current device" per thread and hands out
+//      default streams, and reports 64 devices (cuda:0 .. cuda:63);
+//   2. makes the already-created CUDA hooks object report isBuilt() == true
+//      (isAvailable() stays false), so at::accelerator::getAccelerator finds
+//      CUDA as the accelerator that the autograd engine asks for streams.
+// The hooks object is created once and cached by libtorch (often during
+// `import torch`), so instead of registering a new hooks class we swap the
+// vtable pointer of the cached object for one of a subclass that adds no data
+// members. The original vtable pointer is kept and can be put back.
+// Nothing here allocates device memory: real CUDA kernels still cannot run,
+// only fake (meta-backed) tensors that claim a cuda device.
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstring>
+
+namespace {
+
+constexpr c10::DeviceIndex kFakeDeviceCount = 64;
+thread_local c10::DeviceIndex current_index = 0;
+
+c10::DeviceIndex clamp_index(c10::Device d) {
+  return d.index() < 0 ? 0 : d.index();
+}
+
+struct FakeCUDAGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return c10::DeviceType::CUDA; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old = getDevice();
+    current_index = clamp_index(d);
+    return old;
+  }
+  c10::Device getDevice() const override {
+    return c10::Device(c10::DeviceType::CUDA, current_index);
+  }
+  void setDevice(c10::Device d) const override { current_index = clamp_index(d); }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    current_index = clamp_index(d);
+  }
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CUDA, clamp_index(d)));
+  }
+  c10::Stream getDefaultStream(c10::Device d) const override { return getStream(d); }
+  c10::Stream getNewStream(c10::Device d, int) const override { return getStream(d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return s; }
+  c10::DeviceIndex deviceCount() const noexcept override { return kFakeDeviceCount; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void recordDataPtrOnStream(const c10::DataPtr&, const c10::Stream&) const override {}
+};
+
+struct FakeCUDAHooks : public at::CUDAHooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return false; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return false; }
+};
+
+FakeCUDAGuardImpl guard_impl;
+void* original_hooks_vptr = nullptr;
+
+}  // namespace
+
+extern "C" {
+
+// 0: registered now, 1: a CUDA guard was already registered (left alone).
+int fakeviz_register_cuda_guard() {
+  auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
+  if (slot.load() != nullptr) return 1;
+  slot.store(&guard_impl);
+  return 0;
+}
+
+// 0: patched now or already, 1: the hooks already report a CUDA build (left alone).
+int fakeviz_patch_cuda_hooks() {
+  static FakeCUDAHooks fake;
+  const at::CUDAHooksInterface& cur = at::detail::getCUDAHooks();
+  void* vp_fake = nullptr;
+  void* vp_cur = nullptr;
+  std::memcpy(&vp_fake, static_cast<const void*>(&fake), sizeof(void*));
+  std::memcpy(&vp_cur, static_cast<const void*>(&cur), sizeof(void*));
+  if (vp_cur == vp_fake) return 0;
+  if (cur.isBuilt()) return 1;
+  original_hooks_vptr = vp_cur;
+  std::memcpy(const_cast<void*>(static_cast<const void*>(&cur)), &vp_fake, sizeof(void*));
+  return 0;
+}
+
+int fakeviz_device_count() { return kFakeDeviceCount; }
+
+}  // extern "C"

@@ -1,0 +1,173 @@
+"""Fake CUDA devices on a CPU-only build of PyTorch.
+
+See Note: [fake cuda on a CPU-only build] in ``_csrc/fake_cuda.cpp``.
+
+The shim is compiled once with the system C++ compiler against the headers of
+the installed torch wheel (about 2 s), cached under ``$FAKEVIZ_CACHE_DIR`` (or
+``~/.cache/fakeviz``), and loaded with :mod:`ctypes`. It works whether or not
+``import torch`` came first. On a CUDA build of torch nothing is loaded: the
+native CUDA guard serves fake cuda tensors.
+
+Known limitations
+-----------------
+* Without a C++ compiler the shim cannot be built. Then fake tensors can only
+  live on ``cpu`` and ``meta``; :func:`status` says why, and one
+  :class:`FakeVizWarning` is emitted the first time a cuda device is asked for.
+* If a real (non-fake) backward ran in this process before the shim loaded,
+  libtorch's autograd engine has already sized its per-device queues, and a
+  fake backward on ``cuda:N`` for ``N > 0`` raises. :func:`status` reports it
+  (``backward_max_index``); importing fakeviz first avoids it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from ._errors import FakeVizWarning
+
+__all__ = ["ShimStatus", "ensure_fake_cuda", "status"]
+
+_SRC = Path(__file__).with_name("_csrc") / "fake_cuda.cpp"
+_lock = threading.Lock()
+
+
+@dataclasses.dataclass
+class ShimStatus:
+    """How fake cuda devices are provided in this process."""
+
+    mode: str  # "native" | "shim" | "unavailable" | "not-loaded"
+    reason: str = ""
+    library: str = ""
+    device_count: int = 0
+    backward_max_index: int = -1  # highest cuda index a fake backward can use
+
+    @property
+    def cuda_ok(self) -> bool:
+        return self.mode in ("native", "shim")
+
+
+_status = ShimStatus(mode="not-loaded")
+_warned = False
+
+
+def status() -> ShimStatus:
+    """The current :class:`ShimStatus` (loads nothing)."""
+    return _status
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("FAKEVIZ_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fakeviz"
+    )
+    return Path(root)
+
+
+def _library_path() -> Path:
+    src = _SRC.read_bytes()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    key = hashlib.sha256(src + torch.__version__.encode() + str(abi).encode() + torch.__file__.encode())
+    return _cache_dir() / f"fake_cuda_{key.hexdigest()[:16]}.so"
+
+
+def _compile(target: Path) -> None:
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        raise RuntimeError("no C++ compiler found (looked for $CXX, c++, g++, clang++)")
+    torch_dir = Path(torch.__file__).parent
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [
+        cxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w",
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{torch_dir / 'include'}",
+        str(_SRC), "-o", tmp,
+        f"-L{torch_dir / 'lib'}", "-lc10", "-ltorch_cpu",
+        f"-Wl,-rpath,{torch_dir / 'lib'}",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(f"compiling the fake-cuda shim failed:\n{proc.stderr[-2000:]}")
+        os.replace(tmp, target)  # atomic: concurrent builders never load half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _probe_backward() -> int:
+    """Highest fake cuda index on which autograd's engine accepts work."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    best = -1
+    for index in (0, 63):
+        try:
+            with FakeTensorMode():
+                x = torch.empty(2, device=f"cuda:{index}", requires_grad=True)
+                (x * 2).sum().backward()
+            best = index
+        except RuntimeError:
+            break
+    return best
+
+
+def ensure_fake_cuda() -> ShimStatus:
+    """Make fake cuda devices usable in this process; idempotent and thread-safe."""
+    global _status
+    with _lock:
+        if _status.mode != "not-loaded":
+            return _status
+        if torch.backends.cuda.is_built():
+            _status = ShimStatus(mode="native", device_count=64, backward_max_index=63)
+            return _status
+        if not sys.platform.startswith("linux") and sys.platform != "darwin":
+            _status = ShimStatus(mode="unavailable", reason=f"platform {sys.platform} is not supported")
+            return _status
+        try:
+            path = _library_path()
+            if not path.exists():
+                _compile(path)
+            lib = ctypes.CDLL(str(path))
+            lib.fakeviz_register_cuda_guard()
+            lib.fakeviz_patch_cuda_hooks()
+            _status = ShimStatus(mode="shim", library=str(path), device_count=int(lib.fakeviz_device_count()))
+        except Exception as exc:  # noqa: BLE001 - any failure means: no fake cuda, say why
+            _status = ShimStatus(mode="unavailable", reason=str(exc))
+            return _status
+        _status.backward_max_index = _probe_backward()
+        if _status.backward_max_index < 63:
+            _status.reason = (
+                "a real backward ran in this process before fakeviz was imported, so torch's autograd "
+                f"engine serves fake backward only up to cuda:{_status.backward_max_index}; "
+                "import fakeviz before running any backward to lift this"
+            )
+        return _status
+
+
+def warn_if_unavailable(device: str | torch.device | None) -> None:
+    """One clear warning when a cuda device is asked for but cannot be faked."""
+    global _warned
+    if device is None or _warned:
+        return
+    if torch.device(device).type == "cuda" and not _status.cuda_ok:
+        _warned = True
+        warnings.warn(
+            "fakeviz: fake cuda devices are unavailable in this process "
+            f"({_status.reason or _status.mode}); fake tensors can only use cpu and meta. "
+            "Install a C++ compiler (g++) so fakeviz can build its small fake-cuda shim.",
+            FakeVizWarning,
+            stacklevel=3,
+        )

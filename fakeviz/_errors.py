@@ -1,0 +1,57 @@
+"""Exceptions and warnings raised by fakeviz."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._trace import Trace
+
+__all__ = ["DataDependentError", "FakeVizError", "FakeVizWarning", "RecordError", "TraceFormatError"]
+
+
+class FakeVizWarning(UserWarning):
+    """Warnings emitted by fakeviz."""
+
+
+class FakeVizError(RuntimeError):
+    """Base class of fakeviz errors."""
+
+
+class TraceFormatError(FakeVizError, ValueError):
+    """A saved trace file is not readable: wrong format, truncated or corrupted."""
+
+
+class RecordError(FakeVizError):
+    """An op failed while recording.
+
+    Attributes: ``op`` (the aten overload name), ``module`` (module path at the
+    time), ``user_line`` ("file:line" of the user's code), ``trace`` (the partial
+    :class:`~fakeviz.Trace`, recorded up to the failing op).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        op: str | None,
+        module: str | None,
+        user_line: str | None,
+        trace: Trace | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.op = op
+        self.module = module
+        self.user_line = user_line
+        self.trace = trace
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep picklable for multiprocessing
+        return (RuntimeError, (str(self),))
+
+
+class DataDependentError(RecordError):
+    """The model's code needs a tensor *value* (``.item()``, ``nonzero``, a branch on data).
+
+    Fake tensors carry no data, so the value cannot be known. See the message for
+    ways around it.
+    """
