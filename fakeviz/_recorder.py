@@ -103,6 +103,26 @@ _ST_KIND = tuple(_trace_mod._ST_COLS).index("st_kind")
 _ST_NAME = tuple(_trace_mod._ST_COLS).index("st_name")
 
 
+_DETACH = torch.ops.aten.detach.default
+_PARAM_NEW = torch.nn.Parameter.__new__.__code__
+
+
+def _called_from_parameter_new() -> bool:
+    # Note: [Parameter detach]
+    # nn.Parameter(t) on a tensor *subclass* (a FakeTensor) runs t.detach() in
+    # Python, while on a plain tensor it aliases in C++ without dispatching.
+    # That detach is bookkeeping of the fake path: it is not recorded, so fake
+    # and real runs log the same ops (the Parameter gets its id when first used).
+    f = sys._getframe(3)
+    for _ in range(8):
+        if f is None:
+            return False
+        if f.f_code is _PARAM_NEW:
+            return True
+        f = f.f_back
+    return False
+
+
 class _State:
     """Recording state shared by the fused fake mode and the real-run mode."""
 
@@ -252,6 +272,8 @@ class _State:
 
     # ------------------------------------------------------------------ ops
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
+        if func is _DETACH and _called_from_parameter_new():
+            return  # Note: [Parameter detach]
         b = self.b
         info = self.op_info.get(func)
         if info is None:
@@ -370,16 +392,21 @@ class _State:
         dev = t.device
         try:
             ids = self.meta_ids.get((shape, stride, dt, dev))
+            symbolic = False
         except TypeError:  # symbolic sizes are unhashable
             ids = None
+            symbolic = True
         if ids is None:
             ids = self._meta_ids(shape, stride, dt, dev)
         sid, stid, dtid, devid = ids
-        nb = t.nbytes
-        if type(nb) is not int:
+        if symbolic:
             nb = -1
             flag = FLAG_DATA_DEPENDENT
-        off = t.storage_offset()
+            off = t.storage_offset()
+            off = off if type(off) is int else -1
+        else:
+            nb = t.nbytes
+            off = t.storage_offset()
         try:
             st = t.untyped_storage()
             key = st._cdata
@@ -387,10 +414,23 @@ class _State:
             stor = hit[0] if hit is not None else self._new_storage(st, key, dev, len(self.b.opd) // _N_OP, K_OTHER)
         except (NotImplementedError, RuntimeError):
             stor = -1
-        self.b.outd.extend((tid, sid, stid, dtid, devid, stor, off if type(off) is int else -1, nb))
+        self.b.outd.extend((tid, sid, stid, dtid, devid, stor, off, nb))
         return flag
 
     # --------------------------------------------------------------- errors
+    def internal_error(self, func: Any, exc: BaseException) -> None:
+        """The recorder itself failed on an op: keep a bare row so seq numbers stay aligned."""
+        b = self.b
+        # drop partial input/output rows of the failed op
+        last_in, last_out = (b.opd[-3], b.opd[-2]) if len(b.opd) else (0, 0)
+        del b.in_tensor[last_in:]
+        del b.outd[last_out * 8 :]
+        op_id = self._op(func)[0]
+        b.opd.extend((op_id, P_OTHER, -1, -1, self.t_args.add("<not recorded>", "<not recorded>"), last_in, last_out, 0))
+        meta = self.trace.meta
+        meta["recorder_errors"] = meta.get("recorder_errors", 0) + 1
+        meta.setdefault("first_recorder_error", f"{func}: {type(exc).__name__}: {exc}"[:1000])
+
     def on_error(self, func: Any, exc: BaseException) -> BaseException:
         """Turn an op failure into a clear error; record where it happened."""
         if id(exc) in self.error_seen:
@@ -574,7 +614,10 @@ class _FakeRecordingMode(FakeTensorMode):
         finally:
             loc.depth = depth
         if depth == 0:
-            st.record(func, args, kwargs, out)
+            try:
+                st.record(func, args, kwargs, out)
+            except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
+                st.internal_error(func, exc)
         return out
 
 
@@ -607,7 +650,10 @@ class _RealRecordingMode(TorchDispatchMode):
         finally:
             loc.depth = depth
         if depth == 0:
-            st.record(func, args, kwargs, out)
+            try:
+                st.record(func, args, kwargs, out)
+            except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
+                st.internal_error(func, exc)
         return out
 
 

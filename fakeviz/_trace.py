@@ -481,9 +481,9 @@ class Trace:
                     cols[name] = arr
         except TraceFormatError:
             raise
-        except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
+        except (FileNotFoundError, IsADirectoryError, PermissionError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - zlib, zipfile, numpy, json: any damage means "unreadable"
             raise TraceFormatError(f"{path}: not a readable fakeviz trace ({type(exc).__name__}: {exc})") from exc
         missing = set(_ALL_COLS) - set(cols)
         if missing:

@@ -1,0 +1,389 @@
+"""Engine tests: fake sessions, the recorder, the Trace, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import fakeviz as fv
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _no_fake_mode_active() -> bool:
+    return torch._guards.detect_fake_mode() is None and not fv.is_fake(torch.ones(1))
+
+
+def run_py(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
+    )
+    assert proc.returncode == 0, f"child failed with {proc.returncode} (negative: killed by signal)\n{proc.stderr[-4000:]}"
+    return proc
+
+
+# ----------------------------------------------------------- torchdistx API
+def test_torchdistx_fake_vs_meta_example():
+    # The example from torchdistx's "Fake Tensor" page.
+    a = torch.ones([10], device="meta")
+    assert a.device == torch.device("meta")
+    with fv.fake_mode():
+        b = torch.ones([10])
+    assert b.device == torch.device("cpu")
+    assert fv.is_fake(b) and not fv.is_fake(a)
+    assert _no_fake_mode_active()
+
+
+def test_torchdistx_module_in_fake_mode_and_meta_like():
+    with fv.fake_mode():
+        m = torch.nn.Linear(10, 10)
+    assert fv.is_fake(m.weight) and isinstance(m.weight, torch.nn.Parameter)
+    assert m.weight.shape == (10, 10)
+    meta = fv.meta_like(m.weight)
+    assert meta.device.type == "meta" and meta.shape == m.weight.shape and meta.stride() == m.weight.stride()
+    assert meta.dtype == m.weight.dtype and not meta.requires_grad and not fv.is_fake(meta)
+    with pytest.raises(ValueError, match="fake tensor"):
+        fv.meta_like(torch.ones(2))
+
+
+def test_fake_mode_cuda_device_on_cpu_build():
+    with fv.fake_mode(device="cuda:1"):
+        x = torch.ones(3, 4)
+        y = (x @ x.T).cuda(2)
+    assert x.device == torch.device("cuda", 1) and y.device == torch.device("cuda", 2)
+    assert x.device.type == "cuda"
+
+
+def test_blenderbot_default_config_under_1gib_rss():
+    proc = run_py(
+        """
+        import resource, json, torch, fakeviz as fv
+        from transformers import BlenderbotConfig, BlenderbotModel
+        with fv.fake_mode():
+            m = BlenderbotModel(BlenderbotConfig())
+        n = sum(p.numel() for p in m.parameters())
+        print(json.dumps({"fake": fv.is_fake(m.shared.weight), "params": n,
+                          "meta": str(fv.meta_like(m.shared.weight).device),
+                          "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+        """
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["fake"] and out["meta"] == "meta"
+    assert out["params"] > 2_000_000_000  # 2.7B: 10 GiB if it were real fp32
+    assert out["rss"] < 2**30, f"peak RSS {out['rss'] / 2**20:.0f} MiB"
+
+
+# ------------------------------------------------------------------ recorder
+class TinyNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).relu().sum()
+
+
+GOLDEN = """\
+$0: f32[3, 4] cuda:0 = aten.empty.memory_format([3, 4], device=cuda:0, pin_memory=False)
+$1: f32[3, 4] cuda:0 = aten.uniform_.default($1, -0.49999999999999994, 0.49999999999999994)
+$2: f32[2, 4] cuda:0 = aten.randn.default([2, 4], device=cuda:0, pin_memory=False)
+$3: f32[4, 3] cuda:0 = aten.t.default($1)
+$4: f32[2, 3] cuda:0 = aten.mm.default($2, $3)
+$5: f32[2, 3] cuda:0 = aten.relu.default($4)
+$6: f32[2, 3] cuda:0 = aten.detach.default($5)
+$7: f32[] cuda:0 = aten.sum.default($5)
+$8: f32[] cuda:0 = aten.ones_like.default($7, pin_memory=False, memory_format=torch.preserve_format)
+$9: f32[2, 3] cuda:0 = aten.expand.default($8, [2, 3])
+$10: f32[2, 3] cuda:0 = aten.detach.default($6)
+$11: f32[2, 3] cuda:0 = aten.threshold_backward.default($9, $10, 0)
+$12: f32[3, 2] cuda:0 = aten.t.default($11)
+$13: f32[3, 4] cuda:0 = aten.mm.default($12, $2)
+$14: f32[4, 3] cuda:0 = aten.t.default($13)
+$15: f32[3, 4] cuda:0 = aten.t.default($14)
+$16: f32[3, 4] cuda:0 = aten.detach.default($15)"""
+
+
+def _tiny_run():
+    torch.manual_seed(0)
+    m = TinyNet()
+    x = torch.randn(2, 4)
+    m(x).backward()
+    return m
+
+
+def test_golden_oplog_fake_cuda():
+    with fv.record(device="cuda:0") as trace:
+        _tiny_run()
+    assert trace.oplog() == GOLDEN
+
+
+def test_golden_oplog_real_cpu_matches_fake_cpu():
+    with fv.record(fake=False) as real:
+        _tiny_run()
+    with fv.record(device="cpu") as fake:
+        _tiny_run()
+    assert real.oplog() == fake.oplog() == GOLDEN.replace("cuda:0", "cpu")
+    assert real.meta["fake"] is False and fake.meta["fake"] is True
+
+
+def test_phases_modules_and_lines():
+    with fv.record(device="cuda:0") as trace:
+        m = TinyNet()
+        loss = m(torch.randn(2, 4))
+        loss.backward()
+        torch.optim.SGD(m.parameters(), lr=0.1).step()
+    ops = trace.ops
+    assert list(ops.phase.unique()) == ["init", "forward", "backward", "optimizer", "other"][: len(ops.phase.unique())] or set(
+        ops.phase
+    ) >= {"init", "forward", "backward", "optimizer"}
+    fwd = ops[ops.phase == "forward"]
+    assert set(fwd.module.dropna()) == {"TinyNet", "TinyNet.fc"}
+    mm = fwd[fwd.op == "aten.mm.default"]
+    assert list(mm.module) == ["TinyNet.fc"]
+    # the user line of ops inside nn.Linear is the line in TinyNet.forward that called it
+    assert mm.user_line.iloc[0].endswith(f"in forward") and "test_engine.py" in mm.user_line.iloc[0]
+    bwd = ops[ops.phase == "backward"]
+    assert "TinyNet.fc" in set(bwd.module.dropna())  # backward ops attributed to their forward module
+    assert bwd.user_line.str.contains("loss.backward|test_engine.py", regex=True).all()
+    opt = ops[ops.phase == "optimizer"]
+    assert len(opt) and opt.op.str.contains("add_").any()
+    st = trace.storages
+    assert list(st[st.kind == "parameter"].name) == ["TinyNet.fc.weight"]
+
+
+def test_view_and_inplace_flags():
+    with fv.record() as trace:
+        x = torch.zeros(4, 4)
+        v = x.view(16)
+        v.add_(1)
+        y = x.t().contiguous()
+    ops = trace.ops.set_index("op")
+    assert bool(ops.loc["aten.view.default", "is_view"]) and not bool(ops.loc["aten.view.default", "inplace"])
+    assert bool(ops.loc["aten.add_.Tensor", "inplace"])
+    out = trace.outputs
+    # the view shares the storage of x; contiguous() after t() makes a new one
+    assert out.storage.iloc[1] == out.storage.iloc[0]
+    assert out.storage.iloc[-1] != out.storage.iloc[0]
+    del y
+
+
+def test_storage_lifetimes_and_peak():
+    with fv.record(device="cuda:0") as trace:
+        a = torch.empty(1024, dtype=torch.float32)  # 4 KiB, lives to the end
+        b = torch.empty(2048, dtype=torch.float32)  # 8 KiB, freed below
+        del b
+        c = torch.empty(256, dtype=torch.float32)  # 1 KiB
+        del c
+        keep = (a,)
+    st = trace.storages
+    assert list(st.nbytes) == [4096, 8192, 1024]
+    assert list(st.alloc_seq) == [0, 1, 2]
+    assert list(st.free_seq) == [-1, 2, 3]
+    curve = trace.live_bytes()["cuda:0"]
+    assert list(curve) == [4096, 4096 + 8192, 4096 + 1024]
+    assert trace.peak_bytes()["cuda:0"] == {"bytes": 12288, "seq": 1, "op": "aten.empty.memory_format"}
+    del keep
+
+
+def test_tied_weights_one_storage_and_fakeify_keeps_tying():
+    real = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    real[1].weight = real[0].weight
+    fake = fv.fakeify(real, device="cuda:0")
+    assert fv.is_fake(fake[0].weight) and fake[0].weight is fake[1].weight
+    assert fake[0].weight.device == torch.device("cuda", 0)
+    assert not fv.is_fake(real[0].weight)
+    with fv.record(modules=[fake]) as trace:
+        fake(torch.tensor([[1, 2]], device="cuda:0")).sum().backward()
+    params = trace.storages[trace.storages.kind == "parameter"]
+    assert len(params) == 1
+    assert params.name.iloc[0] == "Sequential.0.weight|Sequential.1.weight"
+
+
+def test_real_input_crossing_into_fake_run_is_recorded_as_input():
+    x = torch.randn(3, 3)  # real
+    with fv.record() as trace:
+        y = x * 2
+    assert fv.is_fake(y)
+    st = trace.storages
+    assert st.kind.iloc[0] == "input" and st.alloc_seq.iloc[0] == -1
+
+
+def test_prim_ops_not_recorded():
+    with fv.record(device="cuda:0") as trace:
+        m = TinyNet()
+        m(torch.randn(2, 4)).backward()
+    assert not trace.ops.op.str.startswith("prim.").any()
+
+
+# ------------------------------------------------------------------- errors
+class DataBranch(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if y.sum() > 0:  # a Python branch on a tensor value
+            return y
+        return x
+
+
+def test_data_dependent_branch_clear_error_partial_trace_and_clean_state():
+    with pytest.raises(fv.DataDependentError) as info:
+        with fv.record() as trace:
+            DataBranch()(torch.randn(3))
+    err = info.value
+    assert err.op == "aten._local_scalar_dense.default"
+    assert err.module == "DataBranch"
+    assert "test_engine.py" in err.user_line and "in forward" in err.user_line
+    msg = str(err)
+    assert "if y.sum() > 0" in msg and "fake tensors carry no data" in msg and "symbolic=True" in msg
+    assert err.trace is trace and len(trace) >= 3  # randn, mul, sum, gt were recorded
+    assert trace.error["op"] == "aten._local_scalar_dense.default"
+    assert _no_fake_mode_active()
+
+
+def test_item_and_nonzero_errors_and_symbolic_sizes():
+    with pytest.raises(fv.DataDependentError, match=r"aten\._local_scalar_dense"):
+        with fv.record():
+            torch.randn(3).sum().item()
+    with pytest.raises(fv.DataDependentError, match=r"aten\.nonzero"):
+        with fv.record():
+            torch.nonzero(torch.randn(5))
+    assert _no_fake_mode_active()
+    with fv.record(symbolic=True) as trace:
+        idx = torch.nonzero(torch.randn(5))
+        idx * 2
+    lines = trace.oplog_lines()
+    assert lines[1].startswith("$1: i64[u0, 1] cpu = aten.nonzero.default($0)")
+    assert trace.outputs.nbytes.iloc[1] == -1
+
+
+def test_shape_error_keeps_type_and_names_op_module_line():
+    class Bad(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x)
+
+    with pytest.raises(RuntimeError) as info:
+        with fv.record(device="cuda:0") as trace:
+            Bad()(torch.randn(2, 5))
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "aten.addmm.default" in notes and "Bad.fc" in notes and "test_engine.py" in notes
+    assert info.value.fakeviz_trace is trace and trace.error["module"] == "Bad.fc"
+    assert _no_fake_mode_active()
+
+
+def test_keyboard_interrupt_leaves_clean_state():
+    with pytest.raises(KeyboardInterrupt):
+        with fv.record(device="cuda:0") as trace:
+            torch.ones(2)
+            raise KeyboardInterrupt
+    assert len(trace) == 1 and trace.error["type"] == "KeyboardInterrupt"
+    assert _no_fake_mode_active()
+    assert torch.get_default_dtype() == torch.float32
+
+
+def test_dtype_option_restores_default():
+    with fv.record(dtype=torch.bfloat16) as trace:
+        torch.ones(2)
+    assert trace.ops.dtype.iloc[0] == "torch.bfloat16"
+    assert torch.get_default_dtype() == torch.float32
+
+
+# ------------------------------------------------------------- persistence
+def _sample_trace() -> fv.Trace:
+    with fv.record(device="cuda:0") as trace:
+        m = TinyNet()
+        m(torch.randn(2, 4)).backward()
+    return trace
+
+
+def test_save_load_round_trip(tmp_path):
+    trace = _sample_trace()
+    path = trace.save(tmp_path / "run.fvz")
+    back = fv.load(path)
+    assert back.oplog() == trace.oplog()
+    for name in ("ops", "outputs", "storages"):
+        a, b = getattr(trace, name), getattr(back, name)
+        assert a.equals(b), name
+    assert back.meta == trace.meta and back.peak_bytes() == trace.peak_bytes()
+    with zipfile.ZipFile(path) as zf:  # documented layout: JSON header + .npy columns, nothing pickled
+        names = zf.namelist()
+        assert "fakeviz.json" in names and all(n == "fakeviz.json" or n.endswith(".npy") for n in names)
+        header = json.loads(zf.read("fakeviz.json"))
+        assert header["format"] == "fakeviz-trace" and header["version"] == 1
+
+
+def test_load_rejects_corrupted_files(tmp_path):
+    trace = _sample_trace()
+    good = trace.save(tmp_path / "good.fvz").read_bytes()
+
+    trunc = tmp_path / "trunc.fvz"
+    trunc.write_bytes(good[: len(good) // 2])
+    with pytest.raises(fv.TraceFormatError, match="not a readable fakeviz trace"):
+        fv.load(trunc)
+
+    flipped = bytearray(good)
+    # flip bytes in the middle of the first member's data (a CRC mismatch, not a parse error)
+    flipped[60:70] = bytes(b ^ 0xFF for b in flipped[60:70])
+    bad = tmp_path / "flip.fvz"
+    bad.write_bytes(bytes(flipped))
+    with pytest.raises(fv.TraceFormatError):
+        fv.load(bad)
+
+    other = tmp_path / "other.fvz"
+    with zipfile.ZipFile(other, "w") as zf:
+        zf.writestr("hello.txt", "hi")
+    with pytest.raises(fv.TraceFormatError, match="no fakeviz.json"):
+        fv.load(other)
+
+    # a pickled array in place of a column is refused, never unpickled
+    evil = tmp_path / "evil.fvz"
+    with zipfile.ZipFile(tmp_path / "good.fvz") as src, zipfile.ZipFile(evil, "w") as dst:
+        for item in src.namelist():
+            data = src.read(item)
+            if item == "columns/op.npy":
+                import io
+
+                buf = io.BytesIO()
+                np.save(buf, np.array([object()] * 3, dtype=object), allow_pickle=True)
+                data = buf.getvalue()
+            dst.writestr(item, data)
+    with pytest.raises(fv.TraceFormatError):
+        fv.load(evil)
+
+    with pytest.raises(FileNotFoundError):
+        fv.load(tmp_path / "missing.fvz")
+
+
+def test_repr_is_cheap_and_html_escapes():
+    trace = _sample_trace()
+    r = repr(trace)
+    assert r.startswith("<fakeviz.Trace ") and "ops" in r
+    trace.error = {"op": "<script>alert(1)</script>", "message": "<b>x</b>", "type": "X"}
+    html = trace._repr_html_()
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_trace_is_compact_columnar():
+    trace = _sample_trace()
+    cols = [trace.col(n) for n in ("op", "phase", "module", "out_shape", "st_nbytes")]
+    assert all(isinstance(c, np.ndarray) and c.dtype.kind == "i" for c in cols)
+    assert trace.col("phase").dtype == np.int8
+
+
+def test_cli_report(tmp_path):
+    path = _sample_trace().save(tmp_path / "r.fvz")
+    proc = run_py(f"import sys; from fakeviz.__main__ import main; sys.exit(main(['report', {str(path)!r}, '--oplog', '2']))")
+    assert "ops recorded" in proc.stdout and "cuda:0" in proc.stdout and "aten.empty.memory_format" in proc.stdout
