@@ -21,6 +21,7 @@ Known limitations
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import dataclasses
 import hashlib
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -124,6 +126,23 @@ def _probe_backward() -> int:
     return best
 
 
+def drain_autograd_workers(rounds: int = 4) -> None:
+    """Let torch's autograd device threads finish releasing finished graph tasks.
+
+    Note: [autograd worker exit race]
+    Backward work on (fake) cuda runs on torch's per-device autograd threads. The
+    last reference to a finished GraphTask may be dropped on such a thread; its
+    thread-local state holds Python objects (the fake mode, device context), so
+    the thread needs the GIL to release them. If the interpreter is finalizing
+    by then, CPython exits the thread inside a noexcept destructor and the
+    process aborts ("terminate called without an active exception"). Sleeping
+    releases the GIL so waiting workers finish first; this runs at exit and
+    after each backward started inside a fakeviz session.
+    """
+    for _ in range(rounds):
+        time.sleep(0.002)
+
+
 def ensure_fake_cuda() -> ShimStatus:
     """Make fake cuda devices usable in this process; idempotent and thread-safe."""
     global _status
@@ -148,6 +167,8 @@ def ensure_fake_cuda() -> ShimStatus:
             _status = ShimStatus(mode="unavailable", reason=str(exc))
             return _status
         _status.backward_max_index = _probe_backward()
+        atexit.register(drain_autograd_workers, 25)
+        drain_autograd_workers()
         if _status.backward_max_index < 63:
             _status.reason = (
                 "a real backward ran in this process before fakeviz was imported, so torch's autograd "

@@ -762,11 +762,17 @@ def _patched_backward(state: _State) -> Iterator[None]:
 
     def backward(*args: Any, **kwargs: Any) -> Any:
         state.bw_line = state.user_line(2)
-        return orig_backward(*args, **kwargs)
+        try:
+            return orig_backward(*args, **kwargs)
+        finally:
+            _cuda_shim.drain_autograd_workers(1)
 
     def grad(*args: Any, **kwargs: Any) -> Any:
         state.bw_line = state.user_line(2)
-        return orig_grad(*args, **kwargs)
+        try:
+            return orig_grad(*args, **kwargs)
+        finally:
+            _cuda_shim.drain_autograd_workers(1)
 
     torch.autograd.backward = backward
     torch.autograd.grad = grad

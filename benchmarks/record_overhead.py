@@ -1,0 +1,158 @@
+"""Record overhead on a Llama-3-70B-shaped fwd+bwd (bf16, batch 1, seq 2048, fake cuda:0).
+
+Reports, all measured in the same process and interleaved run by run:
+  * ratio = median time under fv.record / median time under a bare FakeTensorMode (fv.fake_mode)
+    (target <= 1.10),
+  * recorded ops per second,
+  * ratio of the same work under torch.distributed._tools.mem_tracker.MemTracker to fv.record,
+and, each in a fresh subprocess, peak RSS of one recorded run for the 70B and 405B shapes
+(target < 1 GiB).
+
+    python benchmarks/record_overhead.py [--runs 5] [--layers N] [--skip-rss]
+
+Results are printed and written to benchmarks/results/record_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+
+def _work(cfg, seq: int):  # noqa: ANN001, ANN202
+    import torch
+
+    from fakeviz import models
+
+    model = models.build(cfg, dtype=torch.bfloat16)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq))
+    model(ids, labels=ids).loss.backward()
+    return model
+
+
+def run_bare(cfg, seq: int) -> float:  # noqa: ANN001
+    import fakeviz as fv
+
+    t = time.perf_counter()
+    with fv.fake_mode(device="cuda:0"):
+        _work(cfg, seq)
+    return time.perf_counter() - t
+
+
+def run_record(cfg, seq: int) -> tuple[float, int]:  # noqa: ANN001
+    import fakeviz as fv
+
+    t = time.perf_counter()
+    with fv.record(device="cuda:0") as trace:
+        _work(cfg, seq)
+    return time.perf_counter() - t, trace.num_ops
+
+
+def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    import fakeviz as fv
+    from fakeviz import models
+
+    t = time.perf_counter()
+    with fv.fake_mode(device="cuda:0"):
+        model = models.build(cfg, dtype=torch.bfloat16)
+        ids = torch.randint(0, cfg.vocab_size, (1, seq))
+        mt = MemTracker()
+        mt.track_external(model)
+        with mt:
+            model(ids, labels=ids).loss.backward()
+        peak = {str(k): int(v.get("Total", 0) if isinstance(v, dict) else v) for k, v in mt.get_tracker_snapshot("peak").items()}
+    return time.perf_counter() - t, peak
+
+
+RSS_CHILD = """
+import json, resource, sys, time, torch
+import fakeviz as fv
+from fakeviz import models
+name, seq = sys.argv[1], int(sys.argv[2])
+cfg = models.config(name)
+t = time.perf_counter()
+with fv.record(device="cuda:0") as trace:
+    model = models.build(cfg, dtype=torch.bfloat16)
+    ids = torch.randint(0, cfg.vocab_size, (1, seq))
+    model(ids, labels=ids).loss.backward()
+dt = time.perf_counter() - t
+print(json.dumps({"model": name, "ops": trace.num_ops, "seconds": dt,
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "device_peak_bytes": trace.peak_bytes()["cuda:0"]["bytes"]}))
+"""
+
+
+def rss(name: str, seq: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", RSS_CHILD, name, str(seq)], capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        return {"model": name, "error": out.stderr[-2000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=0, help="override layers (0 = the full 80)")
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--skip-rss", action="store_true")
+    ap.add_argument("--skip-memtracker", action="store_true")
+    args = ap.parse_args()
+    sys.path.insert(0, str(REPO))
+    from fakeviz import models
+
+    cfg = models.config("llama3-70b", **({"num_hidden_layers": args.layers} if args.layers else {}))
+    # warm-up (shim build, imports, caches)
+    run_bare(cfg, args.seq)
+    run_record(cfg, args.seq)
+    bare, rec, mt = [], [], []
+    n_ops = 0
+    mt_peak: dict = {}
+    for _ in range(args.runs):
+        bare.append(run_bare(cfg, args.seq))
+        t, n_ops = run_record(cfg, args.seq)
+        rec.append(t)
+        if not args.skip_memtracker:
+            try:
+                t_mt, mt_peak = run_memtracker(cfg, args.seq)
+                mt.append(t_mt)
+            except Exception as exc:  # noqa: BLE001 - report, do not hide
+                mt_peak = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    res = {
+        "model": f"llama3-70b shape, {cfg.num_hidden_layers} layers, bf16, batch 1, seq {args.seq}, fwd+bwd, fake cuda:0",
+        "runs": args.runs,
+        "bare_fake_s": bare,
+        "record_s": rec,
+        "ratio_record_over_bare": statistics.median(rec) / statistics.median(bare),
+        "ops": n_ops,
+        "ops_per_s_recorded": n_ops / statistics.median(rec),
+    }
+    if mt:
+        res["memtracker_s"] = mt
+        res["ratio_memtracker_over_record"] = statistics.median(mt) / statistics.median(rec)
+        res["memtracker_peak"] = mt_peak
+    elif mt_peak:
+        res["memtracker_error"] = mt_peak
+    if not args.skip_rss:
+        res["rss"] = [rss("llama3-70b", args.seq), rss("llama3-405b", args.seq)]
+    print(json.dumps(res, indent=2))
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    (out / "record_overhead.json").write_text(json.dumps(res, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
