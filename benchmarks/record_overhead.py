@@ -54,7 +54,12 @@ def run_record(cfg, seq: int) -> tuple[float, int]:  # noqa: ANN001
     t = time.perf_counter()
     with fv.record(device="cuda:0") as trace:
         _work(cfg, seq)
+    global _LAST_TRACE_NBYTES
+    _LAST_TRACE_NBYTES = trace.nbytes()
     return time.perf_counter() - t, trace.num_ops
+
+
+_LAST_TRACE_NBYTES = 0
 
 
 def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
@@ -138,6 +143,8 @@ def main() -> int:
         "ratio_record_over_bare": statistics.median(rec) / statistics.median(bare),
         "ops": n_ops,
         "ops_per_s_recorded": n_ops / statistics.median(rec),
+        "trace_bytes": _LAST_TRACE_NBYTES,
+        "trace_bytes_per_op": _LAST_TRACE_NBYTES / max(n_ops, 1),
     }
     if mt:
         res["memtracker_s"] = mt

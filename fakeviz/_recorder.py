@@ -139,7 +139,7 @@ class _State:
         # code object -> "is torch/fakeviz/stdlib/excluded", shared by every recording with the same prefixes
         self.internal_code: dict[CodeType, bool] = _INTERNAL_CODE.setdefault(exclude, {})
         self.line_ids: dict[tuple[CodeType, int], int] = {}
-        self.prefixes = (_TORCH_DIR, _FAKEVIZ_DIR, *_STDLIB_DIRS, "<frozen ", *exclude)
+        self.prefixes = (_TORCH_DIR, _FAKEVIZ_DIR, "<frozen ", *exclude)
         self.t_shapes = b.tables["shapes"]
         self.t_strides = b.tables["strides"]
         self.t_dtypes = b.tables["dtypes"]
@@ -195,6 +195,10 @@ class _State:
             fn = code.co_filename
             real = os.path.realpath(fn) if not fn.startswith("<") else fn
             v = fn.startswith(self.prefixes) or real.startswith(self.prefixes)
+            if not v and real.startswith(_STDLIB_DIRS):
+                # the standard library (contextlib, functools, ...) is not user code,
+                # but third-party packages installed below it are
+                v = "site-packages" not in real and "dist-packages" not in real
             self.internal_code[code] = v
         return v
 

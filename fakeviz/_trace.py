@@ -396,6 +396,13 @@ class Trace:
             out[dev] = {"bytes": int(curve[seq]), "seq": seq, "op": ops[int(self._cols["op"][seq])]}
         return out
 
+    def nbytes(self) -> int:
+        """Approximate memory held by the trace: columns plus string tables."""
+        self._freeze()
+        cols = sum(int(a.nbytes) for a in self._cols.values())
+        strings = sum(len(x) + 49 for table in self._strings.values() for x in table)
+        return cols + strings
+
     # ------------------------------------------------------------ presentation
     def phase_counts(self) -> dict[str, int]:
         counts = np.bincount(self.col("phase").astype(np.int64), minlength=len(PHASES))

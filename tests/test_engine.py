@@ -408,3 +408,49 @@ def test_process_exit_after_fake_cuda_backward_never_aborts():
     """
     for _ in range(4):
         assert run_py(code).stdout.strip().endswith("done")
+
+
+def test_without_compiler_one_clear_warning_and_cpu_still_works(tmp_path):
+    code = """
+        import os, json, warnings, torch
+        import fakeviz as fv
+        st = fv.fake_cuda_status()
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            with fv.fake_mode(device="cuda:0"):
+                pass
+            with fv.fake_mode(device="cuda:1"):
+                pass
+        with fv.record() as t:
+            torch.nn.Linear(3, 3)(torch.randn(2, 3)).sum().backward()
+        msgs = [str(x.message) for x in w if issubclass(x.category, fv.FakeVizWarning)]
+        print(json.dumps({"mode": st.mode, "reason": st.reason, "warnings": msgs, "ops": t.num_ops}))
+    """
+    env_code = f"import os; os.environ['CXX'] = '/nonexistent/c++'; os.environ['FAKEVIZ_CACHE_DIR'] = {str(tmp_path)!r}\n"
+    proc = run_py(env_code + textwrap.dedent(code))
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["mode"] == "unavailable" and "nonexistent" in out["reason"]
+    assert len(out["warnings"]) == 1 and "g++" in out["warnings"][0] and "cuda" in out["warnings"][0]
+    assert out["ops"] > 5
+
+
+def test_exclude_transformers_frames_from_user_line():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=50)
+    for exclude, expect in (((), "modeling_llama.py"), (("transformers",), "test_engine.py")):
+        with fv.record(exclude=exclude) as trace:
+            m = LlamaForCausalLM(cfg)
+            m(torch.randint(0, 50, (1, 4)))
+        fwd = trace.ops[trace.ops.phase == "forward"]
+        share = fwd.user_line.astype(str).str.contains(expect).mean()
+        assert share > 0.5, (exclude, fwd.user_line.value_counts().head())
+
+
+def test_trace_stays_small_per_op():
+    with fv.record(device="cuda:0") as trace:
+        for _ in range(50):
+            _tiny_run()
+    assert trace.num_ops > 700
+    assert trace.nbytes() / trace.num_ops < 200  # columns, not Python objects per field

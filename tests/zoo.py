@@ -133,9 +133,10 @@ def build_gpt2() -> Case:
         "GPT2LMHeadModel", "GPT2Config",
         n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
-        attn_implementation="eager",
+        bos_token_id=0, eos_token_id=0, attn_implementation="eager",
     )  # fmt: skip
     assert model.lm_head.weight is model.transformer.wte.weight, "embeddings must be tied"
+    model.loss_type = "ForCausalLM"  # GPT2LMHeadModel leaves it unset (and logs a warning)
     return _causal_lm_case(model, 100)
 
 
@@ -167,7 +168,7 @@ def build_bert() -> Case:
 
     def loss_fn(m: nn.Module, inp: Any) -> torch.Tensor:
         ids, labels = inp
-        return m(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
+        return m(input_ids=ids, labels=labels).loss
 
     return Case(model, make_inputs, loss_fn)
 
