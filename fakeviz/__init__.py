@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import _cuda_shim
 from ._errors import DataDependentError, FakeVizError, FakeVizWarning, RecordError, TraceFormatError
-from ._recorder import Recording, record
+from ._recorder import FakeSession, Recording, record
 from ._session import fake_mode, fakeify, is_fake, meta_like
 from ._trace import PHASES, STORAGE_KINDS, Trace, load
 
@@ -24,6 +24,7 @@ __all__ = [
     "PHASES",
     "STORAGE_KINDS",
     "DataDependentError",
+    "FakeSession",
     "FakeVizError",
     "FakeVizWarning",
     "RecordError",
@@ -38,6 +39,20 @@ __all__ = [
     "meta_like",
     "record",
 ]
+
+
+def load_ipython_extension(ip):  # noqa: ANN001, ANN201 - IPython's extension hook
+    """``%load_ext fakeviz``: register ``%%fake`` and ``%fake_reset`` (imports IPython only now)."""
+    from ._magic import load_ipython_extension as _load
+
+    _load(ip)
+
+
+def unload_ipython_extension(ip):  # noqa: ANN001, ANN201 - IPython's extension hook
+    """``%unload_ext fakeviz``: remove the magics."""
+    from ._magic import unload_ipython_extension as _unload
+
+    _unload(ip)
 
 
 def fake_cuda_status() -> _cuda_shim.ShimStatus:

@@ -51,7 +51,7 @@ from ._session import new_fake_mode, patched_swap_tensors
 from . import _trace as _trace_mod
 from ._trace import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES, STORAGE_KINDS, Trace
 
-__all__ = ["record"]
+__all__ = ["FakeSession", "Recording", "record"]
 
 P_INIT, P_FORWARD, P_BACKWARD, P_OPTIMIZER, P_OTHER = range(len(PHASES))
 K_OTHER, K_PARAM, K_BUFFER, K_INPUT, K_GRAD = range(len(STORAGE_KINDS))
@@ -97,6 +97,7 @@ def _fmt_arg(a: Any) -> str:
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 _N_OP = len(_trace_mod._OP_COLS)
+_PROGRESS_MASK = 1024 * _N_OP - 1  # opd grows by _N_OP per op: report every 1024 ops
 _N_ST = len(_trace_mod._ST_COLS)
 _ST_FREE = tuple(_trace_mod._ST_COLS).index("st_free")
 _ST_KIND = tuple(_trace_mod._ST_COLS).index("st_kind")
@@ -173,6 +174,7 @@ class _State:
         self.sn_cache: dict[int, int] = {}
         self.bw_line = -1
         self.error_seen: set[int] = set()
+        self.progress: Any = None  # callable(n_ops, phase, module) every 1024 ops
 
     # ------------------------------------------------------------- interning
     def _op(self, func: Any) -> tuple[int, int]:
@@ -349,6 +351,15 @@ class _State:
                         if isinstance(p, _Tensor):
                             flags |= self._output(p)
         b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) >> 3, flags))
+        if self.progress is not None and not (len(b.opd) & _PROGRESS_MASK):
+            self._report_progress(phase, module)
+
+    def _report_progress(self, phase: int, module: int) -> None:
+        try:
+            mods = self.b.tables["modules"].strings
+            self.progress(self.b.num_ops(), PHASES[phase], mods[module] if module >= 0 else None)
+        except Exception:  # noqa: BLE001 - a progress display must never break the run
+            self.progress = None
 
     def _bw_module(self) -> int:
         node = _current_node()
@@ -661,6 +672,28 @@ class _RealRecordingMode(TorchDispatchMode):
         return out
 
 
+class FakeSession:
+    """One fake mode that lasts across several :func:`record` blocks.
+
+    Fake tensors from two different fake modes cannot be mixed; objects made in
+    one ``record(session=s)`` block can be used in the next one with the same
+    ``s`` (this is what ``%%fake`` does across notebook cells).
+    """
+
+    def __init__(self, *, symbolic: bool = False) -> None:
+        self.symbolic = symbolic
+        self._mode: _FakeRecordingMode | None = None
+
+    @property
+    def mode(self) -> _FakeRecordingMode:
+        if self._mode is None:
+            self._mode = new_fake_mode(symbolic=self.symbolic, cls=_FakeRecordingMode)
+        return self._mode
+
+    def __repr__(self) -> str:
+        return f"<fakeviz.FakeSession symbolic={self.symbolic} started={self._mode is not None}>"
+
+
 class Recording:
     """Context manager returned by :func:`record`; ``with fv.record() as trace``."""
 
@@ -673,7 +706,13 @@ class Recording:
         symbolic: bool,
         exclude: tuple[str, ...],
         modules: tuple[torch.nn.Module, ...],
+        session: FakeSession | None = None,
+        progress: Any = None,
     ) -> None:
+        if session is not None and not fake:
+            raise ValueError("record(session=...) needs fake=True: a session is a lasting fake mode")
+        self.session = session
+        self.progress = progress
         self.device = torch.device(device) if device is not None else None
         self.dtype = dtype
         self.fake = fake
@@ -724,8 +763,14 @@ class Recording:
                 self._saved_dtype = torch.get_default_dtype()
                 torch.set_default_dtype(self.dtype)
                 stack.callback(torch.set_default_dtype, self._saved_dtype)
+            state.progress = self.progress
             if self.fake:
-                mode = new_fake_mode(symbolic=self.symbolic, cls=_FakeRecordingMode)
+                if self.session is not None:
+                    mode = self.session.mode
+                    if mode._fv_state is not None and mode._fv_state.active:
+                        raise RuntimeError("this fake session is already recording (nested record on one session)")
+                else:
+                    mode = new_fake_mode(symbolic=self.symbolic, cls=_FakeRecordingMode)
                 mode._fv_state = state
             else:
                 mode = _RealRecordingMode(state)
@@ -807,6 +852,8 @@ def record(
     symbolic: bool = False,
     exclude: tuple[str, ...] | list[str] = (),
     modules: tuple[torch.nn.Module, ...] | list[torch.nn.Module] = (),
+    session: FakeSession | None = None,
+    progress: Any = None,
 ) -> Recording:
     """Record every dispatched aten op of the code in the ``with`` block.
 
@@ -823,6 +870,9 @@ def record(
             (e.g. ``("transformers",)``); torch and fakeviz are always skipped.
         modules: modules created before the block whose parameters and buffers
             should be registered (with names) before the first op.
+        session: a :class:`FakeSession` to reuse, so fake objects made in an
+            earlier block (same session) can be used in this one.
+        progress: ``callable(n_ops, phase, module)`` called every 1024 ops.
 
     On an error inside the block the exception propagates unchanged (with a
     note naming the op, module and line) or, for data-dependent ops, as a
@@ -837,4 +887,6 @@ def record(
         symbolic=symbolic,
         exclude=tuple(exclude),
         modules=tuple(modules),
+        session=session,
+        progress=progress,
     )

@@ -403,6 +403,31 @@ class Trace:
         strings = sum(len(x) + 49 for table in self._strings.values() for x in table)
         return cols + strings
 
+    def verdict(self, capacity: str | int | float) -> dict[str, Any]:
+        """Does the peak live memory of every accelerator fit ``capacity`` (bytes, "80GB" or a GPU name)?
+
+        Returns ``{"fits": bool, "capacity": bytes, "devices": {dev: {"peak", "headroom", "fits"}}, "text"}``.
+        Only non-cpu devices are judged. Peaks are raw storage bytes (no allocator rounding).
+        """
+        from ._gpus import parse_capacity
+
+        cap = parse_capacity(capacity)
+        devices = {}
+        for dev, pk in self.peak_bytes().items():
+            if dev == "cpu" or dev.startswith("meta"):
+                continue
+            devices[dev] = {"peak": pk["bytes"], "headroom": cap - pk["bytes"], "fits": pk["bytes"] <= cap}
+        fits = all(d["fits"] for d in devices.values())
+        if not devices:
+            text = "no accelerator memory was used"
+        elif fits:
+            worst = min(devices.items(), key=lambda kv: kv[1]["headroom"])
+            text = f"fits: {worst[0]} peaks at {_fmt_bytes(worst[1]['peak'])} of {_fmt_bytes(cap)}"
+        else:
+            over = [f"{d} over by {_fmt_bytes(-v['headroom'])}" for d, v in devices.items() if not v["fits"]]
+            text = f"does not fit {_fmt_bytes(cap)}: " + ", ".join(over)
+        return {"fits": fits, "capacity": cap, "devices": devices, "text": text}
+
     # ------------------------------------------------------------ presentation
     def phase_counts(self) -> dict[str, int]:
         counts = np.bincount(self.col("phase").astype(np.int64), minlength=len(PHASES))
@@ -413,7 +438,10 @@ class Trace:
         state = "recording" if self._b is not None else "done"
         err = f", error={self.error['type']}" if self.error else ""
         devs = self.strings("devices") if n < 2_000_000 else []
-        return f"<fakeviz.Trace {n} ops, {state}, devices={devs}{err}>"
+        verdict = ""
+        if self.meta.get("capacity") and n < 2_000_000:
+            verdict = f", {self.verdict(self.meta['capacity'])['text']}"
+        return f"<fakeviz.Trace {n} ops, {state}, devices={devs}{err}{verdict}>"
 
     def _repr_html_(self) -> str:
         rows = []
@@ -429,8 +457,14 @@ class Trace:
                 f"<p class='fv-error'><b>Stopped by an error</b> in {html.escape(str(self.error.get('op')))}: "
                 f"{html.escape(str(self.error.get('message'))[:500])}</p>"
             )
+        verdict = ""
+        if self.meta.get("capacity"):
+            v = self.verdict(self.meta["capacity"])
+            cls = "fv-fits" if v["fits"] else "fv-over"
+            spec = html.escape(str(self.meta.get("capacity_spec") or ""))
+            verdict = f"<p class='{cls}'><b>{html.escape(v['text'])}</b> {spec}</p>"
         return (
-            f"<div class='fv-trace'><b>fakeviz trace</b>: {len(self)} ops ({html.escape(phases)}){err}"
+            f"<div class='fv-trace'><b>fakeviz trace</b>: {len(self)} ops ({html.escape(phases)}){err}{verdict}"
             "<table><tr><th>device</th><th>peak live</th><th>at op</th></tr>"
             + "".join(rows)
             + "</table></div>"

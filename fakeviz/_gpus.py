@@ -1,0 +1,62 @@
+"""A small catalog of GPUs by name and capacity parsing, for "fits / does not fit" verdicts.
+
+Capacities are the total device memory the driver reports (``nvidia-smi`` MiB,
+``torch.cuda.get_device_properties(i).total_memory``), which is a little below
+the marketing number (an "80GB" H100 reports 81559 MiB).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["GPUS", "parse_capacity"]
+
+_MIB = 2**20
+GPUS: dict[str, int] = {
+    "H100": 81559 * _MIB,  # H100 SXM/PCIe 80GB
+    "H100 80GB": 81559 * _MIB,
+    "H100 NVL": 95830 * _MIB,
+    "H200": 143771 * _MIB,
+    "B200": 183359 * _MIB,
+    "A100 80GB": 81251 * _MIB,
+    "A100 40GB": 40536 * _MIB,
+    "A100": 81251 * _MIB,
+    "L40S": 46068 * _MIB,
+    "L4": 23034 * _MIB,
+    "A10G": 23028 * _MIB,
+    "T4": 15360 * _MIB,
+    "V100 32GB": 32510 * _MIB,
+    "V100 16GB": 16160 * _MIB,
+    "RTX 4090": 24564 * _MIB,
+    "RTX 3090": 24576 * _MIB,
+    "MI300X": 196592 * _MIB,
+    "MI250X": 65520 * _MIB,
+}
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # fmt: skip
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", name.strip().upper())
+
+
+def parse_capacity(value: str | int | float) -> int:
+    """Bytes from a GPU name ("H100", "a100-40gb") or a size ("80GB", "80 GiB", "24e9", 8e10)."""
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"capacity must be positive, got {value}")
+        return int(value)
+    text = str(value).strip()
+    catalog = {_norm(k): v for k, v in GPUS.items()}
+    if _norm(text) in catalog:
+        return catalog[_norm(text)]
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)", text)
+    if m and m.group(2).upper() in _UNITS:
+        n = float(m.group(1)) * _UNITS[m.group(2).upper()]
+        if n <= 0:
+            raise ValueError(f"capacity must be positive, got {value!r}")
+        return int(n)
+    raise ValueError(
+        f"unknown GPU or capacity {value!r}; use a size like '80GB' / '80GiB' or one of: {', '.join(GPUS)}"
+    )
