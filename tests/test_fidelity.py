@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fakeviz as fv
 
@@ -82,7 +83,19 @@ def _params(check: str) -> list[Any]:
 _CACHE: dict[str, Any] = {}
 
 
+def _isolate(fake: bool) -> None:
+    """Make a recording independent of what ran before it in this process.
+
+    FakeTensorMode keeps a process-wide dispatch cache, and whether an op is a
+    cache hit changes what the fake kernel returns (see BUG_MULTI_OUTPUT): clear
+    it so every fake run starts from the same state, whatever ran before.
+    """
+    if fake:
+        FakeTensorMode.cache_clear()
+
+
 def _record(name: str, fake: bool) -> tuple[fv.Trace, dict[str, Any]]:
+    _isolate(fake)
     # Cyclic garbage is collected when the collector decides to, which would make
     # storage free times differ between two identical runs: collect before, not during.
     gc.collect()
@@ -264,6 +277,7 @@ def test_runs_are_deterministic(name: str, fake: bool) -> None:
 def _logs(fn: Any) -> tuple[list[str], list[str]]:
     out = []
     for fake in (False, True):
+        _isolate(fake)
         with fv.record(fake=fake) as t:
             fn()
         out.append(t.oplog_lines())
