@@ -1,0 +1,58 @@
+"""Execute the tutorial notebooks headlessly with nbclient and check what a reader would see."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def _execute(name: str, tmp_path: Path):
+    nb = nbformat.read(NB_DIR / name, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    return nb
+
+
+def _text(cell) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if "text" in out:
+            parts.append(out["text"])
+        data = out.get("data", {})
+        parts.extend(str(data[k]) for k in ("text/plain", "text/html") if k in data)
+        if out.get("output_type") == "error":
+            parts.append(out["ename"] + ": " + out["evalue"])
+    return "\n".join(parts)
+
+
+def test_01_fake_magic_notebook(tmp_path):
+    nb = _execute("01_fake_magic.ipynb", tmp_path)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    by_src = {c.source.splitlines()[0]: c for c in cells}
+    first = by_src["%%fake --device cuda:0 --dtype bfloat16 --gpu L4 -o trace"]
+    html = _text(first)
+    assert "fakeviz trace" in html and "cuda:0" in html and ("fits" in html or "does not fit" in html)
+    check = _text(by_src["print(type(model.model.embed_tokens.weight).__name__, model.model.embed_tokens.weight.device)"])
+    assert "FakeTensor cuda:0" in check or "Parameter cuda:0" in check
+    assert "backward" in check and "forward" in check
+    assert _text(by_src["%%fake --device cuda:0"]) == ""  # trailing ';' hides the trace
+    assert "optimizer" in _text(by_src["_fake.ops.phase.value_counts()"])
+    assert "does not fit" in _text(by_src["%%fake --device cuda:0 --capacity 8GiB --attention math -o t_math"]) or "fits" in _text(
+        by_src["%%fake --device cuda:0 --capacity 8GiB --attention math -o t_math"]
+    )
+    assert _text(by_src["%%fake --no-display -o quiet"]) == ""
+    assert "6.0" in _text(by_src["%%fake --real -o real_trace"])
+    broken = _text(by_src["%%fake -o broken"])
+    assert "fake tensors carry no data" in broken and "Stopped by an error" in broken and "FakeCellError" in broken
+    after = _text(by_src["print(broken.error['op'], '| partial ops:', broken.num_ops)"])
+    assert "aten._local_scalar_dense.default" in after and "still active? False" in after and "tensor([2., 2.])" in after
+    assert "reset" in _text(by_src["%fake_reset"])
+    assert "cuda:3" in _text(by_src["%%fake -o t_cfg"])
+    for c in cells:  # no progress line was left behind
+        assert "ops recorded," not in _text(c)
