@@ -46,9 +46,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _cuda_shim
+from . import _trace as _trace_mod
 from ._errors import DataDependentError, RecordError
 from ._session import new_fake_mode, patched_swap_tensors
-from . import _trace as _trace_mod
 from ._trace import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES, STORAGE_KINDS, Trace
 
 __all__ = ["FakeSession", "Recording", "record"]

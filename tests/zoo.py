@@ -236,6 +236,49 @@ def build_views_inplace() -> Case:
     return Case(model, make_inputs, loss_fn, lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
 
 
+class ViewsInplaceNoGrad(nn.Module):
+    """The same kind of view and in-place work, on tensors that do not require grad.
+
+    Masks, tables and buffers are built with views and in-place ops while
+    gradients flow only through out-of-place ops on (views of) activations, so
+    autograd never has to rebase the history of a view.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 16)
+        self.register_buffer("table", torch.arange(48, dtype=torch.float32).view(4, 12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.table.clone()
+        t4 = t.view(4, 2, 2, 3).transpose(2, 3)  # non-contiguous view [4, 2, 3, 2]
+        t4.narrow(0, 1, 2).mul_(0.5)  # in-place through a view of a view
+        t4[:, :1].copy_(t4[:, 1:])  # copy_ into a slice
+        t4[..., 0] = t4[..., 1]  # setitem into a strided slice (a tensor value: no scalar constant)
+        t.add_(1.0).relu_()
+        t.index_put_((torch.arange(0, 4, 2),), torch.ones(2, 12), accumulate=True)
+        torch.as_strided(t, (3, 4), (12, 1), 2).sub_(0.25)  # as_strided view
+        m = t[:, 2:6].t().unsqueeze(0)  # [1, 4, 4] view with stride 0 broadcast below
+        with torch.no_grad():
+            self.table.mul_(1.0)  # in-place on a buffer
+        h = self.proj(x).view(6, 4, 4).transpose(1, 2)  # views of an activation that requires grad
+        y = (h * m).narrow(1, 1, 2)
+        return y.reshape(6, -1).sum(1) + h.diagonal(dim1=1, dim2=2).sum(1)
+
+
+def build_views_inplace_nograd() -> Case:
+    model = ViewsInplaceNoGrad()
+
+    def make_inputs() -> Any:
+        torch.manual_seed(1)
+        return torch.randn(6, 8)
+
+    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x).pow(2).mean()
+
+    return Case(model, make_inputs, loss_fn, lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
+
+
 # ------------------------------------------------------------- 8. activation checkpointing
 class Block(nn.Module):
     def __init__(self, d: int) -> None:
@@ -281,6 +324,7 @@ ZOO: dict[str, Callable[[], Case]] = {
     "bert": build_bert,
     "t5": build_t5,
     "views_inplace": build_views_inplace,
+    "views_inplace_nograd": build_views_inplace_nograd,
     "checkpointed": build_checkpointed,
 }
 
