@@ -105,6 +105,7 @@ _ST_NAME = tuple(_trace_mod._ST_COLS).index("st_name")
 
 
 _DETACH = torch.ops.aten.detach.default
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _PARAM_NEW = torch.nn.Parameter.__new__.__code__
 
 
@@ -280,6 +281,8 @@ class _State:
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
         if func is _DETACH and _called_from_parameter_new():
             return  # Note: [Parameter detach]
+        if func is _LIFT_FRESH and args and out is not args[0] and isinstance(out, _Tensor):
+            self._alias_lifted(args[0], out)
         b = self.b
         info = self.op_info.get(func)
         if info is None:
@@ -342,11 +345,11 @@ class _State:
         # outputs
         if isinstance(out, _Tensor):
             flags |= self._output(out)
-        elif type(out) is tuple or type(out) is list:
+        elif isinstance(out, (tuple, list)):  # also namedtuples (return_types.*)
             for o in out:
                 if isinstance(o, _Tensor):
                     flags |= self._output(o)
-                elif type(o) is tuple or type(o) is list:
+                elif isinstance(o, (tuple, list)):
                     for p in o:
                         if isinstance(p, _Tensor):
                             flags |= self._output(p)
@@ -360,6 +363,35 @@ class _State:
             self.progress(self.b.num_ops(), PHASES[phase], mods[module] if module >= 0 else None)
         except Exception:  # noqa: BLE001 - a progress display must never break the run
             self.progress = None
+
+    def _alias_lifted(self, src: Any, out: Any) -> None:
+        """Note: [lift_fresh]
+        A real ``aten.lift_fresh`` (``torch.tensor(...)``) returns its input; the fake
+        one returns a new FakeTensor over a new storage. Give the fake output the
+        input's tensor id and move the input's storage entry onto the output's
+        storage, so fake and real runs see one tensor and one storage."""
+        tid = self.tensor_id(src)
+        out.__dict__["_fakeviz_tid"] = (self.token, tid)
+        try:
+            st_in = src.untyped_storage()
+            st_out = out.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return
+        hit = self.live.pop(st_in._cdata, None)
+        if hit is None:
+            return
+        sid = hit[0]
+        key = st_out._cdata
+        std, opd, live = self.b.std, self.b.opd, self.live
+        slot = sid * _N_ST + _ST_FREE
+
+        def on_free(_ref: Any) -> None:
+            std[slot] = len(opd) // _N_OP
+            cur = live.get(key)
+            if cur is not None and cur[0] == sid:
+                del live[key]
+
+        live[key] = (sid, weakref.ref(st_out, on_free))
 
     def _bw_module(self) -> int:
         node = _current_node()
@@ -773,6 +805,13 @@ class Recording:
                     mode = new_fake_mode(symbolic=self.symbolic, cls=_FakeRecordingMode)
                 mode._fv_state = state
             else:
+                # Note: [view replay in real runs]
+                # Autograd rebuilds the grad_fn of a view after an in-place op by replaying
+                # the view function for Python-dispatch tensors (FakeTensor) and by
+                # as_strided for plain tensors, so the two would log different view ops.
+                # Forcing view replay in real runs makes both log the same ops; only
+                # views differ, so memory figures are unchanged.
+                stack.enter_context(torch.autograd._force_original_view_tracking(True))
                 mode = _RealRecordingMode(state)
             self.mode = mode
             stack.enter_context(mode)

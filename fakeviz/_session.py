@@ -64,7 +64,16 @@ def _drop_memo(t: torch.Tensor) -> None:
 def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
     _drop_memo(t1)
     _drop_memo(t2)
-    return _original_swap(t1, t2)
+    # swap_tensors also swaps __dict__; keep the recorder's tensor ids on their Python
+    # objects, as `param.data = new` would in a real run (the parameter keeps its id)
+    tags = (t1.__dict__.get("_fakeviz_tid"), t2.__dict__.get("_fakeviz_tid"))
+    result = _original_swap(t1, t2)
+    for t, tag in zip((t1, t2), tags):
+        if tag is None:
+            t.__dict__.pop("_fakeviz_tid", None)
+        else:
+            t.__dict__["_fakeviz_tid"] = tag
+    return result
 
 
 @contextlib.contextmanager

@@ -10,10 +10,9 @@ must agree on
 * the storages table and the memory curves (``live_bytes()``, ``peak_bytes()``),
 * the phase, module and user line of every op.
 
-The comparisons are exact. Known engine bugs are marked per (model, check) with
-``xfail(strict=True)``: when a bug gets fixed, the affected cases XPASS and fail,
-so the markers have to be removed (see ``KNOWN`` and the minimal reproductions
-at the end of this file).
+The comparisons are exact. The regression tests at the end pin the engine bugs
+this file found (multi-output namedtuples, lift_fresh identity, ids across
+swap_tensors, view replay after in-place ops on views).
 """
 
 from __future__ import annotations
@@ -27,61 +26,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fakeviz as fv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402
 
-# ----------------------------------------------------------------- known engine bugs
-# Each constant is the xfail reason; the minimal reproductions at the end of the file show them.
-#
-# BUG_MULTI_OUTPUT: on a FakeTensorMode dispatch-cache miss (the first call of an op signature in the
-#   process; the cache is class-wide), multi-output ops (native_layer_norm, native_batch_norm,
-#   nll_loss_forward, ...) return a torch._prims_common.wrappers.return_types_* namedtuple; a cache hit
-#   returns a plain tuple. _State.record only unpacks `type(out) is tuple or list`, so the fake log reads
-#   `_ = aten.native_layer_norm.default(...)`: the outputs get no $id or storage at that op, are later
-#   registered as pre-existing inputs (alloc_seq -1), and ids, storages and live bytes shift.
-# BUG_LIFT_FRESH: torch.tensor(...) constants (and scalars wrapped by setitem/fill_) reach aten.lift_fresh;
-#   the real op returns its input (one $id, one storage), the fake one a new FakeTensor made from the
-#   real constant: `$1 = lift_fresh($0)`, one extra storage, and the real constant's storage counted as
-#   live from the start of the trace.
-# BUG_SWAP_TAG: Module.to()/_apply on fake parameters uses torch.utils.swap_tensors, which swaps __dict__
-#   and with it the recorder's `_fakeviz_tid` tag; a real run does `param.data = ...` and the Parameter
-#   keeps its $id, the fake log gives it a fresh one.
-# BUG_VIEW_REPLAY_FWD: after an in-place op on a view that requires grad, autograd regenerates the view's
-#   grad_fn by replaying the view function, which it does only for Python-dispatch tensors (FakeTensor);
-#   the replayed slice/select/as_strided is dispatched at top level and recorded in the fake log only.
-# BUG_VIEW_REPLAY_BWD: CopySlices (backward of an in-place op on a view) takes the gradient slice with the
-#   stored view function for FakeTensor bases (aten.select.int, aten.slice.Tensor) but with
-#   aten.as_strided.default for real tensors: backward op names and arguments differ.
-BUG_MULTI_OUTPUT = (
-    "fakeviz bug: outputs of multi-output ops (return_types_* namedtuple from a fake dispatch-cache miss) "
-    "are not recorded"
-)
-BUG_LIFT_FRESH = "fakeviz bug: fake aten.lift_fresh of a torch.tensor constant gets a new $id and an extra storage"
-BUG_SWAP_TAG = "fakeviz bug: swap_tensors in Module.to() moves the $id tag; fake parameter gets a fresh $id"
-BUG_VIEW_REPLAY_FWD = "FakeTensor view replay after in-place op on a view requiring grad is recorded (extra view op)"
-BUG_VIEW_REPLAY_BWD = "FakeTensor limitation: CopySlices backward uses the view function, real uses as_strided"
-
 CHECKS = ("oplog", "outputs", "storages", "live_bytes", "peak_bytes", "phases_modules")
-
-# (model, check) -> bugs that make that comparison fail today. Filled from observed failures only.
-KNOWN: dict[tuple[str, str], tuple[str, ...]] = {}
-
-
-def _known(model: str, checks: tuple[str, ...], *bugs: str) -> None:
-    for c in checks:
-        KNOWN[(model, c)] = KNOWN.get((model, c), ()) + bugs
-
 
 def _params(check: str) -> list[Any]:
     out = []
     for name in zoo.ZOO:
-        bugs = KNOWN.get((name, check))
-        marks = [pytest.mark.xfail(strict=True, reason=" + ".join(bugs))] if bugs else []
-        out.append(pytest.param(name, marks=marks, id=name))
+        out.append(pytest.param(name, id=name))
     return out
 
 
@@ -92,12 +48,11 @@ _CACHE: dict[str, Any] = {}
 def _isolate(fake: bool) -> None:
     """Make a recording independent of what ran before it in this process.
 
-    FakeTensorMode keeps a process-wide dispatch cache, and whether an op is a
-    cache hit changes what the fake kernel returns (see BUG_MULTI_OUTPUT): clear
-    it so every fake run starts from the same state, whatever ran before.
+    FakeTensorMode keeps a process-wide dispatch cache, and a cache miss returns
+    namedtuples where a hit returns plain tuples; the recorder handles both, so
+    nothing is cleared here on purpose: results must not depend on that state.
     """
-    if fake:
-        FakeTensorMode.cache_clear()
+    del fake  # results must not depend on FakeTensorMode's dispatch cache state
 
 
 def _record(name: str, fake: bool) -> tuple[fv.Trace, dict[str, Any]]:
@@ -140,10 +95,15 @@ def _first_diff(a: list[Any], b: list[Any]) -> int | None:
 
 def _window_diff(a: list[str], b: list[str], i: int, before: int = 4, after: int = 8) -> str:
     lo = max(0, i - before)
-    return "\n".join(
+    diff = "\n".join(
         difflib.unified_diff(
             a[lo : i + after], b[lo : i + after], f"real (ops {lo}..)", f"fake (ops {lo}..)", lineterm="", n=before
         )
+    )
+    if diff:
+        return diff
+    return f"(op log lines {lo}..{i + after - 1} are the same in both runs)\n" + "\n".join(
+        f"  {lo + k}: {line}" for k, line in enumerate(a[lo : i + after])
     )
 
 
@@ -171,20 +131,6 @@ def _rows(df: Any, cols: list[str]) -> list[tuple[Any, ...]]:
 
 
 # ----------------------------------------------------------------------------- tests
-_DATA = ("oplog", "outputs", "storages", "live_bytes")
-_known("mlp", _DATA, BUG_MULTI_OUTPUT)
-_known("convnet_channels_last", _DATA, BUG_MULTI_OUTPUT, BUG_LIFT_FRESH)
-_known("convnet_channels_last", ("oplog",), BUG_SWAP_TAG)
-_known("gpt2_tied", ("oplog", "outputs", "storages"), BUG_MULTI_OUTPUT, BUG_LIFT_FRESH)
-_known("gpt2_tied", ("live_bytes",), BUG_MULTI_OUTPUT)  # its constants are 0-byte tensors
-_known("llama", _DATA, BUG_MULTI_OUTPUT, BUG_LIFT_FRESH)
-_known("bert", ("oplog", "outputs", "storages"), BUG_MULTI_OUTPUT, BUG_LIFT_FRESH)
-_known("bert", ("live_bytes",), BUG_MULTI_OUTPUT)  # its constants are 0-byte tensors
-_known("t5", _DATA, BUG_MULTI_OUTPUT, BUG_LIFT_FRESH)
-_known("views_inplace", _DATA, BUG_VIEW_REPLAY_FWD, BUG_LIFT_FRESH)
-_known("views_inplace", ("oplog", "phases_modules"), BUG_VIEW_REPLAY_BWD)
-_known("views_inplace", ("phases_modules",), BUG_VIEW_REPLAY_FWD)
-_known("checkpointed", _DATA, BUG_MULTI_OUTPUT)
 # views_inplace_nograd: no known bug; every check is strict.
 
 
@@ -295,24 +241,21 @@ def _logs(fn: Any) -> tuple[list[str], list[str]]:
     return out[0], out[1]
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_MULTI_OUTPUT)
-def test_repro_multi_output_op_outputs_recorded():
+def test_regression_multi_output_op_outputs_recorded():
     real, fake = _logs(lambda: torch.nn.functional.layer_norm(torch.ones(2, 4), (4,)))
     # real: ['$0: f32[2, 4] cpu = aten.ones...', '$1: f32[2, 4] cpu, $2: f32[2, 1] cpu, $3: ... = aten.native_layer_norm...']
     # fake: ['$0: f32[2, 4] cpu = aten.ones...', '_ = aten.native_layer_norm.default($0, [4], None, None, 1e-05)']
     assert fake == real
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_LIFT_FRESH)
-def test_repro_tensor_constant_lift_fresh():
+def test_regression_tensor_constant_lift_fresh():
     real, fake = _logs(lambda: torch.tensor([1.0, 2.0]) * 2)
     # real: ['$0: f32[2] cpu = aten.lift_fresh.default($0)', '$1: ... = aten.mul.Tensor($0, 2)']
     # fake: ['$0: f32[2] cpu = aten.lift_fresh.default($1)', '$2: ... = aten.mul.Tensor($0, 2)']
     assert fake == real
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_SWAP_TAG)
-def test_repro_module_to_keeps_parameter_id():
+def test_regression_module_to_keeps_parameter_id():
     def step() -> None:
         m = torch.nn.Conv2d(2, 2, 1).to(memory_format=torch.channels_last)
         m.weight.sum()
@@ -323,8 +266,7 @@ def test_repro_module_to_keeps_parameter_id():
     assert fake == real
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_VIEW_REPLAY_FWD)
-def test_repro_inplace_on_view_requiring_grad():
+def test_regression_inplace_on_view_requiring_grad():
     def step() -> None:
         h = torch.ones(4, 3, requires_grad=True) * 1
         h[1:3].mul_(2)
@@ -334,8 +276,7 @@ def test_repro_inplace_on_view_requiring_grad():
     assert fake == real
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_VIEW_REPLAY_BWD)
-def test_repro_copyslices_backward_view():
+def test_regression_copyslices_backward_view():
     def step() -> None:
         h = torch.ones(4, 3, requires_grad=True) * 1
         h[1].mul_(2)

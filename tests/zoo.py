@@ -147,9 +147,7 @@ def build_llama() -> Case:
         num_key_value_heads=2, vocab_size=100, max_position_embeddings=32, attention_dropout=0.0,
         tie_word_embeddings=False, attn_implementation="eager",
     )  # fmt: skip
-    return _causal_lm_case(
-        model, 100, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
-    )
+    return _causal_lm_case(model, 100, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False))
 
 
 def build_bert() -> Case:
