@@ -87,6 +87,7 @@ import fakeviz as fv
 from fakeviz import models
 name, seq = sys.argv[1], int(sys.argv[2])
 cfg = models.config(name)
+rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 t = time.perf_counter()
 with fv.record(device="cuda:0") as trace:
     model = models.build(cfg, dtype=torch.bfloat16)
@@ -95,6 +96,7 @@ with fv.record(device="cuda:0") as trace:
 dt = time.perf_counter() - t
 print(json.dumps({"model": name, "ops": trace.num_ops, "seconds": dt,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "peak_rss_before_record_bytes": rss_before, "trace_bytes": trace.nbytes(),
                   "device_peak_bytes": trace.peak_bytes()["cuda:0"]["bytes"]}))
 """
 
@@ -114,6 +116,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--skip-memtracker", action="store_true")
+    ap.add_argument("--memtracker-runs", type=int, default=1, help="MemTracker is ~30x slower: fewer runs")
     args = ap.parse_args()
     sys.path.insert(0, str(REPO))
     from fakeviz import models
@@ -129,7 +132,7 @@ def main() -> int:
         bare.append(run_bare(cfg, args.seq))
         t, n_ops = run_record(cfg, args.seq)
         rec.append(t)
-        if not args.skip_memtracker:
+        if not args.skip_memtracker and len(mt) < args.memtracker_runs:
             try:
                 t_mt, mt_peak = run_memtracker(cfg, args.seq)
                 mt.append(t_mt)
