@@ -464,6 +464,33 @@ class _State:
         self.b.outd.extend((tid, sid, stid, dtid, devid, stor, off, nb))
         return flag
 
+    # ------------------------------------------------------------- dispatch
+    def run_op(self, impl: Any, mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """Run one op through ``impl`` and record it if it is an outermost dispatch.
+
+        See Note: [outermost dispatch only]. Errors become clear errors (``on_error``);
+        a failure of the recorder itself never breaks the user's run (``internal_error``).
+        """
+        loc = self.local
+        depth = loc.__dict__.get("depth", 0)
+        loc.depth = depth + 1
+        try:
+            out = impl(mode, func, types, args, kwargs)
+        except Exception as exc:
+            if depth == 0:
+                new = self.on_error(func, exc)
+                if new is not exc:
+                    raise new from exc
+            raise
+        finally:
+            loc.depth = depth
+        if depth == 0:
+            try:
+                self.record(func, args, kwargs, out)
+            except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
+                self.internal_error(func, exc)
+        return out
+
     # --------------------------------------------------------------- errors
     def internal_error(self, func: Any, exc: BaseException) -> None:
         """The recorder itself failed on an op: keep a bare row so seq numbers stay aligned."""
@@ -647,25 +674,7 @@ class _FakeRecordingMode(FakeTensorMode):
         st = self._fv_state
         if func._namespace == "prim" or st is None or not st.active:
             return _fake_dispatch(self, func, types, args, kwargs)
-        loc = st.local
-        depth = loc.__dict__.get("depth", 0)
-        loc.depth = depth + 1
-        try:
-            out = _fake_dispatch(self, func, types, args, kwargs)
-        except Exception as exc:
-            if depth == 0:
-                new = st.on_error(func, exc)
-                if new is not exc:
-                    raise new from exc
-            raise
-        finally:
-            loc.depth = depth
-        if depth == 0:
-            try:
-                st.record(func, args, kwargs, out)
-            except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
-                st.internal_error(func, exc)
-        return out
+        return st.run_op(_fake_dispatch, self, func, types, args, kwargs)
 
 
 _fake_dispatch = FakeTensorMode.__torch_dispatch__
@@ -679,29 +688,14 @@ class _RealRecordingMode(TorchDispatchMode):
         self._fv_state = state
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
         st = self._fv_state
         if not st.active or func._namespace == "prim":
-            return func(*args, **kwargs)
-        loc = st.local
-        depth = loc.__dict__.get("depth", 0)
-        loc.depth = depth + 1
-        try:
-            out = func(*args, **kwargs)
-        except Exception as exc:
-            if depth == 0:
-                new = st.on_error(func, exc)
-                if new is not exc:
-                    raise new from exc
-            raise
-        finally:
-            loc.depth = depth
-        if depth == 0:
-            try:
-                st.record(func, args, kwargs, out)
-            except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
-                st.internal_error(func, exc)
-        return out
+            return func(*args, **(kwargs or {}))
+        return st.run_op(_real_dispatch, self, func, types, args, kwargs)
+
+
+def _real_dispatch(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    return func(*args, **(kwargs or {}))
 
 
 class FakeSession:
