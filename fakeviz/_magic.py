@@ -72,25 +72,29 @@ class _Progress:
     """A throttled one-line progress display that disappears when done (Jupyter only)."""
 
     def __init__(self, interval: float) -> None:
-        from IPython.display import HTML, display
+        from IPython.display import display
 
-        self._html = HTML
         self.interval = interval
         self.last = 0.0
-        self.handle = display(HTML(""), display_id=True)
+        self.handle = display({"text/plain": ""}, raw=True, display_id=True)
 
     def __call__(self, n_ops: int, phase: str, module: str | None) -> None:
         now = time.monotonic()
         if now - self.last < self.interval:
             return
         self.last = now
+        text = f"fakeviz: {n_ops:,} ops recorded, {phase} in {module or 'top level'}…"
         where = html.escape(module or "top level")
         self.handle.update(
-            self._html(f"<span class='fv-progress'>fakeviz: {n_ops:,} ops recorded, {phase} in <code>{where}</code>…</span>")
+            {
+                "text/plain": text,
+                "text/html": f"<span class='fv-progress'>fakeviz: {n_ops:,} ops recorded, {phase} in <code>{where}</code>…</span>",
+            },
+            raw=True,
         )
 
     def close(self) -> None:
-        self.handle.update(self._html(""))
+        self.handle.update({"text/plain": ""}, raw=True)
 
 
 @magics_class

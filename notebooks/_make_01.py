@@ -40,6 +40,9 @@ cells = [
     code("print(broken.error['op'], '| partial ops:', broken.num_ops)\n"
          "print('fake mode still active?', torch._guards.detect_fake_mode() is not None)\n"
          "torch.ones(2) + 1  # an ordinary cell computes real tensors again"),
+    md("Long cells show a progress line (ops recorded, phase, module) that disappears when the cell ends."),
+    code("%config FakeMagics.progress_interval = 0.0"),
+    code("%%fake -o t_long\nacc = torch.zeros(64, 64)\nfor _ in range(1500):\n    acc = acc + 1"),
     md("Sessions: `--session NAME` keeps a separate fake mode; `%fake_reset` forgets them all."),
     code("%%fake --session scratch -o t_scratch\ny = torch.zeros(10)"),
     code("%fake_reset"),

@@ -12,10 +12,23 @@ nbclient = pytest.importorskip("nbclient")
 NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
 
+class _RecordingClient(nbclient.NotebookClient):
+    """Keeps every update_display_data message (progress lines are only visible there)."""
+
+    updates: list = []
+
+    def process_message(self, msg, cell, cell_index):  # noqa: ANN001, ANN201 - nbclient's hook
+        if msg.get("msg_type") == "update_display_data":
+            self.updates.append((cell_index, msg["content"].get("data", {})))
+        return super().process_message(msg, cell, cell_index)
+
+
 def _execute(name: str, tmp_path: Path):
     nb = nbformat.read(NB_DIR / name, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = _RecordingClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client.updates = []
     client.execute()
+    nb.metadata["_updates"] = client.updates
     return nb
 
 
@@ -54,5 +67,15 @@ def test_01_fake_magic_notebook(tmp_path):
     assert "aten._local_scalar_dense.default" in after and "still active? False" in after and "tensor([2., 2.])" in after
     assert "reset" in _text(by_src["%fake_reset"])
     assert "cuda:3" in _text(by_src["%%fake -o t_cfg"])
-    for c in cells:  # no progress line was left behind
+    long_cell = by_src["%%fake -o t_long"]
+    # the progress display was shown (its output is there) and emptied when the cell ended
+    progress = [o for o in long_cell.outputs if o.get("output_type") == "display_data" and o.get("data") == {"text/plain": ""}]
+    assert len(progress) == 1, long_cell.outputs
+    assert "ops recorded," not in _text(long_cell) and "1501 ops" in _text(long_cell)
+    assert "IPython.core.display" not in "".join(_text(c) for c in cells)
+    long_index = nb.cells.index(long_cell)
+    shown = [d.get("text/plain", "") for i, d in nb.metadata["_updates"] if i == long_index]
+    assert any("ops recorded, forward" in t or "ops recorded, other" in t or "ops recorded, init" in t for t in shown), shown
+    assert shown[-1] == ""
+    for c in cells:  # no progress line was left behind anywhere
         assert "ops recorded," not in _text(c)
