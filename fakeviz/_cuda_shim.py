@@ -14,9 +14,10 @@ Known limitations
   live on ``cpu`` and ``meta``; :func:`status` says why, and one
   :class:`FakeVizWarning` is emitted the first time a cuda device is asked for.
 * If a real (non-fake) backward ran in this process before the shim loaded,
-  libtorch's autograd engine has already sized its per-device queues, and a
-  fake backward on ``cuda:N`` for ``N > 0`` raises. :func:`status` reports it
-  (``backward_max_index``); importing fakeviz first avoids it.
+  libtorch's autograd engine has already sized its per-device queues (with no
+  cuda devices on a CPU-only build), so fake backward on any ``cuda`` device
+  raises a :class:`FakeVizError` saying so; forward and cpu work. :func:`status`
+  reports it (``backward_max_index == -1``); importing fakeviz first avoids it.
 """
 
 from __future__ import annotations
@@ -169,10 +170,16 @@ def ensure_fake_cuda() -> ShimStatus:
         _status.backward_max_index = _probe_backward()
         atexit.register(drain_autograd_workers, 25)
         drain_autograd_workers()
-        if _status.backward_max_index < 63:
+        if _status.backward_max_index < 0:
             _status.reason = (
                 "a real backward ran in this process before fakeviz was imported, so torch's autograd "
-                f"engine serves fake backward only up to cuda:{_status.backward_max_index}; "
+                "engine sized its device queues without cuda devices and cannot run fake backward on cuda; "
+                "restart the process (kernel) and import fakeviz before running any backward"
+            )
+        elif _status.backward_max_index < 63:
+            _status.reason = (
+                "a real backward ran in this process before fakeviz was imported, so torch's autograd "
+                f"engine serves fake backward only on cuda:0 .. cuda:{_status.backward_max_index}; "
                 "import fakeviz before running any backward to lift this"
             )
         return _status

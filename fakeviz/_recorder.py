@@ -32,7 +32,6 @@ import sys
 import sysconfig
 import threading
 import weakref
-from collections.abc import Iterator
 from types import CodeType
 from typing import Any
 
@@ -47,8 +46,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _cuda_shim
 from . import _trace as _trace_mod
-from ._errors import DataDependentError, RecordError
-from ._session import new_fake_mode, patched_swap_tensors
+from ._errors import DataDependentError, FakeVizError, RecordError
+from ._session import check_device, new_fake_mode, session_patches
 from ._trace import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES, STORAGE_KINDS, Trace
 
 __all__ = ["FakeSession", "Recording", "record"]
@@ -102,6 +101,10 @@ _N_ST = len(_trace_mod._ST_COLS)
 _ST_FREE = tuple(_trace_mod._ST_COLS).index("st_free")
 _ST_KIND = tuple(_trace_mod._ST_COLS).index("st_kind")
 _ST_NAME = tuple(_trace_mod._ST_COLS).index("st_name")
+
+
+class _DeviceRangeError(FakeVizError, ValueError):
+    """A fake cuda device index beyond what the shim provides (cuda:0 .. cuda:63)."""
 
 
 _DETACH = torch.ops.aten.detach.default
@@ -406,6 +409,11 @@ class _State:
         return mod
 
     def _meta_ids(self, shape: Any, stride: Any, dt: Any, dev: Any) -> tuple[int, int, int, int]:
+        if dev.type == "cuda" and dev.index is not None and dev not in self.t_devices.ids:
+            try:
+                check_device(dev)  # cuda index past the fake device count: say so at creation
+            except ValueError as exc:
+                raise _DeviceRangeError(str(exc)) from None
         try:
             key = (shape, stride, dt, dev)
             hash(key)
@@ -487,6 +495,8 @@ class _State:
         if depth == 0:
             try:
                 self.record(func, args, kwargs, out)
+            except _DeviceRangeError:
+                raise
             except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
                 self.internal_error(func, exc)
         return out
@@ -646,6 +656,10 @@ class _State:
             if sid >= 0 and self.b.std[sid * _N_ST + _ST_KIND] != K_PARAM:
                 self.b.std[sid * _N_ST + _ST_KIND] = K_BUFFER
 
+    def backward_started(self) -> None:
+        """Called by the patched torch.autograd.backward/grad (see Note: [session patches])."""
+        self.bw_line = self.user_line(3)
+
     def opt_pre(self, *_: Any) -> None:
         self.in_optimizer += 1
 
@@ -763,14 +777,14 @@ class Recording:
     def __enter__(self) -> Trace:
         shim = _cuda_shim.ensure_fake_cuda()
         self.trace.meta["fake_cuda"] = shim.mode
+        check_device(self.device)
         if self.device is not None and self.fake:
             _cuda_shim.warn_if_unavailable(self.device)
         prefixes = tuple(_package_dir(x) for x in self.exclude)
         state = self._state = _State(self.trace, exclude=prefixes)
         stack = self._stack = contextlib.ExitStack()
         try:
-            stack.enter_context(patched_swap_tensors())
-            stack.enter_context(_patched_backward(state))
+            stack.enter_context(session_patches(on_backward=state.backward_started))
             mm = torch.nn.modules.module
             hooks = [
                 mm.register_module_forward_pre_hook(state.fw_pre),
@@ -834,35 +848,6 @@ class Recording:
                 if self.trace.error is None:
                     self.trace.error = {"type": type(exc).__name__, "message": str(exc)[:2000], "op": None}
         return False
-
-
-@contextlib.contextmanager
-def _patched_backward(state: _State) -> Iterator[None]:
-    """Remember the user line that started each backward (for worker-thread ops)."""
-    orig_backward = torch.autograd.backward
-    orig_grad = torch.autograd.grad
-
-    def backward(*args: Any, **kwargs: Any) -> Any:
-        state.bw_line = state.user_line(2)
-        try:
-            return orig_backward(*args, **kwargs)
-        finally:
-            _cuda_shim.drain_autograd_workers(1)
-
-    def grad(*args: Any, **kwargs: Any) -> Any:
-        state.bw_line = state.user_line(2)
-        try:
-            return orig_grad(*args, **kwargs)
-        finally:
-            _cuda_shim.drain_autograd_workers(1)
-
-    torch.autograd.backward = backward
-    torch.autograd.grad = grad
-    try:
-        yield
-    finally:
-        torch.autograd.backward = orig_backward
-        torch.autograd.grad = orig_grad
 
 
 def _package_dir(name: str) -> str:

@@ -17,8 +17,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensor, FakeTensorMode
 
 from . import _cuda_shim
+from ._errors import FakeVizError
 
-__all__ = ["fake_mode", "fakeify", "is_fake", "meta_like", "patched_swap_tensors"]
+__all__ = ["check_device", "fake_mode", "fakeify", "is_fake", "meta_like", "session_patches"]
 
 
 def is_fake(tensor: Any) -> bool:
@@ -67,7 +68,17 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
     # swap_tensors also swaps __dict__; keep the recorder's tensor ids on their Python
     # objects, as `param.data = new` would in a real run (the parameter keeps its id)
     tags = (t1.__dict__.get("_fakeviz_tid"), t2.__dict__.get("_fakeviz_tid"))
-    result = _original_swap(t1, t2)
+    try:
+        result = _original_swap(t1, t2)
+    except RuntimeError:
+        if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):
+            raise
+        # A live autograd graph holds t1 (saved for backward), so swap_tensors refuses
+        # it; do what Module._apply does for real tensors: move the data into t1.
+        with torch.no_grad():
+            t1.data = t2
+        t1.fake_device = t2.fake_device
+        return None
     for t, tag in zip((t1, t2), tags):
         if tag is None:
             t.__dict__.pop("_fakeviz_tid", None)
@@ -76,20 +87,116 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
     return result
 
 
+# Note: [session patches]
+# While any fake session is active (fake_mode() or record(), nestable), a few torch
+# functions are routed through fakeviz:
+#   * torch.utils.swap_tensors: see Note: [Module.to on fake parameters];
+#   * torch.autograd.backward / grad: remember the user line that started a backward
+#     (for ops run on autograd worker threads), let worker threads drain (Note:
+#     [autograd worker exit race]) and turn the engine's INTERNAL ASSERT about device
+#     queues into a FakeVizError that says why and what to do;
+#   * on the CPU-only shim, torch.cuda.amp.common.amp_definitely_not_available and
+#     torch.cuda.is_bf16_supported, so torch.autocast("cuda") runs under fake cuda as
+#     it would on a GPU instead of disabling itself.
+_backward_listeners: list[Any] = []
+
+
+def _translate_engine_error(exc: RuntimeError) -> BaseException:
+    msg = str(exc)
+    if "device_ready_queues_" not in msg:
+        return exc
+    st = _cuda_shim.status()
+    return FakeVizError(
+        "fakeviz: torch's autograd engine cannot run backward on this fake cuda device. "
+        + (st.reason or "fake cuda devices are cuda:0 .. cuda:63.")
+        + " (fake cuda devices are cuda:0 .. cuda:63; import fakeviz before running any backward in the process)"
+    )
+
+
+def _autograd_entry(original: Any) -> Any:
+    """Wrap torch.autograd.backward / grad: listeners, error translation, worker drain."""
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        for cb in _backward_listeners:
+            cb()
+        try:
+            return original(*args, **kwargs)
+        except RuntimeError as exc:
+            new = _translate_engine_error(exc)
+            if new is exc:
+                raise
+            raise new from exc
+        finally:
+            _cuda_shim.drain_autograd_workers(1)
+
+    entry.__wrapped__ = original  # type: ignore[attr-defined]
+    return entry
+
+
+_original_backward = torch.autograd.backward
+_original_grad = torch.autograd.grad
+_backward = _autograd_entry(_original_backward)
+_grad = _autograd_entry(_original_grad)
+
+
+def _apply_patches(on: bool) -> None:
+    import torch.cuda.amp.common as amp_common
+
+    if on:
+        torch.utils.swap_tensors = _swap_tensors
+        torch.autograd.backward = _backward
+        torch.autograd.grad = _grad
+        if _cuda_shim.status().mode == "shim":
+            _saved["amp"] = amp_common.amp_definitely_not_available
+            _saved["bf16"] = torch.cuda.is_bf16_supported
+            amp_common.amp_definitely_not_available = lambda: False
+            torch.cuda.is_bf16_supported = lambda *a, **k: True
+    else:
+        torch.utils.swap_tensors = _original_swap
+        torch.autograd.backward = _original_backward
+        torch.autograd.grad = _original_grad
+        if "amp" in _saved:
+            amp_common.amp_definitely_not_available = _saved.pop("amp")
+            torch.cuda.is_bf16_supported = _saved.pop("bf16")
+
+
+_saved: dict[str, Any] = {}
+
+
 @contextlib.contextmanager
-def patched_swap_tensors() -> Iterator[None]:
-    """Route ``torch.utils.swap_tensors`` through the memo-dropping wrapper (nestable)."""
+def session_patches(on_backward: Any = None) -> Iterator[None]:
+    """Apply the patches of Note: [session patches] while the context is active (nestable)."""
     global _swap_depth
     with _swap_lock:
         _swap_depth += 1
-        torch.utils.swap_tensors = _swap_tensors
+        if _swap_depth == 1:
+            _apply_patches(True)
+        if on_backward is not None:
+            _backward_listeners.append(on_backward)
     try:
         yield
     finally:
         with _swap_lock:
+            if on_backward is not None:
+                _backward_listeners.remove(on_backward)
             _swap_depth -= 1
             if _swap_depth == 0:
-                torch.utils.swap_tensors = _original_swap
+                _apply_patches(False)
+
+
+patched_swap_tensors = session_patches  # the name older code used
+
+
+def check_device(device: str | torch.device | None) -> None:
+    """Reject devices fakeviz cannot fake (cuda index past the fake device count)."""
+    if device is None:
+        return
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        st = _cuda_shim.status()
+        count = st.device_count or 64
+        if st.mode == "shim" and not 0 <= dev.index < count:
+            raise ValueError(f"fake cuda devices are cuda:0 .. cuda:{count - 1}; got {dev}")
 
 
 def new_fake_mode(*, symbolic: bool = False, cls: type[FakeTensorMode] = FakeTensorMode, **kwargs: Any) -> Any:
@@ -115,9 +222,10 @@ def fake_mode(*, device: str | torch.device | None = None, symbolic: bool = Fals
     if device is not None:
         _cuda_shim.ensure_fake_cuda()
         _cuda_shim.warn_if_unavailable(device)
+    check_device(device)
     mode = new_fake_mode(symbolic=symbolic)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(patched_swap_tensors())
+        stack.enter_context(session_patches())
         stack.enter_context(mode)
         if device is not None:
             stack.enter_context(torch.device(device))
