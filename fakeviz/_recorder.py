@@ -98,6 +98,7 @@ _current_node = torch._C._current_autograd_node
 _N_OP = len(_trace_mod._OP_COLS)
 _PROGRESS_MASK = 1024 * _N_OP - 1  # opd grows by _N_OP per op: report every 1024 ops
 _N_ST = len(_trace_mod._ST_COLS)
+_N_OUT = len(_trace_mod._OUT_COLS)
 _ST_FREE = tuple(_trace_mod._ST_COLS).index("st_free")
 _ST_KIND = tuple(_trace_mod._ST_COLS).index("st_kind")
 _ST_NAME = tuple(_trace_mod._ST_COLS).index("st_name")
@@ -267,8 +268,13 @@ class _State:
         except Exception:  # noqa: BLE001 - unbacked symbolic size
             nb = -1
         std.extend((devid, nb, seq, -1, kind, -1))
+        self._watch(st, key, sid)
+        return sid
+
+    def _watch(self, st: Any, key: int, sid: int) -> None:
+        """Make storage ``st`` (StorageImpl address ``key``) live as ``sid``; record its free."""
         live = self.live
-        opd = b.opd
+        std, opd = self.b.std, self.b.opd
         slot = sid * _N_ST + _ST_FREE
 
         def on_free(_ref: Any) -> None:
@@ -278,7 +284,6 @@ class _State:
                 del live[key]
 
         live[key] = (sid, weakref.ref(st, on_free))
-        return sid
 
     # ------------------------------------------------------------------ ops
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
@@ -356,7 +361,7 @@ class _State:
                     for p in o:
                         if isinstance(p, _Tensor):
                             flags |= self._output(p)
-        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) >> 3, flags))
+        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags))
         if self.progress is not None and not (len(b.opd) & _PROGRESS_MASK):
             self._report_progress(phase, module)
 
@@ -381,20 +386,8 @@ class _State:
         except (NotImplementedError, RuntimeError):
             return
         hit = self.live.pop(st_in._cdata, None)
-        if hit is None:
-            return
-        sid = hit[0]
-        key = st_out._cdata
-        std, opd, live = self.b.std, self.b.opd, self.live
-        slot = sid * _N_ST + _ST_FREE
-
-        def on_free(_ref: Any) -> None:
-            std[slot] = len(opd) // _N_OP
-            cur = live.get(key)
-            if cur is not None and cur[0] == sid:
-                del live[key]
-
-        live[key] = (sid, weakref.ref(st_out, on_free))
+        if hit is not None:
+            self._watch(st_out, st_out._cdata, hit[0])
 
     def _bw_module(self) -> int:
         node = _current_node()
@@ -508,7 +501,7 @@ class _State:
         # drop partial input/output rows of the failed op
         last_in, last_out = (b.opd[-3], b.opd[-2]) if len(b.opd) else (0, 0)
         del b.in_tensor[last_in:]
-        del b.outd[last_out * 8 :]
+        del b.outd[last_out * _N_OUT :]
         op_id = self._op(func)[0]
         b.opd.extend((op_id, P_OTHER, -1, -1, self.t_args.add("<not recorded>", "<not recorded>"), last_in, last_out, 0))
         meta = self.trace.meta

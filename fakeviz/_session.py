@@ -48,8 +48,8 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
 # is active we route swap_tensors through a wrapper that first drops those memo
 # entries for the two tensors (the memo is a cache; losing an entry only costs a
 # re-conversion).
-_swap_lock = threading.Lock()
-_swap_depth = 0
+_patch_lock = threading.Lock()
+_patch_depth = 0
 _original_swap = torch.utils.swap_tensors
 
 
@@ -57,9 +57,8 @@ def _drop_memo(t: torch.Tensor) -> None:
     if not isinstance(t, FakeTensor):
         return
     mc = t.fake_mode.fake_tensor_converter.meta_converter
-    for memo in (mc.tensor_memo,):
-        for key in [k for k, v in list(memo.items()) if v is t]:
-            memo.pop(key, None)
+    for key in [k for k, v in list(mc.tensor_memo.items()) if v is t]:
+        mc.tensor_memo.pop(key, None)
 
 
 def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
@@ -105,11 +104,11 @@ def _translate_engine_error(exc: RuntimeError) -> BaseException:
     msg = str(exc)
     if "device_ready_queues_" not in msg:
         return exc
-    st = _cuda_shim.status()
+    reason = _cuda_shim.status().reason
     return FakeVizError(
         "fakeviz: torch's autograd engine cannot run backward on this fake cuda device. "
-        + (st.reason or "fake cuda devices are cuda:0 .. cuda:63.")
-        + " (fake cuda devices are cuda:0 .. cuda:63; import fakeviz before running any backward in the process)"
+        + (reason + " " if reason else "")
+        + "(fake cuda devices are cuda:0 .. cuda:63; import fakeviz before running any backward in the process)"
     )
 
 
@@ -139,6 +138,9 @@ _backward = _autograd_entry(_original_backward)
 _grad = _autograd_entry(_original_grad)
 
 
+_saved: dict[str, Any] = {}
+
+
 def _apply_patches(on: bool) -> None:
     import torch.cuda.amp.common as amp_common
 
@@ -160,31 +162,26 @@ def _apply_patches(on: bool) -> None:
             torch.cuda.is_bf16_supported = _saved.pop("bf16")
 
 
-_saved: dict[str, Any] = {}
-
-
 @contextlib.contextmanager
 def session_patches(on_backward: Any = None) -> Iterator[None]:
     """Apply the patches of Note: [session patches] while the context is active (nestable)."""
-    global _swap_depth
-    with _swap_lock:
-        _swap_depth += 1
-        if _swap_depth == 1:
+    global _patch_depth
+    with _patch_lock:
+        _patch_depth += 1
+        if _patch_depth == 1:
             _apply_patches(True)
         if on_backward is not None:
             _backward_listeners.append(on_backward)
     try:
         yield
     finally:
-        with _swap_lock:
+        with _patch_lock:
             if on_backward is not None:
                 _backward_listeners.remove(on_backward)
-            _swap_depth -= 1
-            if _swap_depth == 0:
+            _patch_depth -= 1
+            if _patch_depth == 0:
                 _apply_patches(False)
 
-
-patched_swap_tensors = session_patches  # the name older code used
 
 
 def check_device(device: str | torch.device | None) -> None:
@@ -249,7 +246,7 @@ def fakeify(
     with torch._subclasses.fake_tensor.unset_fake_temporarily(), FakeCopyMode(mode):
         out = copy.deepcopy(obj)
     if device is not None:
-        with patched_swap_tensors(), mode:
+        with session_patches(), mode:
             if isinstance(out, torch.nn.Module):
                 out = out.to(device)
             elif isinstance(out, torch.Tensor):

@@ -73,6 +73,11 @@ def d(t):
 def report_status(fv):
     RESULTS["_status"] = dataclasses.asdict(fv.fake_cuda_status())
 
+def op_devices(tr, phase=None):
+    """Sorted devices of a trace's ops (of one phase, if given)."""
+    ops = tr.ops if phase is None else tr.ops[tr.ops["phase"] == phase]
+    return sorted(map(str, ops["device"].dropna().unique()))
+
 def after_session(fv):
     import torch
     t = torch.ones(2)
@@ -488,9 +493,9 @@ for D in DEVICES:
                     opt.zero_grad(set_to_none=True)
                 if kind == "record":
                     ops = tr.ops
-                    r["ops_devices"] = sorted(map(str, ops["device"].dropna().unique()))
-                    r["opt_ops_devices"] = sorted(map(str, ops[ops["phase"] == "optimizer"]["device"].dropna().unique()))
-                    r["bwd_ops_devices"] = sorted(map(str, ops[ops["phase"] == "backward"]["device"].dropna().unique()))
+                    r["ops_devices"] = op_devices(tr)
+                    r["opt_ops_devices"] = op_devices(tr, "optimizer")
+                    r["bwd_ops_devices"] = op_devices(tr, "backward")
                     r["phases"] = sorted(map(str, ops["phase"].unique()))
                     r["storage_devices"] = sorted(map(str, tr.storages["device"].dropna().unique()))
                     r["peak_devices"] = sorted(tr.peak_bytes())
@@ -603,7 +608,7 @@ for D in DEVICES:
             if kind == "record":
                 ops = tr.ops
                 r["ops"] = sorted(map(str, ops["op"].unique()))
-                r["ops_devices"] = sorted(map(str, ops["device"].dropna().unique()))
+                r["ops_devices"] = op_devices(tr)
             r["after_session"] = after_session(fv)
             return r
         run(f"indexing[{kind}][{D}]", indexing)
@@ -966,9 +971,8 @@ for D in CUDA_DEVICES:
                     "grads": {n: [d(p.grad), fv.is_fake(p.grad)] for n, p in m.named_parameters()},
                 }
             if kind == "record":
-                ops = tr.ops
-                r["ops_devices"] = sorted(map(str, ops["device"].dropna().unique()))
-                r["bwd_ops_devices"] = sorted(map(str, ops[ops["phase"] == "backward"]["device"].dropna().unique()))
+                r["ops_devices"] = op_devices(tr)
+                r["bwd_ops_devices"] = op_devices(tr, "backward")
                 r["storage_devices"] = sorted(map(str, tr.storages["device"].dropna().unique()))
                 r["peak_devices"] = sorted(tr.peak_bytes())
             r["after_session"] = after_session(fv)
@@ -1028,8 +1032,8 @@ def llama():
             "buffers": sorted({str(b.device) for b in model.buffers()}),
         }
     ops = tr.ops
-    r["ops_devices"] = sorted(map(str, ops["device"].dropna().unique()))
-    r["bwd_ops_devices"] = sorted(map(str, ops[ops["phase"] == "backward"]["device"].dropna().unique()))
+    r["ops_devices"] = op_devices(tr)
+    r["bwd_ops_devices"] = op_devices(tr, "backward")
     r["phases"] = sorted(map(str, ops["phase"].unique()))
     r["storage_devices"] = sorted(map(str, tr.storages["device"].dropna().unique()))
     r["n_ops"] = len(ops)

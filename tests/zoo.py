@@ -221,8 +221,8 @@ class ViewsInplace(nn.Module):
         return r.sum(0) + v.diagonal(dim1=1, dim2=2).sum() + s.sum()
 
 
-def build_views_inplace() -> Case:
-    model = ViewsInplace()
+def _views_case(model: nn.Module) -> Case:
+    """The views/in-place models share inputs, loss and optimizer."""
 
     def make_inputs() -> Any:
         torch.manual_seed(1)
@@ -232,6 +232,10 @@ def build_views_inplace() -> Case:
         return m(x).pow(2).mean()
 
     return Case(model, make_inputs, loss_fn, lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
+
+
+def build_views_inplace() -> Case:
+    return _views_case(ViewsInplace())
 
 
 class ViewsInplaceNoGrad(nn.Module):
@@ -265,16 +269,7 @@ class ViewsInplaceNoGrad(nn.Module):
 
 
 def build_views_inplace_nograd() -> Case:
-    model = ViewsInplaceNoGrad()
-
-    def make_inputs() -> Any:
-        torch.manual_seed(1)
-        return torch.randn(6, 8)
-
-    def loss_fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return m(x).pow(2).mean()
-
-    return Case(model, make_inputs, loss_fn, lambda m: torch.optim.SGD(m.parameters(), lr=0.01))
+    return _views_case(ViewsInplaceNoGrad())
 
 
 # ------------------------------------------------------------- 8. activation checkpointing
