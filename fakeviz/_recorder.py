@@ -488,8 +488,8 @@ class _State:
         if depth == 0:
             try:
                 self.record(func, args, kwargs, out)
-            except _DeviceRangeError:
-                raise
+            except _DeviceRangeError as exc:
+                raise self.on_error(func, exc) from None  # bad input: name the op, module, line
             except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
                 self.internal_error(func, exc)
         return out

@@ -452,3 +452,18 @@ def test_trace_stays_small_per_op():
             _tiny_run()
     assert trace.num_ops > 700
     assert trace.nbytes() / trace.num_ops < 200  # columns, not Python objects per field
+
+
+def test_cuda_index_past_fake_devices_names_op_line_and_keeps_trace():
+    with pytest.raises(ValueError, match=r"cuda:0 \.\. cuda:63; got cuda:64") as info:
+        with fv.record() as trace:
+            torch.ones(3)
+            torch.ones(2, device="cuda:64")
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "aten.ones.default" in notes and "test_engine.py" in notes
+    assert trace.error["op"] == "aten.ones.default" and "test_engine.py" in trace.error["user_line"]
+    assert len(trace) == 1 and _no_fake_mode_active()
+    with pytest.raises(ValueError, match="cuda:64"):
+        with fv.fake_mode(device="cuda:64"):
+            pass
+    assert _no_fake_mode_active()
