@@ -16,13 +16,14 @@ from . import _cuda_shim
 from ._errors import DataDependentError, FakeVizError, FakeVizWarning, RecordError, TraceFormatError
 from ._recorder import FakeSession, Recording, record
 from ._session import fake_mode, fakeify, is_fake, meta_like
-from ._trace import PHASES, STORAGE_KINDS, Trace, load
+from ._trace import CATEGORIES, PHASES, ROLES, Trace, load
 
 __version__ = "0.1.0"
 
 __all__ = [
     "PHASES",
-    "STORAGE_KINDS",
+    "CATEGORIES",
+    "ROLES",
     "DataDependentError",
     "FakeSession",
     "FakeVizError",

@@ -48,12 +48,23 @@ from . import _cuda_shim
 from . import _trace as _trace_mod
 from ._errors import DataDependentError, FakeVizError, RecordError
 from ._session import check_device, new_fake_mode, session_patches
-from ._trace import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES, STORAGE_KINDS, Trace
+from ._trace import (
+    FLAG_DATA_DEPENDENT,
+    FLAG_INPLACE,
+    FLAG_VIEW,
+    PHASES,
+    ROLE_BUFFER,
+    ROLE_GRAD,
+    ROLE_INPUT,
+    ROLE_OPT,
+    ROLE_PARAM,
+    ROLE_SAVED,
+    Trace,
+)
 
 __all__ = ["FakeSession", "Recording", "record"]
 
 P_INIT, P_FORWARD, P_BACKWARD, P_OPTIMIZER, P_OTHER = range(len(PHASES))
-K_OTHER, K_PARAM, K_BUFFER, K_INPUT, K_GRAD = range(len(STORAGE_KINDS))
 
 _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
@@ -100,8 +111,13 @@ _PROGRESS_MASK = 1024 * _N_OP - 1  # opd grows by _N_OP per op: report every 102
 _N_ST = len(_trace_mod._ST_COLS)
 _N_OUT = len(_trace_mod._OUT_COLS)
 _ST_FREE = tuple(_trace_mod._ST_COLS).index("st_free")
-_ST_KIND = tuple(_trace_mod._ST_COLS).index("st_kind")
+_ST_ROLES = tuple(_trace_mod._ST_COLS).index("st_roles")
 _ST_NAME = tuple(_trace_mod._ST_COLS).index("st_name")
+_ST_OWNER = tuple(_trace_mod._ST_COLS).index("st_owner")
+_OP_IN_END = tuple(_trace_mod._OP_COLS).index("in_end")
+_OP_OUT_END = tuple(_trace_mod._OP_COLS).index("out_end")
+_P_GRAD = tuple(_trace_mod._P_COLS).index("p_grad")
+_P_TENSOR = tuple(_trace_mod._P_COLS).index("p_tensor")
 
 
 class _DeviceRangeError(FakeVizError, ValueError):
@@ -180,6 +196,12 @@ class _State:
         self.bw_line = -1
         self.error_seen: set[int] = set()
         self.progress: Any = None  # callable(n_ops, phase, module) every 1024 ops
+        self.roots: dict[int, Any] = {}  # id -> weakref of named root modules
+        self.built: dict[int, Any] = {}  # id -> weakref of modules built in the block
+        self.optimizers: dict[int, Any] = {}  # id -> weakref of optimizers that stepped
+        self.bw_leaves: list[Any] = []
+        self.p_rows: dict[int, tuple[int, ...]] = {}  # name id -> parameter table row
+        self.grad_of: dict[int, int] = {}  # parameter tensor id -> storage id of its last .grad
 
     # ------------------------------------------------------------- interning
     def _op(self, func: Any) -> tuple[int, int]:
@@ -240,11 +262,11 @@ class _State:
         tid = self.next_tensor
         self.next_tensor = tid + 1
         d["_fakeviz_tid"] = (self.token, tid)
-        kind = K_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else K_INPUT
-        self.storage_id(t, -1, kind)
+        roles = ROLE_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else 0
+        self.storage_id(t, -1, roles)
         return tid
 
-    def storage_id(self, t: Any, seq: int, kind: int = K_OTHER) -> int:
+    def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:
         try:
             st = t.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse, nested, functional wrappers
@@ -252,10 +274,19 @@ class _State:
         key = st._cdata
         hit = self.live.get(key)
         if hit is not None:
+            if roles:
+                self.b.std[hit[0] * _N_ST + _ST_ROLES] |= roles
             return hit[0]
-        return self._new_storage(st, key, t.device, seq, kind)
+        return self._new_storage(st, key, t.device, seq, roles)
 
-    def _new_storage(self, st: Any, key: int, dev: Any, seq: int, kind: int) -> int:
+    def add_roles(self, t: Any, roles: int, owner: int = -1) -> int:
+        """Mark the storage of ``t`` with ROLE_* bits (registering it if unseen)."""
+        sid = self.storage_id(t, -1, roles)
+        if sid >= 0 and owner >= 0:
+            self.b.std[sid * _N_ST + _ST_OWNER] = owner
+        return sid
+
+    def _new_storage(self, st: Any, key: int, dev: Any, seq: int, roles: int) -> int:
         b = self.b
         std = b.std
         sid = len(std) // _N_ST
@@ -267,7 +298,7 @@ class _State:
             nb = nb if type(nb) is int else -1
         except Exception:  # noqa: BLE001 - unbacked symbolic size
             nb = -1
-        std.extend((devid, nb, seq, -1, kind, -1))
+        std.extend((devid, nb, seq, -1, roles, -1, -1))
         self._watch(st, key, sid)
         return sid
 
@@ -289,8 +320,11 @@ class _State:
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
         if func is _DETACH and _called_from_parameter_new():
             return  # Note: [Parameter detach]
-        if func is _LIFT_FRESH and args and out is not args[0] and isinstance(out, _Tensor):
-            self._alias_lifted(args[0], out)
+        if func is _LIFT_FRESH and args and isinstance(args[0], _Tensor):
+            # torch.tensor(data) made its tensor just now, without a dispatch: it is born here
+            self.storage_id(args[0], len(self.b.opd) // _N_OP)
+            if out is not args[0] and isinstance(out, _Tensor):
+                self._alias_lifted(args[0], out)
         b = self.b
         info = self.op_info.get(func)
         if info is None:
@@ -361,7 +395,7 @@ class _State:
                     for p in o:
                         if isinstance(p, _Tensor):
                             flags |= self._output(p)
-        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags))
+        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, -1))
         if self.progress is not None and not (len(b.opd) & _PROGRESS_MASK):
             self._report_progress(phase, module)
 
@@ -459,7 +493,7 @@ class _State:
             st = t.untyped_storage()
             key = st._cdata
             hit = self.live.get(key)
-            stor = hit[0] if hit is not None else self._new_storage(st, key, dev, len(self.b.opd) // _N_OP, K_OTHER)
+            stor = hit[0] if hit is not None else self._new_storage(st, key, dev, len(self.b.opd) // _N_OP, 0)
         except (NotImplementedError, RuntimeError):
             stor = -1
         self.b.outd.extend((tid, sid, stid, dtid, devid, stor, off, nb))
@@ -499,11 +533,12 @@ class _State:
         """The recorder itself failed on an op: keep a bare row so seq numbers stay aligned."""
         b = self.b
         # drop partial input/output rows of the failed op
-        last_in, last_out = (b.opd[-3], b.opd[-2]) if len(b.opd) else (0, 0)
+        last_in, last_out = (b.opd[_OP_IN_END - _N_OP], b.opd[_OP_OUT_END - _N_OP]) if len(b.opd) else (0, 0)
         del b.in_tensor[last_in:]
         del b.outd[last_out * _N_OUT :]
         op_id = self._op(func)[0]
-        b.opd.extend((op_id, P_OTHER, -1, -1, self.t_args.add("<not recorded>", "<not recorded>"), last_in, last_out, 0))
+        not_rec = self.t_args.add("<not recorded>", "<not recorded>")
+        b.opd.extend((op_id, P_OTHER, -1, -1, not_rec, last_in, last_out, 0, -1))
         meta = self.trace.meta
         meta["recorder_errors"] = meta.get("recorder_errors", 0) + 1
         meta.setdefault("first_recorder_error", f"{func}: {type(exc).__name__}: {exc}"[:1000])
@@ -569,38 +604,229 @@ class _State:
         # a new root: name it and every submodule, register its parameters and buffers
         root = type(mod).__name__
         table = self.b.tables["modules"]
+        classes = self.b.tables["classes"]
+        mod_class = self.b.mod_class
         for name, sub in mod.named_modules(remove_duplicate=False):
             k = id(sub)
             if k in self.mod_names and self.mod_refs[k]() is sub:
                 continue
             path = f"{root}.{name}" if name else root
-            self.mod_names[k] = table.add(path, path)
+            mid = self.mod_names[k] = table.add(path, path)
+            if mid == len(mod_class):
+                cls = type(sub)
+                mod_class.append(classes.add(cls, cls.__qualname__))
             self.mod_refs[k] = weakref.ref(sub)
+        self.roots[key] = weakref.ref(mod)
         self.register_module(mod, root)
+        self.param_rows(key, mod)
         return self.mod_names[key]
 
     def register_module(self, mod: torch.nn.Module, root: str) -> None:
-        """Register parameters and buffers (with their FQNs) of ``mod``."""
+        """Register parameters and buffers (with their FQNs) of the root module ``mod``."""
         b = self.b
         names: dict[int, list[str]] = {}
-        kinds: dict[int, int] = {}
-        for kind, items in (
-            (K_PARAM, mod.named_parameters(remove_duplicate=False)),
-            (K_BUFFER, mod.named_buffers(remove_duplicate=False)),
+        for role, items in (
+            (ROLE_PARAM, mod.named_parameters(remove_duplicate=False)),
+            (ROLE_BUFFER, mod.named_buffers(remove_duplicate=False)),
         ):
             for name, t in items:
                 if t is None:
                     continue
                 self.tensor_id(t)
-                sid = self.storage_id(t, -1, kind)
+                sid = self.storage_id(t, -1, role)
                 if sid < 0:
                     continue
                 names.setdefault(sid, []).append(f"{root}.{name}")
-                kinds.setdefault(sid, kind)
         for sid, ns in names.items():
             text = "|".join(dict.fromkeys(ns))
             b.std[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
-            b.std[sid * _N_ST + _ST_KIND] = kinds[sid]
+
+    def module_registered(self, parent: torch.nn.Module, name: str, sub: Any) -> None:
+        """Global submodule-registration hook: remember modules built inside the block."""
+        if self.active:
+            self.built[id(parent)] = weakref.ref(parent)
+            if sub is not None:
+                self.built[id(sub)] = weakref.ref(sub)
+
+    def name_built_roots(self) -> None:
+        """Name the top-level modules built in the block that never ran forward (init-only runs)."""
+        alive = {k: m for k, r in self.built.items() if (m := r()) is not None}
+        children = {id(c) for m in alive.values() for c in m._modules.values() if c is not None}
+        for k, m in alive.items():
+            if k not in children and not (k in self.mod_names and self.mod_refs[k]() is m):
+                self.module_id(m)
+
+    def param_rows(self, key: int, root: torch.nn.Module) -> None:
+        """(Re)take the parameter table rows of a root module: when first seen and at the end."""
+        names = self.b.tables["names"]
+        modules = self.b.tables["modules"]
+        root_name = modules.strings[self.mod_names[key]]
+        for mname, sub in root.named_modules(remove_duplicate=False):
+            mid = self.mod_names.get(id(sub))
+            if mid is None:
+                continue
+            for kind, items in ((0, sub._parameters.items()), (1, sub._buffers.items())):
+                for pname, t in items:
+                    if t is None or not isinstance(t, _Tensor):
+                        continue
+                    full = f"{root_name}.{mname}.{pname}" if mname else f"{root_name}.{pname}"
+                    nid = names.add(full, full)
+                    self.p_rows[nid] = self._param_row(t, nid, mid, kind)
+
+    def param_table(self) -> None:
+        """Fill the trace's parameter table (at the end of recording).
+
+        Live roots are walked again (their parameters may have moved or been
+        replaced); roots that died keep the rows taken when they were first seen,
+        with the last gradient their parameters had.
+        """
+        for key, ref in list(self.roots.items()):
+            root = ref()
+            if root is not None and self.mod_names.get(key) is not None:
+                self.param_rows(key, root)
+        pd = self.b.pd
+        g = _P_GRAD
+        for row in self.p_rows.values():
+            if row[g] < 0:
+                row = (*row[:g], self.grad_of.get(row[_P_TENSOR], -1), *row[g + 1 :])
+            pd.extend(row)
+
+    def _param_row(self, t: Any, name_id: int, mid: int, kind: int) -> tuple[int, ...]:
+        tid = self.tensor_id(t)
+        sid = self.storage_id(t, -1, ROLE_PARAM if kind == 0 else ROLE_BUFFER)
+        shape, dt, dev = t.shape, t.dtype, t.device
+        try:
+            numel = int(t.numel())
+            nb = numel * t.element_size()
+            off = int(t.storage_offset())
+        except Exception:  # noqa: BLE001 - unbacked symbolic sizes
+            numel, nb, off = -1, -1, -1
+        shape_s = ", ".join(str(x) for x in shape)
+        grad = -1
+        g = t.grad if kind == 0 else None
+        if g is not None:
+            grad = self.add_roles(g, ROLE_GRAD, tid)
+        return (
+            name_id, mid, tid, sid, off, numel, nb,
+            self.t_shapes.add(shape_s, shape_s), self.t_dtypes.add(dt, str(dt)),
+            self.t_devices.add(dev, str(dev)), kind, grad,
+        )  # fmt: skip
+
+    # ------------------------------------------------- roles of storages
+    def pack_saved(self, t: Any) -> Any:
+        """saved_tensors_hooks pack: the storage of ``t`` is saved for backward (an activation).
+
+        Note: [saved tensors]
+        A pack hook that returns the tensor it was given makes a reference cycle when
+        autograd saves an op's *output* on the output's own grad_fn (exp, relu, softmax
+        save their result): tensor -> grad_fn -> saved tensor. Without hooks autograd
+        avoids this by saving a grad_fn-less alias. We do the same: a non-leaf is saved
+        as ``t.detach()`` (same storage and version counter, so in-place checks still
+        work), made as an inner dispatch so it is not recorded, and tagged with the
+        same tensor id so backward ops name the forward tensor.
+        """
+        if not self.active:
+            return t
+        try:
+            self.add_roles(t, ROLE_SAVED)
+        except Exception:  # noqa: BLE001 - never break autograd
+            return t
+        if t.grad_fn is None:
+            return t
+        loc = self.local
+        depth = loc.__dict__.get("depth", 0)
+        loc.depth = depth + 1  # an inner dispatch: not recorded
+        try:
+            alias = t.detach()
+        finally:
+            loc.depth = depth
+        tag = t.__dict__.get("_fakeviz_tid")
+        if tag is not None:
+            alias.__dict__["_fakeviz_tid"] = tag
+        return alias
+
+    @staticmethod
+    def unpack_saved(t: Any) -> Any:
+        return t
+
+    def _mark_inputs(self, mod: torch.nn.Module, args: Any) -> None:
+        """A top-level module call: its tensor arguments (and keyword arguments) are inputs."""
+        kwargs = None
+        f = sys._getframe(2)
+        if f is not None and f.f_code.co_name == "inner":
+            kwargs = f.f_locals.get("kwargs")
+        for leaf in torch.utils._pytree.tree_leaves((args, kwargs or {})):
+            if isinstance(leaf, _Tensor) and not isinstance(leaf, torch.nn.Parameter):
+                self.add_roles(leaf, ROLE_INPUT)
+
+    def _leaves(self, roots: Any) -> list[Any]:
+        """Leaf tensors (AccumulateGrad nodes) reachable from the graph of ``roots``."""
+        seen: set[int] = set()
+        stack = [t.grad_fn for t in roots if isinstance(t, _Tensor) and t.grad_fn is not None]
+        leaves = []
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            var = getattr(node, "variable", None)
+            if var is not None:
+                leaves.append(weakref.ref(var))
+                continue
+            stack.extend(n for n, _ in node.next_functions)
+        return leaves
+
+    def backward_event(self, when: str, args: tuple[Any, ...], kwargs: dict[str, Any], is_grad: bool) -> None:
+        """Called by the patched torch.autograd.backward/grad (see Note: [session patches])."""
+        if not self.active:
+            return
+        if when == "before":
+            self.bw_line = self.user_line(3)
+            self.bw_leaves = []
+            if not is_grad:
+                tensors = kwargs.get("tensors", args[0] if args else ())
+                tensors = (tensors,) if isinstance(tensors, _Tensor) else tuple(tensors)
+                self.bw_leaves = self._leaves(tensors)
+        else:
+            for ref in self.bw_leaves:
+                self._mark_grad(ref())
+            self.bw_leaves = []
+
+    def _mark_grad(self, p: Any) -> None:
+        g = getattr(p, "grad", None) if p is not None else None
+        if g is not None:
+            tid = self.tensor_id(p)
+            self.grad_of[tid] = self.add_roles(g, ROLE_GRAD, tid)
+
+    def opt_pre(self, opt: Any, *_: Any) -> None:
+        self.in_optimizer += 1
+        if self.active:
+            with contextlib.suppress(Exception):
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        self._mark_grad(p)
+
+    def opt_post(self, opt: Any, *_: Any) -> None:
+        self.in_optimizer = max(0, self.in_optimizer - 1)
+        if self.active:
+            self.optimizers[id(opt)] = weakref.ref(opt)
+            self._mark_optimizer_state(opt)
+
+    def _mark_optimizer_state(self, opt: Any) -> None:
+        for p, st in list(opt.state.items()):
+            owner = self.tensor_id(p) if isinstance(p, _Tensor) else -1
+            for v in torch.utils._pytree.tree_leaves(st):
+                if isinstance(v, _Tensor):
+                    self.add_roles(v, ROLE_OPT, owner)
+
+    def finish(self) -> None:
+        """At the end of the block: name modules built but never run, fill the parameter table."""
+        for ref in list(self.optimizers.values()):
+            opt = ref()
+            if opt is not None:
+                self._mark_optimizer_state(opt)
+        self.name_built_roots()
+        self.param_table()
 
     def _mark(self) -> None:
         self.sn_marks.append(_get_sequence_nr())
@@ -613,6 +839,11 @@ class _State:
         mid = self.mod_names.get(key)
         if mid is None or self.mod_refs[key]() is not mod:
             mid = self.module_id(mod)
+        if not self.fw_stack and _graph_task_id() < 0:
+            try:
+                self._mark_inputs(mod, args)
+            except Exception as exc:  # noqa: BLE001 - never break the user's forward
+                self.internal_note("inputs", exc)
         self.fw_stack.append(mid)
         cls = type(mod)
         internal = self.internal_cls.get(cls)
@@ -639,25 +870,18 @@ class _State:
 
     def param_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
         if self.active and t is not None and isinstance(t, _Tensor):
-            sid = self.storage_id(t, self.b.num_ops(), K_PARAM)
-            if sid >= 0:
-                self.b.std[sid * _N_ST + _ST_KIND] = K_PARAM
+            self.built[id(mod)] = weakref.ref(mod)
+            self.storage_id(t, self.b.num_ops(), ROLE_PARAM)
 
     def buffer_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
         if self.active and t is not None and isinstance(t, _Tensor):
-            sid = self.storage_id(t, self.b.num_ops(), K_BUFFER)
-            if sid >= 0 and self.b.std[sid * _N_ST + _ST_KIND] != K_PARAM:
-                self.b.std[sid * _N_ST + _ST_KIND] = K_BUFFER
+            self.built[id(mod)] = weakref.ref(mod)
+            self.storage_id(t, self.b.num_ops(), ROLE_BUFFER)
 
-    def backward_started(self) -> None:
-        """Called by the patched torch.autograd.backward/grad (see Note: [session patches])."""
-        self.bw_line = self.user_line(3)
-
-    def opt_pre(self, *_: Any) -> None:
-        self.in_optimizer += 1
-
-    def opt_post(self, *_: Any) -> None:
-        self.in_optimizer = max(0, self.in_optimizer - 1)
+    def internal_note(self, what: str, exc: BaseException) -> None:
+        meta = self.trace.meta
+        meta["recorder_errors"] = meta.get("recorder_errors", 0) + 1
+        meta.setdefault("first_recorder_error", f"{what}: {type(exc).__name__}: {exc}"[:1000])
 
 
 def _source_text(line: str | None) -> str:
@@ -777,19 +1001,22 @@ class Recording:
         state = self._state = _State(self.trace, exclude=prefixes)
         stack = self._stack = contextlib.ExitStack()
         try:
-            stack.enter_context(session_patches(on_backward=state.backward_started))
+            stack.enter_context(session_patches(on_backward=state.backward_event))
             mm = torch.nn.modules.module
             hooks = [
                 mm.register_module_forward_pre_hook(state.fw_pre),
                 mm.register_module_forward_hook(state.fw_post, always_call=True),
                 mm.register_module_parameter_registration_hook(state.param_registered),
                 mm.register_module_buffer_registration_hook(state.buffer_registered),
+                mm.register_module_module_registration_hook(state.module_registered),
                 register_optimizer_step_pre_hook(state.opt_pre),
                 register_optimizer_step_post_hook(state.opt_post),
             ]
             for h in hooks:
                 stack.callback(h.remove)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(state.pack_saved, state.unpack_saved))
             stack.callback(self._deactivate)
+            stack.callback(self._finish_state)
             for m in self.modules:
                 state.module_id(m)
             if self.dtype is not None:
@@ -826,6 +1053,14 @@ class Recording:
     def _deactivate(self) -> None:
         if self._state is not None:
             self._state.active = False
+
+    def _finish_state(self) -> None:
+        # runs before the mode and hooks are undone (ExitStack order), while tensors are live
+        if self._state is not None and self._state.active:
+            try:
+                self._state.finish()
+            except Exception as exc:  # noqa: BLE001 - the trace stays usable without the table
+                self._state.internal_note("finish", exc)
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         assert self._stack is not None

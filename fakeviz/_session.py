@@ -35,9 +35,7 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
     if not is_fake(fake):
         raise ValueError(f"meta_like expects a fake tensor, got {type(fake).__name__}")
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        return torch.empty_strided(
-            tuple(fake.shape), tuple(fake.stride()), dtype=fake.dtype, device="meta"
-        ).detach()
+        return torch.empty_strided(tuple(fake.shape), tuple(fake.stride()), dtype=fake.dtype, device="meta").detach()
 
 
 # Note: [Module.to on fake parameters]
@@ -112,12 +110,16 @@ def _translate_engine_error(exc: RuntimeError) -> BaseException:
     )
 
 
-def _autograd_entry(original: Any) -> Any:
-    """Wrap torch.autograd.backward / grad: listeners, error translation, worker drain."""
+def _autograd_entry(original: Any, is_grad: bool) -> Any:
+    """Wrap torch.autograd.backward / grad: listeners, error translation, worker drain.
+
+    Listeners are called as ``cb(when, args, kwargs, is_grad)`` with ``when`` "before"
+    and "after" (also after an error).
+    """
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         for cb in _backward_listeners:
-            cb()
+            cb("before", args, kwargs, is_grad)
         try:
             return original(*args, **kwargs)
         except RuntimeError as exc:
@@ -127,6 +129,9 @@ def _autograd_entry(original: Any) -> Any:
             raise new from exc
         finally:
             _cuda_shim.drain_autograd_workers(1)
+            for cb in _backward_listeners:
+                with contextlib.suppress(Exception):
+                    cb("after", args, kwargs, is_grad)
 
     entry.__wrapped__ = original  # type: ignore[attr-defined]
     return entry
@@ -134,8 +139,8 @@ def _autograd_entry(original: Any) -> Any:
 
 _original_backward = torch.autograd.backward
 _original_grad = torch.autograd.grad
-_backward = _autograd_entry(_original_backward)
-_grad = _autograd_entry(_original_grad)
+_backward = _autograd_entry(_original_backward, False)
+_grad = _autograd_entry(_original_grad, True)
 
 
 _saved: dict[str, Any] = {}
@@ -181,7 +186,6 @@ def session_patches(on_backward: Any = None) -> Iterator[None]:
             _patch_depth -= 1
             if _patch_depth == 0:
                 _apply_patches(False)
-
 
 
 def check_device(device: str | torch.device | None) -> None:

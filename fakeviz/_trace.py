@@ -33,14 +33,19 @@ import numpy as np
 
 from ._errors import TraceFormatError
 
-__all__ = ["PHASES", "STORAGE_KINDS", "Trace", "load"]
+__all__ = ["CATEGORIES", "PHASES", "ROLES", "Trace", "load"]
 
 FORMAT_NAME = "fakeviz-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 PHASES = ("init", "forward", "backward", "optimizer", "other")
-# A first, recorder-side hint of what a storage is; the analysis layer refines it.
-STORAGE_KINDS = ("other", "parameter", "buffer", "input", "gradient")
+# What the recorder saw a storage used as (a bitmask per storage, bit i = ROLES[i]):
+# a parameter or buffer of a module, an input of a top-level module call, the .grad
+# of a leaf, optimizer state, or saved for backward (autograd's saved-tensor hooks).
+ROLES = ("parameter", "buffer", "input", "gradient", "optimizer", "saved")
+ROLE_PARAM, ROLE_BUFFER, ROLE_INPUT, ROLE_GRAD, ROLE_OPT, ROLE_SAVED = (1 << i for i in range(len(ROLES)))
+# Memory categories (see fakeviz._memory for how roles and phases map onto them).
+CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optimizer state", "Activation", "Temporary", "Input", "Other")
 
 FLAG_VIEW = 1  # the op's output aliases an input (schema alias info, no write)
 FLAG_INPLACE = 2  # the op writes one of its inputs (in-place or out= variant)
@@ -56,6 +61,7 @@ _OP_COLS = {
     "in_end": "q",  # end offset into the inputs column
     "out_end": "q",  # end offset into the output columns
     "flags": "b",
+    "flops": "q",  # FLOPs of the op (fakeviz._flops), -1 no formula
 }
 _IN_COLS = {"in_tensor": "q"}
 _OUT_COLS = {
@@ -73,12 +79,30 @@ _ST_COLS = {
     "st_nbytes": "q",  # -1 when symbolic
     "st_alloc": "q",  # op seq that first produced it; -1 existed before recording
     "st_free": "q",  # number of ops recorded when it was freed; -1 alive at the end
-    "st_kind": "b",  # index into STORAGE_KINDS
+    "st_roles": "b",  # bitmask of ROLES
     "st_name": "i",  # string id in "names" (parameter/buffer FQNs joined by "|"), -1
+    "st_owner": "q",  # tensor id of the parameter whose gradient/optimizer state this is, -1
 }
-_ALL_COLS = {**_OP_COLS, **_IN_COLS, **_OUT_COLS, **_ST_COLS}
+# one row per parameter/buffer name of every module seen (tied names get one row each)
+_P_COLS = {
+    "p_name": "i",  # string id in "names": the full name "Root.layers.0.mlp.weight"
+    "p_module": "i",  # string id in "modules" of the owning module
+    "p_tensor": "q",  # tensor id ($N); tied names share it
+    "p_storage": "q",
+    "p_offset": "q",
+    "p_numel": "q",
+    "p_nbytes": "q",  # bytes of this tensor (numel * itemsize), -1 symbolic
+    "p_shape": "i",  # string id in "shapes"
+    "p_dtype": "h",
+    "p_device": "h",
+    "p_kind": "b",  # 0 parameter, 1 buffer
+    "p_grad": "q",  # storage id of its .grad at the end (-1 none)
+}
+# aligned with the "modules" string table
+_MOD_COLS = {"mod_class": "i"}  # string id in "classes"
+_ALL_COLS = {**_OP_COLS, **_IN_COLS, **_OUT_COLS, **_ST_COLS, **_P_COLS, **_MOD_COLS}
 _TYPECODE_DTYPE = {"b": np.int8, "h": np.int16, "i": np.int32, "q": np.int64}
-STRING_TABLES = ("ops", "modules", "lines", "args", "shapes", "strides", "dtypes", "devices", "names")
+STRING_TABLES = ("ops", "modules", "lines", "args", "shapes", "strides", "dtypes", "devices", "names", "classes")
 
 _DTYPE_ABBR = {
     "torch.float32": "f32", "torch.float64": "f64", "torch.float16": "f16", "torch.bfloat16": "bf16",
@@ -121,7 +145,9 @@ class _Builder:
         self.opd = array("q")
         self.outd = array("q")
         self.std = array("q")
+        self.pd = array("q")
         self.in_tensor = array("q")
+        self.mod_class = array("q")
         self.tables: dict[str, _Interner] = {name: _Interner() for name in STRING_TABLES}
 
     def num_ops(self) -> int:
@@ -138,12 +164,14 @@ class _Builder:
 
     def columns(self) -> dict[str, np.ndarray]:
         cols: dict[str, np.ndarray] = {}
-        for data, spec in ((self.opd, _OP_COLS), (self.outd, _OUT_COLS), (self.std, _ST_COLS)):
+        groups = ((self.opd, _OP_COLS), (self.outd, _OUT_COLS), (self.std, _ST_COLS), (self.pd, _P_COLS))
+        for data, spec in groups:
             width = len(spec)
             rows = np.frombuffer(data, dtype=np.int64)[: len(data) // width * width].reshape(-1, width)
             for j, (name, code) in enumerate(spec.items()):
                 cols[name] = rows[:, j].astype(_TYPECODE_DTYPE[code])
         cols["in_tensor"] = np.frombuffer(self.in_tensor, dtype=np.int64).copy()
+        cols["mod_class"] = np.frombuffer(self.mod_class, dtype=np.int64).astype(np.int32)
         return cols
 
 
@@ -294,22 +322,50 @@ class Trace:
 
     @property
     def storages(self) -> Any:
-        """pandas DataFrame, one row per storage: device, bytes, kind, name, lifetime."""
+        """pandas DataFrame, one row per storage (the unit of memory and aliasing).
+
+        Columns: storage, device, nbytes, category (see :data:`CATEGORIES`), roles
+        (what the recorder saw it used as, ``"|"``-joined :data:`ROLES`), name
+        (parameter/buffer FQNs), alloc_seq / free_seq (lifetime in op seqs, -1 =
+        before recording / still alive), owner (tensor id of the parameter whose
+        gradient or optimizer state it is), and the creating op's op, phase,
+        module and user_line.
+        """
         if "storages" in self._cache:
             return self._cache["storages"]
         import pandas as pd
 
+        from ._memory import storage_categories
+
         self._freeze()
         c, s = self._cols, self._strings
+        alloc = c["st_alloc"]
+        made = alloc >= 0
+        at = np.where(made, alloc, 0)
+        n_ops = len(c["op"])
+
+        def creator(col: str) -> np.ndarray:
+            if n_ops == 0:
+                return np.full(len(alloc), -1, np.int64)
+            return np.where(made & (alloc < n_ops), c[col][np.minimum(at, n_ops - 1)], -1)
+
+        role_names = np.array(["|".join(r for i, r in enumerate(ROLES) if m >> i & 1) for m in range(1 << len(ROLES))])
+        phase = creator("phase")
         df = pd.DataFrame(
             {
                 "storage": np.arange(len(c["st_device"]), dtype=np.int64),
                 "device": self._cat(c["st_device"], s["devices"]),
                 "nbytes": c["st_nbytes"],
-                "kind": pd.Categorical.from_codes(c["st_kind"].astype(np.int32), categories=list(STORAGE_KINDS)),
+                "category": pd.Categorical.from_codes(storage_categories(self), categories=list(CATEGORIES)),
+                "roles": role_names[c["st_roles"].astype(np.int64) & ((1 << len(ROLES)) - 1)],
                 "name": self._cat(c["st_name"], s["names"]),
-                "alloc_seq": c["st_alloc"],
+                "alloc_seq": alloc,
                 "free_seq": c["st_free"],
+                "owner": c["st_owner"],
+                "op": self._cat(creator("op"), s["ops"]),
+                "phase": pd.Categorical.from_codes(phase.astype(np.int32), categories=list(PHASES)),
+                "module": self._cat(creator("module"), s["modules"]),
+                "user_line": self._cat(creator("line"), s["lines"]),
             }
         )
         self._cache["storages"] = df
@@ -396,6 +452,18 @@ class Trace:
             out[dev] = {"bytes": int(curve[seq]), "seq": seq, "op": ops[int(self._cols["op"][seq])]}
         return out
 
+    def memory(self, *, device: str | None = None, allocator: bool = True) -> Any:
+        """Live bytes per device and category after every op: see :func:`fakeviz._memory.memory_timeline`."""
+        from ._memory import memory_timeline
+
+        return memory_timeline(self, device=device, allocator=allocator)
+
+    def peak(self, *, top: int = 10) -> dict[str, Any]:
+        """Per device, a :class:`~fakeviz._memory.Peak`: bytes, op, module, line, what was alive."""
+        from ._memory import peaks
+
+        return peaks(self, top=top)
+
     def nbytes(self) -> int:
         """Approximate memory held by the trace: columns plus string tables."""
         self._freeze()
@@ -465,9 +533,7 @@ class Trace:
             verdict = f"<p class='{cls}'><b>{html.escape(v['text'])}</b> {spec}</p>"
         return (
             f"<div class='fv-trace'><b>fakeviz trace</b>: {len(self)} ops ({html.escape(phases)}){err}{verdict}"
-            "<table><tr><th>device</th><th>peak live</th><th>at op</th></tr>"
-            + "".join(rows)
-            + "</table></div>"
+            "<table><tr><th>device</th><th>peak live</th><th>at op</th></tr>" + "".join(rows) + "</table></div>"
         )
 
     # ------------------------------------------------------------ persistence
@@ -579,8 +645,28 @@ def _check_refs(path: Path, t: Trace) -> None:
             raise TraceFormatError(f"{path}: offsets in {end_col!r} are inconsistent")
     if len(c["phase"]) and (c["phase"].min() < 0 or c["phase"].max() >= len(PHASES)):
         raise TraceFormatError(f"{path}: phase codes out of range")
-    if len(c["st_kind"]) and (c["st_kind"].min() < 0 or c["st_kind"].max() >= len(STORAGE_KINDS)):
-        raise TraceFormatError(f"{path}: storage kind codes out of range")
+    if len(c["st_roles"]) and (c["st_roles"].min() < 0 or c["st_roles"].max() >= 1 << len(ROLES)):
+        raise TraceFormatError(f"{path}: storage role bits out of range")
+    n_st = len(c["st_device"])
+    for col in _ST_COLS:
+        if len(c[col]) != n_st:
+            raise TraceFormatError(f"{path}: column {col!r} has {len(c[col])} rows, expected {n_st}")
+    n_p = len(c["p_name"])
+    for col in _P_COLS:
+        if len(c[col]) != n_p:
+            raise TraceFormatError(f"{path}: column {col!r} has {len(c[col])} rows, expected {n_p}")
+    if len(c["mod_class"]) != len(s["modules"]):
+        raise TraceFormatError(f"{path}: module class column does not match the module table")
+    for col, table in (("p_module", "modules"), ("p_shape", "shapes"), ("p_dtype", "dtypes"),
+                       ("p_device", "devices"), ("mod_class", "classes")):  # fmt: skip
+        a = c[col]
+        if len(a) and (a.max() >= len(s[table]) or a.min() < -1):
+            raise TraceFormatError(f"{path}: column {col!r} refers past string table {table!r}")
+    for col in ("p_storage", "p_grad", "p_name"):
+        a = c[col]
+        limit = len(s["names"]) if col == "p_name" else n_st
+        if len(a) and (a.max() >= limit or a.min() < -1):
+            raise TraceFormatError(f"{path}: column {col!r} has out-of-range references")
 
 
 def _unique_cats(categories: list[str]) -> list[str]:

@@ -32,7 +32,7 @@ import fakeviz as fv
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402
 
-CHECKS = ("oplog", "outputs", "storages", "live_bytes", "peak_bytes", "phases_modules")
+CHECKS = ("oplog", "outputs", "storages", "live_bytes", "peak_bytes", "phases_modules", "memory", "peak")
 
 def _params(check: str) -> list[Any]:
     out = []
@@ -156,7 +156,7 @@ def test_output_metadata_identical(name: str) -> None:
     _assert_same_rows("outputs", real, fake, OUTPUT_COLS, p)
 
 
-STORAGE_COLS = ["storage", "device", "nbytes", "kind", "name", "alloc_seq", "free_seq"]
+STORAGE_COLS = ["storage", "device", "nbytes", "category", "roles", "name", "alloc_seq", "free_seq", "owner"]
 
 
 @pytest.mark.parametrize("name", _params("storages"))
@@ -190,6 +190,33 @@ def test_peak_bytes_identical(name: str) -> None:
     fake = {d: v["bytes"] for d, v in p["fake"].peak_bytes().items()}
     assert real and all(v > 0 for v in real.values())
     assert fake == real
+
+
+@pytest.mark.parametrize("name", _params("memory"))
+def test_memory_by_category_identical(name: str) -> None:
+    # every category's live bytes after every op, on every device
+    p = pair(name)
+    real, fake = p["real"].memory(allocator=False), p["fake"].memory(allocator=False)
+    assert list(real.columns) == list(fake.columns)
+    for col in fv.CATEGORIES:
+        r, f = real[col].tolist(), fake[col].tolist()
+        i = _first_diff(r, f)
+        if i is not None:
+            pytest.fail(f"{col} bytes differ first at row {i}: real {r[i]}, fake {f[i]}", pytrace=False)
+    # and the categories are really used: a training step has parameters, grads and activations
+    totals = real[list(fv.CATEGORIES)].max()
+    assert totals["Parameter"] > 0 and totals["Gradient"] > 0 and totals["Activation"] > 0, totals.to_dict()
+
+
+@pytest.mark.parametrize("name", _params("peak"))
+def test_peak_attribution_identical(name: str) -> None:
+    p = pair(name)
+    real, fake = p["real"].peak(), p["fake"].peak()
+    assert sorted(real) == sorted(fake)
+    for dev in real:
+        r, f = real[dev].to_dict(), fake[dev].to_dict()
+        assert f == r, dev
+        assert r["bytes"] == sum(r["by_category"].values())
 
 
 OPS_COLS = ["seq", "op", "phase", "module", "user_line"]

@@ -51,7 +51,7 @@ def test_session_lasts_across_cells_and_reset(ip):
     t2 = ip.user_ns["t2"]
     assert t2.ops.op.str.contains("addmm").any()
     # the module was registered with its parameters on first use in the second cell
-    assert set(t2.storages[t2.storages.kind == "parameter"].name) == {"Linear.weight", "Linear.bias"}
+    assert set(t2.storages[t2.storages.category == "Parameter"].name) == {"Linear.weight", "Linear.bias"}
     # a different session is a different fake mode (torch converts the other session's tensors)
     r = run(ip, "%%fake --session other -d cuda:1\nw = m(torch.randn(2, 8))\n")
     assert r.error_in_exec is None
