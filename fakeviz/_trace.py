@@ -452,6 +452,23 @@ class Trace:
             out[dev] = {"bytes": int(curve[seq]), "seq": seq, "op": ops[int(self._cols["op"][seq])]}
         return out
 
+    @property
+    def modules(self) -> Any:
+        """The layer tree, one row per module with inclusive figures: see :mod:`fakeviz._tree`."""
+        if "modules" not in self._cache:
+            from ._tree import module_table
+
+            self._cache["modules"] = module_table(self)
+        return self._cache["modules"]
+
+    def folded_modules(self) -> Any:
+        """The layer tree with repeated numbered blocks folded (``layers.0-79 x80``), odd ones flagged."""
+        if "folded" not in self._cache:
+            from ._tree import fold_modules
+
+            self._cache["folded"] = fold_modules(self, self.modules)
+        return self._cache["folded"]
+
     def memory(self, *, device: str | None = None, allocator: bool = True) -> Any:
         """Live bytes per device and category after every op: see :func:`fakeviz._memory.memory_timeline`."""
         from ._memory import memory_timeline
