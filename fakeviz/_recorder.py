@@ -263,7 +263,7 @@ class _State:
         self.next_tensor = tid + 1
         d["_fakeviz_tid"] = (self.token, tid)
         roles = ROLE_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else 0
-        self.storage_id(t, -1, roles)
+        self.b.td.extend((tid, self.storage_id(t, -1, roles)))
         return tid
 
     def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:

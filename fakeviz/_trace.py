@@ -98,9 +98,11 @@ _P_COLS = {
     "p_kind": "b",  # 0 parameter, 1 buffer
     "p_grad": "q",  # storage id of its .grad at the end (-1 none)
 }
+# tensors first seen as op inputs (never produced by a recorded op): their storage
+_T_COLS = {"t_tensor": "q", "t_storage": "q"}
 # aligned with the "modules" string table
 _MOD_COLS = {"mod_class": "i"}  # string id in "classes"
-_ALL_COLS = {**_OP_COLS, **_IN_COLS, **_OUT_COLS, **_ST_COLS, **_P_COLS, **_MOD_COLS}
+_ALL_COLS = {**_OP_COLS, **_IN_COLS, **_OUT_COLS, **_ST_COLS, **_P_COLS, **_T_COLS, **_MOD_COLS}
 _TYPECODE_DTYPE = {"b": np.int8, "h": np.int16, "i": np.int32, "q": np.int64}
 STRING_TABLES = ("ops", "modules", "lines", "args", "shapes", "strides", "dtypes", "devices", "names", "classes")
 
@@ -146,6 +148,7 @@ class _Builder:
         self.outd = array("q")
         self.std = array("q")
         self.pd = array("q")
+        self.td = array("q")
         self.in_tensor = array("q")
         self.mod_class = array("q")
         self.tables: dict[str, _Interner] = {name: _Interner() for name in STRING_TABLES}
@@ -164,7 +167,10 @@ class _Builder:
 
     def columns(self) -> dict[str, np.ndarray]:
         cols: dict[str, np.ndarray] = {}
-        groups = ((self.opd, _OP_COLS), (self.outd, _OUT_COLS), (self.std, _ST_COLS), (self.pd, _P_COLS))
+        groups = (
+            (self.opd, _OP_COLS), (self.outd, _OUT_COLS), (self.std, _ST_COLS), (self.pd, _P_COLS),
+            (self.td, _T_COLS),
+        )  # fmt: skip
         for data, spec in groups:
             width = len(spec)
             rows = np.frombuffer(data, dtype=np.int64)[: len(data) // width * width].reshape(-1, width)
@@ -469,6 +475,25 @@ class Trace:
             self._cache["folded"] = fold_modules(self, self.modules)
         return self._cache["folded"]
 
+    @property
+    def tensors(self) -> Any:
+        """One row per tensor id: storage, creating op, view base, names, writes (see :mod:`fakeviz._alias`)."""
+        from ._alias import tensor_table
+
+        return tensor_table(self)
+
+    def aliases(self, x: Any) -> Any:
+        """Every tensor sharing storage with ``x`` (a ``$N`` id, a parameter name or a recorded tensor)."""
+        from ._alias import aliases
+
+        return aliases(self, x)
+
+    def alias_graph(self, around: Any = None, *, max_nodes: int = 400) -> tuple[Any, Any]:
+        """``(nodes, edges)`` DataFrames of storages, tensors, views, writes and tied names."""
+        from ._alias import alias_graph
+
+        return alias_graph(self, around, max_nodes=max_nodes)
+
     def memory(self, *, device: str | None = None, allocator: bool = True) -> Any:
         """Live bytes per device and category after every op: see :func:`fakeviz._memory.memory_timeline`."""
         from ._memory import memory_timeline
@@ -668,6 +693,8 @@ def _check_refs(path: Path, t: Trace) -> None:
     for col in _ST_COLS:
         if len(c[col]) != n_st:
             raise TraceFormatError(f"{path}: column {col!r} has {len(c[col])} rows, expected {n_st}")
+    if len(c["t_tensor"]) != len(c["t_storage"]):
+        raise TraceFormatError(f"{path}: input tensor columns differ in length")
     n_p = len(c["p_name"])
     for col in _P_COLS:
         if len(c[col]) != n_p:
@@ -679,7 +706,7 @@ def _check_refs(path: Path, t: Trace) -> None:
         a = c[col]
         if len(a) and (a.max() >= len(s[table]) or a.min() < -1):
             raise TraceFormatError(f"{path}: column {col!r} refers past string table {table!r}")
-    for col in ("p_storage", "p_grad", "p_name"):
+    for col in ("p_storage", "p_grad", "p_name", "t_storage"):
         a = c[col]
         limit = len(s["names"]) if col == "p_name" else n_st
         if len(a) and (a.max() >= limit or a.min() < -1):
