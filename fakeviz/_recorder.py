@@ -896,6 +896,31 @@ def _source_text(line: str | None) -> str:
         return ""
 
 
+def _install_fallback_probe() -> None:
+    """Note: [fallback kernels]
+    FakeTensorMode runs an op that has no meta kernel by running the real kernel
+    on zero-filled tensors (``fake_tensor.run_fallback_kernel``). Record each such
+    run in the trace of the recording mode it happened in (for the fidelity
+    report); the wrapper is transparent for every other FakeTensorMode."""
+    import torch._subclasses.fake_tensor as ft
+
+    original = ft.run_fallback_kernel
+    if getattr(original, "_fakeviz_probe", False):
+        return
+
+    def run_fallback_kernel(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        st = getattr(fake_mode, "_fv_state", None)
+        if st is not None and st.active:
+            st.trace.meta.setdefault("fallback_kernels", []).append([st.b.num_ops(), str(func)])
+        return original(fake_mode, func, *args, **kwargs)
+
+    run_fallback_kernel._fakeviz_probe = True  # type: ignore[attr-defined]
+    ft.run_fallback_kernel = run_fallback_kernel
+
+
+_install_fallback_probe()
+
+
 class _FakeRecordingMode(FakeTensorMode):
     """FakeTensorMode with the recorder fused in. See Note: [recorder fused into the fake mode]."""
 

@@ -494,6 +494,12 @@ class Trace:
 
         return alias_graph(self, around, max_nodes=max_nodes)
 
+    def fidelity(self) -> dict[str, Any]:
+        """How each op was faked and what limited fidelity: see :func:`fakeviz._fidelity.fidelity_report`."""
+        from ._fidelity import fidelity_report
+
+        return fidelity_report(self)
+
     def memory(self, *, device: str | None = None, allocator: bool = True) -> Any:
         """Live bytes per device and category after every op: see :func:`fakeviz._memory.memory_timeline`."""
         from ._memory import memory_timeline

@@ -1,0 +1,74 @@
+"""The fidelity report: meta-less ops, fallback kernels, data-dependent ops, the stopping error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fakeviz as fv
+from fakeviz._fidelity import op_rule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def test_rules_of_known_ops():
+    assert op_rule("aten.mm.default") == "python meta"
+    assert op_rule("aten.add.Tensor") == "meta kernel"
+    assert op_rule("aten.empty.memory_format") == "fake impl"
+    assert op_rule("aten.mish_backward.default") == "decomposition"
+    assert op_rule("aten._add_relu.Scalar") == "meta kernel"  # statically; at run time it falls back
+    assert op_rule("aten.masked_select.default") == "fake impl"
+    assert op_rule("aten.no_such_op.default") == "unknown op"
+
+
+def test_fallback_kernel_is_reported_with_its_line():
+    with fv.record() as trace:
+        x = torch.randn(4, 4)
+        y = torch.ops.aten._add_relu(x, 1.0)  # no meta kernel: fake mode runs the real kernel on zeros
+    assert y.shape == (4, 4) and fv.is_fake(y)
+    rep = trace.fidelity()
+    assert rep["fake"] is True
+    wm = rep["without_meta"]
+    assert list(wm.op) == ["aten._add_relu.Scalar"]
+    assert wm.fallback_runs.iloc[0] == 1 and wm.rule.iloc[0] == "fallback kernel"
+    assert "test_fidelity_report.py" in wm.user_line.iloc[0]
+    assert list(rep["fallbacks"].op) == ["aten._add_relu.Scalar"]
+    assert rep["fallbacks"].seq.iloc[0] == trace.ops[trace.ops.op == "aten._add_relu.Scalar"].seq.iloc[0]
+
+
+def test_data_dependent_ops_are_listed():
+    with fv.record(symbolic=True) as trace:
+        x = torch.randn(8)
+        idx = torch.nonzero(x > 0)
+        idx.sum()
+    rep = trace.fidelity()
+    dd = rep["data_dependent"]
+    assert "aten.nonzero.default" in set(dd.op)
+    assert "u0" in dd[dd.op == "aten.nonzero.default"]["shape"].iloc[0]
+    assert rep["ops"].set_index("op").loc["aten.nonzero.default"].data_dependent == 1
+
+
+def test_stopping_error_is_in_the_report():
+    with pytest.raises(fv.DataDependentError):
+        with fv.record() as trace:
+            x = torch.randn(8)
+            if x.sum() > 0:
+                pass
+    rep = trace.fidelity()
+    assert rep["error"]["type"] == "DataDependentOutputException"
+    assert rep["error"]["op"] == "aten._local_scalar_dense.default"
+
+
+@pytest.mark.parametrize("name", ["llama", "t5", "convnet_channels_last"])
+def test_zoo_ops_all_have_meta_rules(name):
+    import zoo
+
+    with fv.record() as trace:
+        zoo.run(name)
+    rep = trace.fidelity()
+    assert rep["without_meta"].empty, rep["without_meta"]
+    assert set(rep["ops"].rule) <= {"python meta", "decomposition", "composite", "fake impl", "meta kernel"}
+    assert rep["ops"]["count"].sum() == trace.num_ops
