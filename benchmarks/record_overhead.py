@@ -77,7 +77,10 @@ def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
         mt.track_external(model)
         with mt:
             model(ids, labels=ids).loss.backward()
-        peak = {str(k): int(v.get("Total", 0) if isinstance(v, dict) else v) for k, v in mt.get_tracker_snapshot("peak").items()}
+        peak = {
+            str(k): int(v.get("Total", 0) if isinstance(v, dict) else v)
+            for k, v in mt.get_tracker_snapshot("peak").items()
+        }
     return time.perf_counter() - t, peak
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["GPUS", "parse_capacity"]
+__all__ = ["CAPABILITY", "GPUS", "gpu_capability", "parse_capacity"]
 
 _MIB = 2**20
 GPUS: dict[str, int] = {
@@ -32,6 +32,13 @@ GPUS: dict[str, int] = {
     "MI300X": 196592 * _MIB,
     "MI250X": 65520 * _MIB,
 }
+
+# CUDA compute capability, for the attention backend rules (fakeviz._attention); AMD GPUs have none
+CAPABILITY: dict[str, tuple[int, int]] = {
+    "H100": (9, 0), "H100 80GB": (9, 0), "H100 NVL": (9, 0), "H200": (9, 0), "B200": (10, 0),
+    "A100 80GB": (8, 0), "A100 40GB": (8, 0), "A100": (8, 0), "L40S": (8, 9), "L4": (8, 9), "A10G": (8, 6),
+    "T4": (7, 5), "V100 32GB": (7, 0), "V100 16GB": (7, 0), "RTX 4090": (8, 9), "RTX 3090": (8, 6),
+}  # fmt: skip
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # fmt: skip
@@ -60,3 +67,8 @@ def parse_capacity(value: str | int | float) -> int:
     raise ValueError(
         f"unknown GPU or capacity {value!r}; use a size like '80GB' / '80GiB' or one of: {', '.join(GPUS)}"
     )
+
+
+def gpu_capability(name: str) -> tuple[int, int] | None:
+    """The compute capability of a GPU named in the catalog (None: not an NVIDIA GPU or not a name)."""
+    return {_norm(k): v for k, v in CAPABILITY.items()}.get(_norm(str(name)))

@@ -6,7 +6,6 @@ imports IPython; the engine does not.
 
 from __future__ import annotations
 
-import contextlib
 import html
 import time
 from typing import Any
@@ -17,7 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Float, Unicode
 
 from ._errors import FakeVizError
-from ._gpus import parse_capacity
+from ._gpus import gpu_capability, parse_capacity
 from ._recorder import FakeSession, record
 from ._session import is_fake
 from ._trace import Trace
@@ -30,7 +29,7 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16, "half": torch.float16,
     "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
 }  # fmt: skip
-_ATTENTION = ("auto", "flash", "efficient", "cudnn", "math")
+_ATTENTION = ("auto", "flash", "efficient", "cudnn", "math", "native")
 
 
 class FakeCellError(FakeVizError):
@@ -52,20 +51,6 @@ def _parse_dtype(name: str | None) -> torch.dtype | None:
     if key not in _DTYPES:
         raise ValueError(f"--dtype {name!r}: use one of {', '.join(sorted(_DTYPES))}")
     return _DTYPES[key]
-
-
-def _attention_context(name: str | None) -> Any:
-    if not name or name == "auto":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = {
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "math": SDPBackend.MATH,
-    }[name]
-    return sdpa_kernel([backend])
 
 
 class _Progress:
@@ -124,7 +109,12 @@ class FakeMagics(Magics):
     @argument("--session", default="default", help="fake session name; objects are shared within one session")
     @argument("--real", action="store_true", help="record a real run instead of a fake one")
     @argument("--no-display", action="store_true", help="show nothing after the cell")
-    @argument("--attention", default=None, choices=_ATTENTION, help="restrict scaled_dot_product_attention backends")
+    @argument(
+        "--attention",
+        default=None,
+        choices=_ATTENTION,
+        help="SDPA kernel a fake cuda run records: auto (the GPU's own choice), flash, efficient, cudnn, math, or native",
+    )
     @argument("--symbolic", action="store_true", help="data-dependent output sizes become symbols")
     @no_var_expand
     @cell_magic
@@ -154,7 +144,8 @@ class FakeMagics(Magics):
             if result.error_in_exec is not None:
                 raise FakeCellError(
                     f"fakeviz: the nested %%fake cell failed ({type(result.error_in_exec).__name__}); "
-                    "it was recorded into the enclosing cell's trace", trace
+                    "it was recorded into the enclosing cell's trace",
+                    trace,
                 ) from result.error_in_exec
             return None
 
@@ -166,7 +157,11 @@ class FakeMagics(Magics):
         progress = None
         if self.progress and not quiet and getattr(self.shell, "kernel", None) is not None:
             progress = _Progress(self.progress_interval)
-        rec = record(device=device, dtype=dtype, fake=not args.real, session=session, progress=progress)
+        gpu_name = (args.gpu or self.gpu) if not args.capacity else None
+        rec = record(
+            device=device, dtype=dtype, fake=not args.real, session=session, progress=progress,
+            attention=attention or "auto", gpu=gpu_name if gpu_name and gpu_capability(gpu_name) else None,
+        )  # fmt: skip
         result = None
         try:
             with rec as trace:
@@ -179,8 +174,7 @@ class FakeMagics(Magics):
                 if session is not None:
                     self._active[args.session] = trace
                 try:
-                    with _attention_context(attention):
-                        result = self.shell.run_cell(cell, store_history=False)
+                    result = self.shell.run_cell(cell, store_history=False)
                 finally:
                     self._active.pop(args.session, None)
         finally:

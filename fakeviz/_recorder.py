@@ -47,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _cuda_shim
 from . import _trace as _trace_mod
 from ._errors import DataDependentError, FakeVizError, RecordError
+from ._flops import op_flops as _op_flops
 from ._session import check_device, new_fake_mode, session_patches
 from ._trace import (
     FLAG_DATA_DEPENDENT,
@@ -107,7 +108,7 @@ def _fmt_arg(a: Any) -> str:
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _current_node = torch._C._current_autograd_node
 _N_OP = len(_trace_mod._OP_COLS)
-_PROGRESS_MASK = 1024 * _N_OP - 1  # opd grows by _N_OP per op: report every 1024 ops
+_PROGRESS_EVERY = 1024 * _N_OP  # opd grows by _N_OP per op: report every 1024 ops
 _N_ST = len(_trace_mod._ST_COLS)
 _N_OUT = len(_trace_mod._OUT_COLS)
 _ST_FREE = tuple(_trace_mod._ST_COLS).index("st_free")
@@ -395,8 +396,12 @@ class _State:
                     for p in o:
                         if isinstance(p, _Tensor):
                             flags |= self._output(p)
-        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, -1))
-        if self.progress is not None and not (len(b.opd) & _PROGRESS_MASK):
+        try:
+            flops = _op_flops(func, args, kwargs, out)
+        except Exception:  # noqa: BLE001 - a formula failing on odd arguments: no figure, not a lost op
+            flops = -1
+        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, flops))
+        if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
             self._report_progress(phase, module)
 
     def _report_progress(self, phase: int, module: int) -> None:
@@ -878,6 +883,13 @@ class _State:
             self.built[id(mod)] = weakref.ref(mod)
             self.storage_id(t, self.b.num_ops(), ROLE_BUFFER)
 
+    def attention_choice(self, backend: str, setting: str, why: dict[str, str]) -> None:
+        """Called by the attention patch for every simulated SDPA call (for the fidelity report)."""
+        if self.active:
+            reason = "; ".join(f"not {k}: {v}" for k, v in why.items())
+            calls = self.trace.meta.setdefault("attention_calls", [])
+            calls.append([self.b.num_ops(), backend, setting, reason[:500]])
+
     def internal_note(self, what: str, exc: BaseException) -> None:
         meta = self.trace.meta
         meta["recorder_errors"] = meta.get("recorder_errors", 0) + 1
@@ -990,7 +1002,22 @@ class Recording:
         modules: tuple[torch.nn.Module, ...],
         session: FakeSession | None = None,
         progress: Any = None,
+        attention: str = "auto",
+        gpu: str | None = None,
     ) -> None:
+        from ._attention import SETTINGS
+        from ._gpus import gpu_capability, parse_capacity
+
+        if attention not in (*SETTINGS, "native"):
+            raise ValueError(f"attention={attention!r}: use one of {', '.join((*SETTINGS, 'native'))}")
+        self.attention = attention
+        self.capability = (9, 0)
+        if gpu is not None:
+            cap = gpu_capability(gpu)
+            parse_capacity(gpu)  # a clear error for an unknown name
+            if cap is not None:
+                self.capability = cap
+        self.gpu = gpu
         if session is not None and not fake:
             raise ValueError("record(session=...) needs fake=True: a session is a lasting fake mode")
         self.session = session
@@ -1009,6 +1036,8 @@ class Recording:
                 "symbolic": symbolic,
                 "torch": torch.__version__,
                 "fake_cuda": None,
+                "attention": attention,
+                **({"gpu": gpu, "capacity": gpu, "capability": list(self.capability)} if gpu else {}),
             }
         )
         self.mode: Any = None
@@ -1066,6 +1095,17 @@ class Recording:
                 # views differ, so memory figures are unchanged.
                 stack.enter_context(torch.autograd._force_original_view_tracking(True))
                 mode = _RealRecordingMode(state)
+            if self.attention not in ("auto", "native"):
+                # a forced kernel also restricts what real and non-cuda runs may use, like sdpa_kernel
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                           "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[self.attention]  # fmt: skip
+                stack.enter_context(sdpa_kernel([backend]))
+            if self.fake and self.attention != "native":
+                from ._attention import attention_patch
+
+                stack.enter_context(attention_patch(self.attention, self.capability, on_choice=state.attention_choice))
             self.mode = mode
             stack.enter_context(mode)
             if self.device is not None:
@@ -1125,6 +1165,8 @@ def record(
     modules: tuple[torch.nn.Module, ...] | list[torch.nn.Module] = (),
     session: FakeSession | None = None,
     progress: Any = None,
+    attention: str = "auto",
+    gpu: str | None = None,
 ) -> Recording:
     """Record every dispatched aten op of the code in the ``with`` block.
 
@@ -1144,6 +1186,15 @@ def record(
         session: a :class:`FakeSession` to reuse, so fake objects made in an
             earlier block (same session) can be used in this one.
         progress: ``callable(n_ops, phase, module)`` called every 1024 ops.
+        attention: which kernel ``scaled_dot_product_attention`` on a fake cuda device
+            records: ``"auto"`` (PyTorch's own choice for that GPU, dtype, shape and
+            mask: cuDNN or flash or memory-efficient or math), ``"flash"``,
+            ``"efficient"``, ``"cudnn"``, ``"math"`` (forced, like ``sdpa_kernel``), or
+            ``"native"`` (what this torch build does on a fake device: the math path on
+            a CPU-only build). See :mod:`fakeviz._attention`.
+        gpu: a GPU name from the catalog (``"H100"``, ``"A100 40GB"``): its compute
+            capability drives the attention rules (default H100) and its memory is
+            the capacity for the verdict and the allocator model.
 
     On an error inside the block the exception propagates unchanged (with a
     note naming the op, module and line) or, for data-dependent ops, as a
@@ -1160,4 +1211,6 @@ def record(
         modules=tuple(modules),
         session=session,
         progress=progress,
+        attention=attention,
+        gpu=gpu,
     )

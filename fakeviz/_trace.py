@@ -494,11 +494,43 @@ class Trace:
 
         return alias_graph(self, around, max_nodes=max_nodes)
 
+    def flop_coverage(self) -> Any:
+        """One row per distinct op: op, kind (registry/added/zero/unknown), count, flops.
+
+        ``kind == "unknown"`` lists every op without a FLOP formula (counted as no
+        figure, never as 0); see :mod:`fakeviz._flops` for the conventions.
+        """
+        from ._flops import coverage
+
+        ops = self.ops
+        counts = ops.op.value_counts()
+        cov = coverage(list(counts.index.astype(str)), counts.tolist())
+        flops = self.col("flops")
+        per_op = ops.assign(_f=np.where(flops > 0, flops, 0)).groupby("op", observed=True)["_f"].sum()
+        cov["flops"] = cov.op.map(per_op).fillna(0).astype(np.int64)
+        return cov
+
+    def flops(self) -> dict[str, int]:
+        """Total FLOPs per phase (ops without a formula are left out: see :meth:`flop_coverage`)."""
+        f = self.col("flops")
+        ph = self.col("phase")
+        return {p: int(f[(ph == i) & (f > 0)].sum()) for i, p in enumerate(PHASES)}
+
     def fidelity(self) -> dict[str, Any]:
         """How each op was faked and what limited fidelity: see :func:`fakeviz._fidelity.fidelity_report`."""
         from ._fidelity import fidelity_report
 
         return fidelity_report(self)
+
+    def export_memory_snapshot(self, path: str | Path | None = None, *, capacity: Any = None) -> dict[str, Any]:
+        """PyTorch's memory snapshot of this run (caching-allocator model), for ``torch.cuda._memory_viz``.
+
+        ``python -m torch.cuda._memory_viz trace_plot FILE -o out.html`` and
+        https://pytorch.org/memory_viz open the written file. See :mod:`fakeviz._snapshot`.
+        """
+        from ._snapshot import export_memory_snapshot
+
+        return export_memory_snapshot(self, path, capacity=capacity)
 
     def memory(self, *, device: str | None = None, allocator: bool = True) -> Any:
         """Live bytes per device and category after every op: see :func:`fakeviz._memory.memory_timeline`."""

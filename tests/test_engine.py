@@ -29,7 +29,9 @@ def run_py(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
     )
-    assert proc.returncode == 0, f"child failed with {proc.returncode} (negative: killed by signal)\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"child failed with {proc.returncode} (negative: killed by signal)\n{proc.stderr[-4000:]}"
+    )
     return proc
 
 
@@ -383,7 +385,9 @@ def test_trace_is_compact_columnar():
 
 def test_cli_report(tmp_path):
     path = _sample_trace().save(tmp_path / "r.fvz")
-    proc = run_py(f"import sys; from fakeviz.__main__ import main; sys.exit(main(['report', {str(path)!r}, '--oplog', '2']))")
+    proc = run_py(
+        f"import sys; from fakeviz.__main__ import main; sys.exit(main(['report', {str(path)!r}, '--oplog', '2']))"
+    )
     assert "ops recorded" in proc.stdout and "cuda:0" in proc.stdout and "aten.empty.memory_format" in proc.stdout
 
 
@@ -424,7 +428,9 @@ def test_without_compiler_one_clear_warning_and_cpu_still_works(tmp_path):
         msgs = [str(x.message) for x in w if issubclass(x.category, fv.FakeVizWarning)]
         print(json.dumps({"mode": st.mode, "reason": st.reason, "warnings": msgs, "ops": t.num_ops}))
     """
-    env_code = f"import os; os.environ['CXX'] = '/nonexistent/c++'; os.environ['FAKEVIZ_CACHE_DIR'] = {str(tmp_path)!r}\n"
+    env_code = (
+        f"import os; os.environ['CXX'] = '/nonexistent/c++'; os.environ['FAKEVIZ_CACHE_DIR'] = {str(tmp_path)!r}\n"
+    )
     proc = run_py(env_code + textwrap.dedent(code))
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["mode"] == "unavailable" and "nonexistent" in out["reason"]
@@ -435,8 +441,14 @@ def test_without_compiler_one_clear_warning_and_cpu_still_works(tmp_path):
 def test_exclude_transformers_frames_from_user_line():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=50)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=50,
+    )
     for exclude, expect in (((), "modeling_llama.py"), (("transformers",), "test_engine.py")):
         with fv.record(exclude=exclude) as trace:
             m = LlamaForCausalLM(cfg)

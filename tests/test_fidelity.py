@@ -34,6 +34,7 @@ import zoo  # noqa: E402
 
 CHECKS = ("oplog", "outputs", "storages", "live_bytes", "peak_bytes", "phases_modules", "memory", "peak")
 
+
 def _params(check: str) -> list[Any]:
     out = []
     for name in zoo.ZOO:

@@ -32,7 +32,10 @@ def run(ip, code: str):
 
 
 def test_cell_runs_fake_keeps_variables_and_trace(ip, capsys):
-    r = run(ip, "%%fake --device cuda:0 --dtype bfloat16 -o trace\nm = torch.nn.Linear(64, 32)\ny = m(torch.randn(4, 64))\ny.sum().backward()\n")
+    r = run(
+        ip,
+        "%%fake --device cuda:0 --dtype bfloat16 -o trace\nm = torch.nn.Linear(64, 32)\ny = m(torch.randn(4, 64))\ny.sum().backward()\n",
+    )
     assert r.error_in_exec is None
     ns = ip.user_ns
     assert fv.is_fake(ns["m"].weight) and ns["m"].weight.device == torch.device("cuda", 0)
@@ -120,7 +123,10 @@ def test_keyboard_interrupt_leaves_clean_state(ip):
 
 
 def test_dollar_stays_literal_and_attention_option(ip):
-    r = run(ip, "%%fake -o t1 --attention math\nprice = '$HOME'\nq = torch.randn(1, 2, 4, 8)\no = torch.nn.functional.scaled_dot_product_attention(q, q, q)\n")
+    r = run(
+        ip,
+        "%%fake -o t1 --attention math\nprice = '$HOME'\nq = torch.randn(1, 2, 4, 8)\no = torch.nn.functional.scaled_dot_product_attention(q, q, q)\n",
+    )
     assert r.error_in_exec is None and ip.user_ns["price"] == "$HOME"
     t1 = ip.user_ns["t1"]
     assert t1.meta["attention"] == "math"
@@ -145,7 +151,17 @@ def test_config_defaults_and_help(ip):
     finally:
         ip.run_line_magic("config", "FakeMagics.device = None")
     doc = FakeMagics.fake.__doc__
-    for opt in ("--device", "--dtype", "--gpu", "--capacity", "--output", "--real", "--no-display", "--attention", "--session"):
+    for opt in (
+        "--device",
+        "--dtype",
+        "--gpu",
+        "--capacity",
+        "--output",
+        "--real",
+        "--no-display",
+        "--attention",
+        "--session",
+    ):
         assert opt in doc
 
 

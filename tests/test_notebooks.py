@@ -51,31 +51,39 @@ def test_01_fake_magic_notebook(tmp_path):
     first = by_src["%%fake --device cuda:0 --dtype bfloat16 --gpu L4 -o trace"]
     html = _text(first)
     assert "fakeviz trace" in html and "cuda:0" in html and ("fits" in html or "does not fit" in html)
-    check = _text(by_src["print(type(model.model.embed_tokens.weight).__name__, model.model.embed_tokens.weight.device)"])
+    check = _text(
+        by_src["print(type(model.model.embed_tokens.weight).__name__, model.model.embed_tokens.weight.device)"]
+    )
     assert "FakeTensor cuda:0" in check or "Parameter cuda:0" in check
     assert "backward" in check and "forward" in check
     assert _text(by_src["%%fake --device cuda:0"]) == ""  # trailing ';' hides the trace
     assert "optimizer" in _text(by_src["_fake.ops.phase.value_counts()"])
-    assert "does not fit" in _text(by_src["%%fake --device cuda:0 --capacity 8GiB --attention math -o t_math"]) or "fits" in _text(
+    assert "does not fit" in _text(
         by_src["%%fake --device cuda:0 --capacity 8GiB --attention math -o t_math"]
-    )
+    ) or "fits" in _text(by_src["%%fake --device cuda:0 --capacity 8GiB --attention math -o t_math"])
     assert _text(by_src["%%fake --no-display -o quiet"]) == ""
     assert "6.0" in _text(by_src["%%fake --real -o real_trace"])
     broken = _text(by_src["%%fake -o broken"])
     assert "fake tensors carry no data" in broken and "Stopped by an error" in broken and "FakeCellError" in broken
     after = _text(by_src["print(broken.error['op'], '| partial ops:', broken.num_ops)"])
-    assert "aten._local_scalar_dense.default" in after and "still active? False" in after and "tensor([2., 2.])" in after
+    assert (
+        "aten._local_scalar_dense.default" in after and "still active? False" in after and "tensor([2., 2.])" in after
+    )
     assert "reset" in _text(by_src["%fake_reset"])
     assert "cuda:3" in _text(by_src["%%fake -o t_cfg"])
     long_cell = by_src["%%fake -o t_long"]
     # the progress display was shown (its output is there) and emptied when the cell ended
-    progress = [o for o in long_cell.outputs if o.get("output_type") == "display_data" and o.get("data") == {"text/plain": ""}]
+    progress = [
+        o for o in long_cell.outputs if o.get("output_type") == "display_data" and o.get("data") == {"text/plain": ""}
+    ]
     assert len(progress) == 1, long_cell.outputs
     assert "ops recorded," not in _text(long_cell) and "1501 ops" in _text(long_cell)
     assert "IPython.core.display" not in "".join(_text(c) for c in cells)
     long_index = nb.cells.index(long_cell)
     shown = [d.get("text/plain", "") for i, d in nb.metadata["_updates"] if i == long_index]
-    assert any("ops recorded, forward" in t or "ops recorded, other" in t or "ops recorded, init" in t for t in shown), shown
+    assert any(
+        "ops recorded, forward" in t or "ops recorded, other" in t or "ops recorded, init" in t for t in shown
+    ), shown
     assert shown[-1] == ""
     for c in cells:  # no progress line was left behind anywhere
         assert "ops recorded," not in _text(c)
