@@ -50,7 +50,7 @@ def main() -> None:
     from fakeviz import models
 
     overrides = {"num_hidden_layers": args.layers} if args.layers else {}
-    cfg = models.config("llama3_70b", **overrides)
+    cfg = models.config("llama3-70b", **overrides)
 
     gc.collect()
     t0 = time.perf_counter()

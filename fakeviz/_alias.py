@@ -85,8 +85,10 @@ def tensor_table(trace: Any) -> Any:
     tensor_names: dict[int, list[str]] = {}
     for t, n in zip(p_tensor.tolist(), p_name.tolist()):
         tensor_names.setdefault(t, []).append(names[n])
-    df["names"] = [("|".join(tensor_names[t]) if t in tensor_names else "") for t in df.tensor.tolist()]
+    df["names"] = pd.Categorical([("|".join(tensor_names[t]) if t in tensor_names else "") for t in df.tensor.tolist()])
     df["writes"] = df.tensor.map(writes).fillna(0).astype(np.int64)
+    for col in ("op", "module", "user_line"):
+        df[col] = pd.Categorical(df[col])
     df = df.sort_values("tensor", kind="stable").reset_index(drop=True)
     cols = ["tensor", "storage", "seq", "op", "module", "user_line", "shape", "stride", "dtype", "device",
             "storage_offset", "nbytes", "base", "names", "writes"]  # fmt: skip

@@ -230,6 +230,8 @@ def peaks(trace: Any, *, top: int = 10) -> dict[str, Peak]:
     out = {}
     for dev, arr in curves.items():
         total = arr.sum(axis=1)
+        if not total.any():
+            continue  # only empty storages on this device (e.g. a 0-element cpu tensor)
         seq = int(np.argmax(total))
         alive = (
             (st.device == dev).to_numpy()

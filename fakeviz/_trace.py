@@ -552,11 +552,18 @@ class Trace:
         return cols + strings
 
     def verdict(self, capacity: str | int | float) -> dict[str, Any]:
-        """Does the peak live memory of every accelerator fit ``capacity`` (bytes, "80GB" or a GPU name)?
+        """Does every accelerator fit ``capacity`` (bytes, "80GB" or a GPU name)?
 
-        Returns ``{"fits": bool, "capacity": bytes, "devices": {dev: {"peak", "headroom", "fits"}}, "text"}``.
-        Only non-cpu devices are judged. Peaks are raw storage bytes (no allocator rounding).
+        On cuda devices the caching-allocator model (``fakeviz._allocator``) is run
+        with that capacity: the device fits when the model never runs out of memory
+        (it frees cached segments first, as PyTorch does); ``peak`` is the reserved
+        peak (what the GPU must hold), ``allocated`` and ``raw`` the allocated and
+        raw tensor-byte peaks. Other non-cpu devices are judged on raw bytes.
+
+        Returns ``{"fits": bool, "capacity": bytes, "devices": {dev: {"peak", "allocated",
+        "raw", "headroom", "fits"}}, "text"}``.
         """
+        from ._allocator import simulate_trace
         from ._gpus import parse_capacity
 
         cap = parse_capacity(capacity)
@@ -564,7 +571,18 @@ class Trace:
         for dev, pk in self.peak_bytes().items():
             if dev == "cpu" or dev.startswith("meta"):
                 continue
-            devices[dev] = {"peak": pk["bytes"], "headroom": cap - pk["bytes"], "fits": pk["bytes"] <= cap}
+            raw = pk["bytes"]
+            if dev.startswith("cuda"):
+                run = simulate_trace(self, dev, capacity=cap)
+                peak, allocated, fits = int(run.peak_reserved), int(run.peak_allocated), run.oom_seq < 0
+                oom = int(run.oom_seq)
+                if not fits:  # how much would have been needed: the model without a limit
+                    peak = int(simulate_trace(self, dev).peak_reserved)
+            else:
+                peak, allocated, fits, oom = raw, raw, raw <= cap, -1
+            devices[dev] = {
+                "peak": peak, "allocated": allocated, "raw": raw, "headroom": cap - peak, "fits": fits, "oom_seq": oom,
+            }  # fmt: skip
         fits = all(d["fits"] for d in devices.values())
         if not devices:
             text = "no accelerator memory was used"
@@ -572,7 +590,13 @@ class Trace:
             worst = min(devices.items(), key=lambda kv: kv[1]["headroom"])
             text = f"fits: {worst[0]} peaks at {_fmt_bytes(worst[1]['peak'])} of {_fmt_bytes(cap)}"
         else:
-            over = [f"{d} over by {_fmt_bytes(-v['headroom'])}" for d, v in devices.items() if not v["fits"]]
+            over = [
+                f"{d} over by {_fmt_bytes(-v['headroom'])}"
+                if v["headroom"] < 0
+                else f"{d} runs out at op {v['oom_seq']} (fragmentation: {_fmt_bytes(v['peak'])} reserved at peak)"
+                for d, v in devices.items()
+                if not v["fits"]
+            ]
             text = f"does not fit {_fmt_bytes(cap)}: " + ", ".join(over)
         return {"fits": fits, "capacity": cap, "devices": devices, "text": text}
 

@@ -194,3 +194,35 @@ def test_activation_checkpointing_saves_less():
 
     full, ckpt = run(False), run(True)
     assert full > 0 and ckpt < full / 4
+
+
+# ------------------------------------------------------------------ cuda: allocator in the figures
+def _cuda_trace():
+    with fv.record(device="cuda:0") as trace:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(1000, 3000), torch.nn.ReLU(), torch.nn.Linear(3000, 10))
+        m(torch.randn(33, 1000)).sum().backward()
+    return trace
+
+
+def test_cuda_memory_has_allocated_and_reserved():
+    trace = _cuda_trace()
+    mem = trace.memory()
+    assert {"allocated", "reserved"} <= set(mem.columns)
+    # rounding to 512-byte blocks: allocated >= raw bytes, reserved (whole segments) >= allocated
+    assert (mem.allocated >= mem.total).all() and (mem.reserved >= mem.allocated).all()
+    assert (mem.allocated > mem.total).any()
+    pk = trace.peak()["cuda:0"]
+    assert pk.allocated == mem.allocated.max() and pk.reserved == mem.reserved.max()
+    assert pk.bytes == mem.total.max()
+
+
+def test_verdict_uses_the_allocator_model():
+    trace = _cuda_trace()
+    pk = trace.peak()["cuda:0"]
+    roomy = trace.verdict(pk.reserved)
+    assert roomy["fits"] and roomy["devices"]["cuda:0"]["peak"] == pk.reserved
+    # the raw tensor bytes would fit, but the allocator's 512-byte blocks do not
+    tight = trace.verdict(pk.bytes)
+    assert not tight["fits"] and "cuda:0" in tight["text"]
+    assert tight["devices"]["cuda:0"]["raw"] == pk.bytes
