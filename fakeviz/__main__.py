@@ -10,17 +10,49 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-def _fmt_gib(n: int) -> str:
-    return f"{n / 2**30:,.2f} GiB"
+def _fmt_bytes(n: int) -> str:
+    from ._trace import _fmt_bytes as fmt
+
+    return fmt(n)
 
 
 def summary(trace) -> str:  # noqa: ANN001 - Trace, imported lazily
-    """Plain-text summary: per-device peak, per-phase op counts."""
+    """Plain-text summary: per-device peak by category and what set it, FLOPs, top modules, fidelity."""
     lines = [f"{trace.num_ops:,} ops recorded"]
-    lines.append("ops per phase: " + ", ".join(f"{k} {v:,}" for k, v in trace.phase_counts().items()))
-    lines.append("peak live storage bytes per device:")
-    for dev, pk in trace.peak_bytes().items():
-        lines.append(f"  {dev:>8}: {_fmt_gib(pk['bytes'])}  at op #{pk['seq']} ({pk['op']})")
+    lines.append("ops per phase: " + ", ".join(f"{k} {v:,}" for k, v in trace.phase_counts().items() if v))
+    lines.append("peak memory per device:")
+    for dev, pk in trace.peak().items():
+        alloc = ""
+        if pk.allocated is not None:
+            alloc = f"; allocator model: {_fmt_bytes(pk.allocated)} allocated, {_fmt_bytes(pk.reserved)} reserved"
+        lines.append(f"  {dev:>8}: {_fmt_bytes(pk.bytes)} of tensors{alloc}")
+        lines.append(f"            at op #{pk.seq} {pk.op} ({pk.phase}, {pk.module or '<top level>'})")
+        if pk.user_line:
+            lines.append(f"            {pk.user_line}")
+        cats = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in pk.by_category.items() if v)
+        lines.append(f"            {cats}")
+    if trace.meta.get("capacity"):
+        lines.append(f"verdict for {trace.meta.get('capacity_spec') or trace.meta['capacity']}: "
+                     + trace.verdict(trace.meta["capacity"])["text"])  # fmt: skip
+    flops = {k: v for k, v in trace.flops().items() if v}
+    if flops:
+        lines.append("FLOPs: " + ", ".join(f"{k} {v / 1e12:,.1f} T" for k, v in flops.items()))
+        unknown = trace.flop_coverage().query("kind == 'unknown'")
+        if len(unknown):
+            lines.append(f"  ops without a FLOP formula (not counted): {', '.join(unknown.op.head(8))}")
+    mt = trace.folded_modules()
+    if len(mt):
+        top = mt[mt.depth <= 3].sort_values("params", ascending=False).head(6)
+        lines.append("largest modules (folded):")
+        for _, r in top.iterrows():
+            lines.append(f"  {r.path:<48} {r.params / 1e9:8.3f} B params  x{r['count']}")
+    fid = trace.fidelity()
+    if len(fid["without_meta"]) or len(fid["data_dependent"]):
+        lines.append(f"fidelity: {len(fid['without_meta'])} ops without a meta kernel, "
+                     f"{len(fid['data_dependent'])} data-dependent calls")  # fmt: skip
+    att = fid["attention"]
+    if len(att):
+        lines.append("attention: " + ", ".join(f"{b} x{n}" for b, n in att.backend.value_counts().items()))
     if trace.error:
         lines.append(f"stopped by {trace.error.get('type')}: {trace.error.get('message', '')[:300]}")
     return "\n".join(lines)
