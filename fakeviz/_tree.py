@@ -11,7 +11,7 @@ params, param_bytes, buffer_bytes
     A tensor reachable under several names (tied weights) counts once in any
     subtree that holds it; ``tied`` marks modules holding such a tensor and
     ``tied_with`` names the other places it lives. Per device and dtype bytes
-    are in ``param_bytes:<device>:<dtype>`` columns.
+    are in ``param_bytes:<device>:<dtype>`` and ``buffer_bytes:<device>:<dtype>`` columns.
 act_bytes, act_saved_bytes
     bytes of the storages created by forward ops in the subtree, and of those
     the part autograd saved for backward (category Activation).
@@ -148,6 +148,9 @@ def module_table(trace: Any) -> Any:
                     grad_storages[a].add(p_grad[r])
             else:
                 bbytes[a] += nb
+                key = f"buffer_bytes:{devices[p_dev[r]]}:{_short_dtype(dtypes[p_dt[r]])}"
+                col = by_dd.setdefault(key, np.zeros(n, np.int64))
+                col[a] += nb
     grad = np.array([int(st_nbytes[list(g)].sum()) if g else 0 for g in grad_storages], np.int64)
 
     # ---- optimizer state: storages owned by a parameter tensor

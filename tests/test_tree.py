@@ -133,6 +133,18 @@ def test_init_only_run_still_has_a_tree():
     assert "param_bytes:cuda:0:bf16" in mt.columns
 
 
+def test_buffer_bytes_split_by_device_and_dtype():
+    with fv.record(device="cuda:0") as trace:
+        m = torch.nn.Sequential(torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+        m(torch.randn(4, 8))
+    mt = trace.modules.set_index("path")
+    bn = mt.loc["Sequential.0"]
+    # running_mean, running_var (f32) and num_batches_tracked (i64)
+    assert bn.buffer_bytes == 8 * 4 * 2 + 8
+    assert bn["buffer_bytes:cuda:0:f32"] == 64 and bn["buffer_bytes:cuda:0:i64"] == 8
+    assert mt.loc["Sequential"].buffer_bytes == bn.buffer_bytes
+
+
 @pytest.mark.parametrize("script", ["<script>alert(1)</script>"])
 def test_odd_module_names_survive(script):
     class Weird(torch.nn.Module):
