@@ -1,7 +1,8 @@
 """Record overhead on a Llama-3-70B-shaped fwd+bwd (bf16, batch 1, seq 2048, fake cuda:0).
 
 Reports, all measured in the same process and interleaved run by run:
-  * ratio = median time under fv.record / median time under a bare FakeTensorMode (fv.fake_mode)
+  * ratio = median time under fv.record / median time under a bare FakeTensorMode (fv.fake_mode), both
+    running the same attention kernels (record()'s default attention="auto", fakeviz._attention)
     (target <= 1.10),
   * recorded ops per second,
   * ratio of the same work under torch.distributed._tools.mem_tracker.MemTracker to fv.record,
@@ -42,8 +43,11 @@ def _work(cfg, seq: int):  # noqa: ANN001, ANN202
 def run_bare(cfg, seq: int) -> float:  # noqa: ANN001
     import fakeviz as fv
 
+    from fakeviz._attention import attention_patch
+
     t = time.perf_counter()
-    with fv.fake_mode(device="cuda:0"):
+    # the same attention kernels as record()'s default (attention="auto"), so both runs do the same ops
+    with fv.fake_mode(device="cuda:0"), attention_patch("auto"):
         _work(cfg, seq)
     return time.perf_counter() - t
 
@@ -69,8 +73,10 @@ def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
     import fakeviz as fv
     from fakeviz import models
 
+    from fakeviz._attention import attention_patch
+
     t = time.perf_counter()
-    with fv.fake_mode(device="cuda:0"):
+    with fv.fake_mode(device="cuda:0"), attention_patch("auto"):
         model = models.build(cfg, dtype=torch.bfloat16)
         ids = torch.randint(0, cfg.vocab_size, (1, seq))
         mt = MemTracker()

@@ -725,10 +725,12 @@ class _State:
         A pack hook that returns the tensor it was given makes a reference cycle when
         autograd saves an op's *output* on the output's own grad_fn (exp, relu, softmax
         save their result): tensor -> grad_fn -> saved tensor. Without hooks autograd
-        avoids this by saving a grad_fn-less alias. We do the same: a non-leaf is saved
-        as ``t.detach()`` (same storage and version counter, so in-place checks still
-        work), made as an inner dispatch so it is not recorded, and tagged with the
-        same tensor id so backward ops name the forward tensor.
+        avoids this by saving a grad_fn-less alias. We do the same for outputs of the
+        node being built (their grad_fn has the newest autograd sequence number): they
+        are saved as ``t.detach()`` (same storage and version counter, so in-place
+        checks still work), made as an inner dispatch so it is not recorded, and tagged
+        with the same tensor id so backward ops name the forward tensor. Inputs and
+        leaves are saved as themselves, as autograd does.
         """
         if not self.active:
             return t
@@ -736,7 +738,10 @@ class _State:
             self.add_roles(t, ROLE_SAVED)
         except Exception:  # noqa: BLE001 - never break autograd
             return t
-        if t.grad_fn is None:
+        fn = t.grad_fn
+        if fn is None or fn._sequence_nr() != _get_sequence_nr() - 1:
+            # a leaf, or an input of the node being built (whose sequence number is the
+            # newest one handed out): no cycle is possible, save the tensor itself
             return t
         loc = self.local
         depth = loc.__dict__.get("depth", 0)
