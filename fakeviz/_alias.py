@@ -168,6 +168,12 @@ def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tupl
         prio = (tt.names != "").astype(int) * 4 + (tt.writes > 0).astype(int) * 2 + (tt.base < 0).astype(int)
         keep_t = max(1, max_nodes - min(tt.storage.nunique(), max_nodes // 2))
         tt = tt.assign(_p=prio).sort_values(["_p", "seq"], ascending=[False, True]).head(keep_t).drop(columns="_p")
+    if max_nodes:  # parameter-name nodes count too
+        while len(tt) > 1:
+            n_names = sum(len(x.split("|")) for x in tt.names.astype(str) if x)
+            if len(tt) + tt.storage.nunique() + n_names <= max_nodes:
+                break
+            tt = tt.iloc[: max(1, int(len(tt) * 0.9))]
     sids = sorted(set(tt.storage.tolist()))
     srow = st.set_index("storage").loc[sids] if sids else st.iloc[:0].set_index("storage")
     s_nodes = pd.DataFrame(
