@@ -42,7 +42,6 @@ def _work(cfg, seq: int):  # noqa: ANN001, ANN202
 
 def run_bare(cfg, seq: int) -> float:  # noqa: ANN001
     import fakeviz as fv
-
     from fakeviz._attention import attention_patch
 
     t = time.perf_counter()
@@ -72,7 +71,6 @@ def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
 
     import fakeviz as fv
     from fakeviz import models
-
     from fakeviz._attention import attention_patch
 
     t = time.perf_counter()

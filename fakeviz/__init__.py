@@ -32,6 +32,7 @@ __all__ = [
     "Recording",
     "Trace",
     "TraceFormatError",
+    "explore",
     "fake_cuda_status",
     "fake_mode",
     "fakeify",
@@ -54,6 +55,24 @@ def unload_ipython_extension(ip):  # noqa: ANN001, ANN201 - IPython's extension 
     from ._magic import unload_ipython_extension as _unload
 
     _unload(ip)
+
+
+def explore(trace_or_model, capacity=None, **selection):  # noqa: ANN001, ANN201 - Trace | nn.Module -> Explorer
+    """The explorer widget for a :class:`Trace`, or for a (fake or real) model's structure.
+
+    A model is explored without running it: its parameters and buffers are
+    registered in an empty recording, which gives the layer tree and the bytes per
+    device and dtype (no activations: record a forward for those).
+    """
+    if isinstance(trace_or_model, Trace):
+        return trace_or_model.explore(capacity, **selection)
+    import torch
+
+    if not isinstance(trace_or_model, torch.nn.Module):
+        raise TypeError(f"explore() takes a fakeviz.Trace or a torch.nn.Module, not {type(trace_or_model).__name__}")
+    with record(modules=[trace_or_model]) as trace:
+        pass
+    return trace.explore(capacity, **selection)
 
 
 def fake_cuda_status() -> _cuda_shim.ShimStatus:

@@ -601,6 +601,42 @@ class Trace:
         return {"fits": fits, "capacity": cap, "devices": devices, "text": text}
 
     # ------------------------------------------------------------ presentation
+    def explore(self, capacity: Any = None, **selection: Any) -> Any:
+        """The explorer widget: layer tree, memory bars, timeline, alias graph and ops table, linked.
+
+        ``capacity`` is a GPU name ("H100") or a size ("80GB"); ``selection`` may preset
+        ``selected_module``, ``device``, ``phase`` or ``search``. Needs ipywidgets/anywidget.
+        """
+        from ._widget import Explorer
+
+        return Explorer.from_trace(self, capacity, **selection)
+
+    def to_html(self, path: str | Path, capacity: Any = None, *, title: str | None = None) -> Path:
+        """Write one self-contained interactive HTML report (works offline): see :mod:`fakeviz._report`."""
+        from ._report import to_html
+
+        return to_html(self, path, capacity, title=title)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        """The explorer widget plus ``text/plain`` and a compact ``text/html`` summary.
+
+        The HTML summary is what GitHub and nbviewer show for an executed notebook; a
+        front end with widgets shows the explorer. Without ipywidgets, or before the
+        JS bundle is built, the widget part is left out.
+        """
+        bundle: dict[str, Any] = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        if self._b is None and len(self):
+            try:
+                from ._widget import Explorer
+
+                widget_bundle = Explorer.from_trace(self)._repr_mimebundle_()
+                data = widget_bundle[0] if isinstance(widget_bundle, tuple) else widget_bundle
+                if data:
+                    bundle.update({k: v for k, v in data.items() if k not in ("text/plain",)})
+            except Exception:  # noqa: BLE001 - no widgets here: the text and HTML parts still show
+                pass
+        return bundle
+
     def phase_counts(self) -> dict[str, int]:
         counts = np.bincount(self.col("phase").astype(np.int64), minlength=len(PHASES))
         return {p: int(n) for p, n in zip(PHASES, counts)}

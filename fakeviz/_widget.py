@@ -1,0 +1,616 @@
+"""The explorer panel: an anywidget that shows a :class:`~fakeviz.Trace` in the browser.
+
+``Explorer.from_trace(trace, capacity=None)`` computes everything the panel needs
+once, in Python, and ships it as a few compact binary buffers; all linking
+between the views (layer tree, memory bars, memory timeline, alias graph, ops
+table) then happens in the browser, without a round trip to the kernel, so a
+saved notebook keeps working without one.
+
+The browser code is ``js/src/explorer.js``, bundled by esbuild into
+``fakeviz/static/explorer.js`` (``npm run build`` in ``js/``, or any wheel build
+through hatch-jupyter-builder).
+
+Traits
+------
+Data (Python -> browser; the traits are the source of truth, the panel never writes them):
+
+``summary`` (JSON)
+    devices, categories, phases, op count, capacity and verdict, and one peak
+    per device (bytes, seq, phase, op, module, user line, by category, allocator
+    peaks).
+``tree``, ``memory``, ``ops``, ``alias`` (bytes)
+    one *pack* each (see below): the folded layer tree; the memory timeline per
+    device, min-max decimated, with the peak attribution and the phase runs;
+    the ops table columns; the alias-graph neighbourhood.
+
+Selection (both ways): ``selected_module`` (a folded tree path such as
+``Llama.model.layers.0-79.mlp``, or any module path of the trace), ``device``
+(``""`` = all), ``phase`` (``""`` = all), ``search`` (text over module paths) and
+``size_by`` (the tree figure that sizes the icicle).
+
+Pack format (``FVPK``, version 1, little-endian)
+------------------------------------------------
+::
+
+    bytes 0..3   b"FVPK"
+    bytes 4..7   uint32, length H of the header
+    bytes 8..    H bytes of UTF-8 JSON: {"v": 1, "meta": {...}, "strings": {name: [str, ...]},
+                                         "arrays": {name: spec}}
+    zero padding to a multiple of 8, then the data section; every array starts
+    at a multiple of 8 bytes from the data section's start.
+
+An array ``spec`` is one of
+
+* ``{"enc": "raw", "dtype": D, "offset": o, "length": n}``: ``n`` values of
+  dtype ``D`` (``i1 u1 i2 u2 i4 u4 f4 f8``) at data offset ``o``;
+* ``{"enc": "range", "start": s, "length": n}``: ``s, s+1, ..., s+n-1``;
+* ``{"enc": "const", "value": v, "length": n}``: ``n`` copies of ``v``;
+* ``{"enc": "dict", "index": RAW, "values": RAW}``: ``values[index[i]]``.
+
+Integers travel in the narrowest signed type that holds them, byte counts and
+FLOPs as float64 (exact below 2**53, as JavaScript numbers are) unless they have
+few distinct values, which are dictionary-encoded. :func:`pack` and
+:func:`unpack` are the Python side; ``js/src/decode.js`` reads the same format.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import numpy as np
+import traitlets
+from ipywidgets.widgets.trait_types import bytes_serialization
+
+from ._trace import _DTYPE_ABBR, CATEGORIES, PHASES
+
+__all__ = ["STATIC", "Explorer", "decimate_minmax", "pack", "unpack"]
+
+STATIC = Path(__file__).resolve().parent / "static"
+_BUNDLE = STATIC / "explorer.js"
+_STYLES = STATIC / "explorer.css"
+
+MAGIC = b"FVPK"
+PACK_VERSION = 1
+NODE_KINDS = ("storage", "tensor", "name")
+EDGE_KINDS = ("storage", "view", "write", "name", "tied")
+# icicle sizes the panel offers (columns of the folded tree)
+SIZE_BY = ("param_bytes", "act_bytes", "act_saved_bytes", "grad_bytes", "flops", "ops", "params")
+_TREE_FIGURES = (
+    "params", "param_bytes", "buffer_bytes", "act_bytes", "act_saved_bytes", "grad_bytes", "opt_bytes",
+    "flops_fwd", "flops_bwd", "ops_fwd", "ops_bwd", "unknown_flop_ops",
+)  # fmt: skip
+_INT_TYPES = (np.int8, np.int16, np.int32)
+
+
+# --------------------------------------------------------------------------- packing
+def _encode(arr: np.ndarray, data: bytearray) -> dict[str, Any]:
+    """Append ``arr`` to ``data`` in its most compact encoding; return the array spec."""
+    arr = np.asarray(arr)
+    if arr.dtype == np.bool_:
+        arr = arr.astype(np.int8)
+    n = int(arr.size)
+    if n == 0:
+        return _raw(np.zeros(0, np.int8), data)
+    integral = arr.dtype.kind in "iu" or (
+        arr.dtype.kind == "f" and bool(np.isfinite(arr).all()) and bool((arr == np.round(arr)).all())
+    )
+    if not integral:
+        return _raw(arr.astype(np.float64), data)
+    ints = arr.astype(np.int64)
+    lo, hi = int(ints.min()), int(ints.max())
+    if lo == hi:
+        return {"enc": "const", "value": lo, "length": n}
+    if int(ints[0]) + n - 1 == hi and bool((np.diff(ints) == 1).all()):
+        return {"enc": "range", "start": int(ints[0]), "length": n}
+    narrow = next((t for t in _INT_TYPES if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max), np.float64)
+    size = np.dtype(narrow).itemsize
+    if size > 1:  # few distinct values: an index into a table of them may be smaller
+        values, index = np.unique(ints, return_inverse=True)
+        if len(values) <= 0xFFFF:
+            idx_t = np.uint8 if len(values) <= 0xFF else np.uint16
+            if n * np.dtype(idx_t).itemsize + len(values) * 8 < n * size:
+                return {
+                    "enc": "dict",
+                    "index": _raw(index.reshape(-1).astype(idx_t), data),
+                    "values": _raw(values.astype(np.float64), data),
+                }
+    return _raw(ints.astype(narrow), data)
+
+
+def _raw(arr: np.ndarray, data: bytearray) -> dict[str, Any]:
+    dt = arr.dtype.newbyteorder("<")
+    data.extend(b"\0" * (-len(data) % 8))
+    spec = {"enc": "raw", "dtype": dt.str[1:], "offset": len(data), "length": int(arr.size)}
+    data.extend(np.ascontiguousarray(arr, dtype=dt).tobytes())
+    return spec
+
+
+def pack(arrays: dict[str, Any], *, strings: dict[str, list[str]] | None = None,
+         meta: dict[str, Any] | None = None) -> bytes:  # fmt: skip
+    """Pack named 1-D arrays, string tables and JSON metadata into one ``FVPK`` buffer."""
+    data = bytearray()
+    specs = {name: _encode(np.asarray(a).reshape(-1), data) for name, a in arrays.items()}
+    header = json.dumps(
+        {"v": PACK_VERSION, "meta": meta or {}, "strings": strings or {}, "arrays": specs},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode("utf-8")
+    head = MAGIC + struct.pack("<I", len(header)) + header
+    head += b"\0" * (-len(head) % 8)
+    return bytes(head) + bytes(data)
+
+
+def _decode_spec(spec: dict[str, Any], data: memoryview) -> np.ndarray:
+    enc = spec["enc"]
+    if enc == "raw":
+        dt = np.dtype("<" + spec["dtype"])
+        start = spec["offset"]
+        return np.frombuffer(data[start : start + spec["length"] * dt.itemsize], dtype=dt).copy()
+    if enc == "range":
+        return np.arange(spec["start"], spec["start"] + spec["length"], dtype=np.int64)
+    if enc == "const":
+        return np.full(spec["length"], spec["value"])
+    if enc == "dict":
+        return _decode_spec(spec["values"], data)[_decode_spec(spec["index"], data).astype(np.int64)]
+    raise ValueError(f"unknown array encoding {enc!r}")
+
+
+def unpack(buf: bytes | memoryview) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, list[str]]]:
+    """Read an ``FVPK`` buffer: ``(meta, arrays, strings)``; arrays come back as NumPy arrays."""
+    view = memoryview(bytes(buf))
+    if bytes(view[:4]) != MAGIC:
+        raise ValueError("not a fakeviz pack (bad magic)")
+    (hlen,) = struct.unpack("<I", view[4:8])
+    header = json.loads(bytes(view[8 : 8 + hlen]).decode("utf-8"))
+    if header.get("v") != PACK_VERSION:
+        raise ValueError(f"pack version {header.get('v')!r}; this fakeviz reads version {PACK_VERSION}")
+    data = view[8 + hlen + (-(8 + hlen) % 8) :]
+    arrays = {name: _decode_spec(spec, data) for name, spec in header["arrays"].items()}
+    return header["meta"], arrays, header["strings"]
+
+
+# ------------------------------------------------------------------------ decimation
+def decimate_minmax(values: np.ndarray, max_points: int, keep: tuple[int, ...] = ()) -> np.ndarray:
+    """Row indices that keep the shape of ``values``: per bucket its min and max row.
+
+    The first and last rows, the first row of the global maximum (the peak) and
+    every index in ``keep`` are kept; the rest of the budget is split into equal
+    buckets, each contributing the row of its minimum and of its maximum (the
+    first such row). Returns sorted unique indices, at most ``max_points`` of
+    them (``max_points`` must leave room for the kept rows and one bucket).
+    """
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n, dtype=np.int64)
+    extra = {0, n - 1, int(np.argmax(values)), *(int(k) for k in keep if 0 <= k < n)}
+    if max_points < len(extra) + 2:
+        raise ValueError(f"max_points={max_points} leaves no room for buckets beside {len(extra)} kept rows")
+    buckets = (max_points - len(extra)) // 2
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    out = set(extra)
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        if b > a:
+            seg = values[a:b]
+            out.add(a + int(np.argmin(seg)))
+            out.add(a + int(np.argmax(seg)))
+    return np.array(sorted(out), dtype=np.int64)
+
+
+# ----------------------------------------------------------------------- the widget
+def _bytes_trait(help: str) -> traitlets.Bytes:
+    return traitlets.Bytes(b"", help=help).tag(sync=True, **bytes_serialization)
+
+
+class Explorer(anywidget.AnyWidget):
+    """The explorer panel of a trace: layer tree, memory bars and timeline, alias graph, ops table.
+
+    Build it with :meth:`from_trace`; display it as the last expression of a
+    notebook cell. Clicking a module in the tree filters the ops table, marks
+    the module's ops on the timeline and its share of each device's peak in the
+    bars, and sets :attr:`selected_module` here; setting the selection traits
+    from Python moves the panel.
+    """
+
+    _esm = _BUNDLE if _BUNDLE.is_file() else ""
+    _css = _STYLES if _STYLES.is_file() else ""
+
+    summary = traitlets.Dict(help="devices, categories, phases, op count, capacity, verdict, peaks").tag(sync=True)
+    tree = _bytes_trait("the folded layer tree (FVPK pack)")
+    memory = _bytes_trait("per-device memory timeline by category, decimated, with peak attribution (FVPK)")
+    ops = _bytes_trait("the ops table columns and string tables (FVPK)")
+    alias = _bytes_trait("a bounded alias-graph neighbourhood: nodes and edges (FVPK)")
+
+    selected_module = traitlets.Unicode("", help="selected module: a folded tree path or a module path").tag(sync=True)
+    device = traitlets.Unicode("", help="device shown and filtered on ('' = all)").tag(sync=True)
+    phase = traitlets.Unicode("", help="phase filtered on ('' = all)").tag(sync=True)
+    search = traitlets.Unicode("", help="text searched in module paths").tag(sync=True)
+    size_by = traitlets.Unicode("param_bytes", help=f"figure that sizes the tree: one of {SIZE_BY}").tag(sync=True)
+
+    def __init__(self, **kwargs: Any) -> None:
+        if not _BUNDLE.is_file():
+            raise FileNotFoundError(
+                f"the explorer's JavaScript bundle {_BUNDLE} is missing: run `npm install && npm run build` "
+                "in the js/ folder of a source checkout, or install fakeviz from a wheel"
+            )
+        for key, path in (("_esm", _BUNDLE), ("_css", _STYLES)):
+            if not Explorer.__dict__[key] and path.is_file():  # built after this module was imported
+                setattr(Explorer, key, path.read_text())
+        super().__init__(**kwargs)
+
+    @traitlets.validate("phase")
+    def _valid_phase(self, proposal: Any) -> str:
+        value = proposal["value"]
+        if value and value not in PHASES:
+            raise traitlets.TraitError(f"phase {value!r}: use '' or one of {', '.join(PHASES)}")
+        return value
+
+    @traitlets.validate("device")
+    def _valid_device(self, proposal: Any) -> str:
+        value = proposal["value"]
+        devices = self.summary.get("devices") or []
+        if value and devices and value not in devices:
+            raise traitlets.TraitError(f"device {value!r} is not in this trace ({', '.join(devices)})")
+        return value
+
+    @traitlets.validate("size_by")
+    def _valid_size_by(self, proposal: Any) -> str:
+        value = proposal["value"]
+        if value not in SIZE_BY:
+            raise traitlets.TraitError(f"size_by {value!r}: use one of {', '.join(SIZE_BY)}")
+        return value
+
+    @classmethod
+    def from_trace(
+        cls,
+        trace: Any,
+        capacity: str | int | float | None = None,
+        *,
+        max_points: int = 4000,
+        alias_nodes: int = 200,
+        around: Any = None,
+        max_ops: int = 1_000_000,
+        **kwargs: Any,
+    ) -> Explorer:
+        """The panel of ``trace``.
+
+        ``capacity`` (bytes, ``"80GB"`` or a GPU name; default the trace's own
+        ``meta["capacity"]``, set by ``%%fake --gpu``) draws the capacity line and
+        the verdict. ``max_points`` bounds the timeline points per device;
+        ``alias_nodes`` bounds the alias graph (``around``: anything
+        ``trace.alias_graph`` takes); above ``max_ops`` ops, only the ``max_ops``
+        consecutive ops around the highest peak go to the ops table (the
+        timeline and tree still cover the whole run). ``kwargs`` set the
+        selection traits.
+        """
+        return cls(**build_state(trace, capacity, max_points=max_points, alias_nodes=alias_nodes, around=around,
+                                 max_ops=max_ops), **kwargs)  # fmt: skip
+
+    def decoded(self, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, list[str]]]:
+        """One data trait (``tree``, ``memory``, ``ops`` or ``alias``) decoded: ``(meta, arrays, strings)``."""
+        if name not in ("tree", "memory", "ops", "alias"):
+            raise ValueError(f"{name!r} is not a packed trait (tree, memory, ops, alias)")
+        return unpack(getattr(self, name))
+
+
+# ---------------------------------------------------------------------- the state
+def build_state(trace: Any, capacity: Any = None, *, max_points: int = 4000, alias_nodes: int = 200,
+                around: Any = None, max_ops: int = 1_000_000) -> dict[str, Any]:  # fmt: skip
+    """The data traits of :class:`Explorer` for ``trace`` (see the module docstring)."""
+    from ._gpus import parse_capacity
+
+    trace._freeze()
+    devices = list(trace.strings("devices"))
+    modules = list(trace.strings("modules"))
+    peaks = trace.peak()
+    cap_spec = capacity if capacity is not None else trace.meta.get("capacity")
+    cap = parse_capacity(cap_spec) if cap_spec is not None else None
+    verdict = trace.verdict(cap) if cap is not None else None
+    storage_module = _storage_modules(trace)
+    summary = {
+        "devices": devices,
+        "categories": list(CATEGORIES),
+        "phases": list(PHASES),
+        "n_ops": int(trace.num_ops),
+        "capacity": cap,
+        "capacity_spec": _capacity_spec(trace, capacity),
+        "verdict": _jsonable(verdict),
+        "peaks": {dev: _peak_dict(pk) for dev, pk in peaks.items()},
+        "error": _jsonable({k: trace.error.get(k) for k in ("type", "message", "op")} if trace.error else None),
+        "meta": {k: trace.meta[k] for k in ("device", "fake", "torch", "attention", "symbolic") if k in trace.meta},
+    }
+    tree, module_node = _tree_pack(trace, modules)
+    return {
+        "summary": _jsonable(summary),
+        "tree": tree,
+        "memory": _memory_pack(trace, peaks, storage_module, max_points),
+        "ops": _ops_pack(trace, modules, module_node, peaks, max_ops),
+        "alias": _alias_pack(trace, storage_module, alias_nodes, around),
+    }
+
+
+def _capacity_spec(trace: Any, capacity: Any) -> str | None:
+    """How the capacity was asked for ("H100", "80GB"), for the panel's label."""
+    if capacity is not None:
+        return str(capacity)
+    if trace.meta.get("capacity") is None:
+        return None
+    return str(trace.meta.get("capacity_spec") or trace.meta["capacity"])
+
+
+def _peak_dict(pk: Any) -> dict[str, Any]:
+    return {
+        k: getattr(pk, k)
+        for k in ("bytes", "seq", "phase", "op", "module", "user_line", "by_category", "allocated",
+                  "allocated_seq", "reserved", "reserved_seq")
+    }  # fmt: skip
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def _storage_modules(trace: Any) -> np.ndarray:
+    """The module each storage belongs to (module id, -1 none): what a selection in the tree owns.
+
+    Parameters and buffers belong to the module that holds them (the first name
+    of a tied tensor), gradients and optimizer state to their parameter's module,
+    everything else to the module of the op that created it.
+    """
+    c = trace._cols
+    n_st = len(c["st_device"])
+    n_ops = len(c["op"])
+    out = np.full(n_st, -1, np.int64)
+    alloc = c["st_alloc"]
+    made = (alloc >= 0) & (alloc < n_ops)
+    out[made] = c["module"][alloc[made]]
+    # gradient / optimizer state: the owner parameter's module (first name row of that tensor)
+    p_tensor, p_module, p_storage = c["p_tensor"], c["p_module"].astype(np.int64), c["p_storage"]
+    if len(p_tensor):
+        t_sorted, first = np.unique(p_tensor, return_index=True)
+        owner = c["st_owner"]
+        has = owner >= 0
+        pos = np.searchsorted(t_sorted, owner[has])
+        ok = (pos < len(t_sorted)) & (t_sorted[np.minimum(pos, len(t_sorted) - 1)] == owner[has])
+        idx = np.flatnonzero(has)[ok]
+        out[idx] = p_module[first[pos[ok]]]
+        # parameters and buffers: their own module (first row wins for tied/shared storages)
+        s_sorted, s_first = np.unique(p_storage, return_index=True)
+        sel = (s_sorted >= 0) & (s_sorted < n_st)
+        out[s_sorted[sel]] = p_module[s_first[sel]]
+    return out
+
+
+def _tree_pack(trace: Any, modules: list[str]) -> tuple[bytes, np.ndarray]:
+    folded = trace.folded_modules()
+    n = len(folded)
+    module_node = np.full(len(modules), -1, np.int64)
+    mod_id = {p: i for i, p in enumerate(modules)}
+    paths = folded["path"].astype(str).tolist() if n else []
+    row_of = {p: i for i, p in enumerate(paths)}
+    parent = np.array([row_of.get(p, -1) if isinstance(p, str) else -1 for p in folded["parent"]] if n else [],
+                      np.int64)  # fmt: skip
+    for row, members in enumerate(folded["members"].tolist() if n else []):
+        for m in str(members).split("|"):
+            i = mod_id.get(m)
+            if i is not None:
+                module_node[i] = row
+    arrays: dict[str, Any] = {
+        "parent": parent,
+        "depth": folded["depth"].to_numpy() if n else np.zeros(0),
+        "count": folded["count"].to_numpy() if n else np.zeros(0),
+        "odd": folded["odd"].to_numpy() if n else np.zeros(0),
+        "tied": folded["tied"].to_numpy() if n else np.zeros(0),
+        "module_node": module_node,
+    }
+    for k in _TREE_FIGURES:
+        arrays[k] = folded[k].to_numpy() if n else np.zeros(0)
+    strings = {
+        "path": paths,
+        "name": folded["name"].astype(str).tolist() if n else [],
+        "class": folded["class"].astype(str).tolist() if n else [],
+    }
+    meta = {"rows": n, "figures": list(_TREE_FIGURES), "size_by": list(SIZE_BY), "modules": len(modules)}
+    return pack(arrays, strings=strings, meta=meta), module_node
+
+
+def _memory_pack(trace: Any, peaks: dict[str, Any], storage_module: np.ndarray, max_points: int) -> bytes:
+    mem = trace.memory()
+    n_ops = int(trace.num_ops)
+    arrays: dict[str, Any] = {}
+    meta_devices = []
+    # phase runs of the whole run: [phase, start, stop)
+    phase = trace.col("phase").astype(np.int64)
+    if n_ops:
+        cuts = np.flatnonzero(np.diff(phase)) + 1
+        starts = np.concatenate([[0], cuts])
+        stops = np.concatenate([cuts, [n_ops]])
+        arrays.update({"phase_runs/phase": phase[starts], "phase_runs/start": starts, "phase_runs/stop": stops})
+    else:
+        arrays.update({k: np.zeros(0, np.int64) for k in ("phase_runs/phase", "phase_runs/start", "phase_runs/stop")})
+    st = trace.storages
+    cats = st["category"].cat.codes.to_numpy().astype(np.int64)
+    nbytes = st["nbytes"].to_numpy()
+    alloc, free = st["alloc_seq"].to_numpy(), st["free_seq"].to_numpy()
+    st_dev = st["device"].astype(str).to_numpy()
+    for dev, pk in peaks.items():
+        rows = mem[mem["device"] == dev]
+        total = rows["total"].to_numpy()
+        keep = [pk.seq]
+        has_alloc = "allocated" in rows and rows["allocated"].notna().all()
+        if has_alloc:
+            keep += [pk.allocated_seq, pk.reserved_seq]
+        idx = decimate_minmax(total, max_points, keep=tuple(k for k in keep if k is not None))
+        arrays[f"{dev}/seq"] = rows["seq"].to_numpy()[idx]
+        for cat in CATEGORIES:
+            arrays[f"{dev}/{cat}"] = rows[cat].to_numpy()[idx]
+        if has_alloc:
+            arrays[f"{dev}/allocated"] = rows["allocated"].to_numpy()[idx].astype(np.int64)
+            arrays[f"{dev}/reserved"] = rows["reserved"].to_numpy()[idx].astype(np.int64)
+        # what is alive at the peak, by (module, category)
+        alive = ((st_dev == dev) & (np.maximum(alloc, 0) <= pk.seq) & ((free < 0) | (free > pk.seq))
+                 & (nbytes > 0))  # fmt: skip
+        key = storage_module[alive] * len(CATEGORIES) + cats[alive]
+        uniq, inv = np.unique(key, return_inverse=True)
+        exact = np.zeros(len(uniq), np.int64)
+        np.add.at(exact, inv.reshape(-1), nbytes[alive].astype(np.int64))
+        arrays[f"{dev}/attr_module"] = np.floor_divide(uniq, len(CATEGORIES))
+        arrays[f"{dev}/attr_category"] = np.mod(uniq, len(CATEGORIES))
+        arrays[f"{dev}/attr_bytes"] = exact
+        meta_devices.append(
+            {"device": dev, "points": int(len(idx)), "allocator": bool(has_alloc), "peak_seq": int(pk.seq)}
+        )
+    meta = {"devices": meta_devices, "categories": list(CATEGORIES), "phases": list(PHASES), "n_ops": n_ops,
+            "max_points": int(max_points)}  # fmt: skip
+    return pack(arrays, meta=meta)
+
+
+def _ops_window(n: int, peaks: dict[str, Any], max_ops: int) -> tuple[int, int]:
+    if n <= max_ops:
+        return 0, n
+    top = max(peaks.values(), key=lambda p: p.bytes) if peaks else None
+    centre = top.seq if top is not None else n // 2
+    start = min(max(0, centre - max_ops // 2), n - max_ops)
+    return start, start + max_ops
+
+
+def _ops_pack(trace: Any, modules: list[str], module_node: np.ndarray, peaks: dict[str, Any],
+              max_ops: int) -> bytes:  # fmt: skip
+    c = trace._cols
+    n = int(trace.num_ops)
+    start, stop = _ops_window(n, peaks, max_ops)
+    out_end = c["out_end"]
+    out_start = np.concatenate([[0], out_end[:-1]]).astype(np.int64) if n else np.zeros(0, np.int64)
+    has = (out_end - out_start) > 0
+
+    def first(name: str) -> np.ndarray:
+        col = c[name]
+        if len(col) == 0:
+            return np.full(n, -1, np.int64)
+        return np.where(has, col[np.minimum(out_start, len(col) - 1)], -1)
+
+    nbytes = trace.ops["nbytes"].to_numpy() if n else np.zeros(0, np.int64)
+    sl = slice(start, stop)
+    arrays = {
+        "seq": np.arange(start, stop, dtype=np.int64),
+        "op": c["op"][sl],
+        "module": c["module"][sl],
+        "phase": c["phase"][sl],
+        "device": first("out_device")[sl],
+        "line": c["line"][sl],
+        "shape": first("out_shape")[sl],
+        "dtype": first("out_dtype")[sl],
+        "nbytes": nbytes[sl],
+        "flops": c["flops"][sl],
+    }
+    strings = {
+        "ops": list(trace.strings("ops")),
+        "modules": modules,
+        "lines": list(trace.strings("lines")),
+        "shapes": list(trace.strings("shapes")),
+        "dtypes": [_DTYPE_ABBR.get(d, d.replace("torch.", "")) for d in trace.strings("dtypes")],
+        "devices": list(trace.strings("devices")),
+    }
+    meta = {"n_ops": n, "start": start, "stop": stop, "truncated": stop - start < n, "phases": list(PHASES)}
+    return pack(arrays, strings=strings, meta=meta)
+
+
+def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: Any) -> bytes:
+    nodes, edges, budget = _bounded_alias_graph(trace, max_nodes, around)
+    total_nodes = _alias_universe(trace, around)
+    n_shown = int((nodes["kind"] != "name").sum())
+    truncated = n_shown < total_nodes
+    if len(nodes) > max_nodes:  # still over after shrinking the budget: drop the tail (names last)
+        nodes = nodes.iloc[:max_nodes]
+        truncated = True
+    index = {nid: i for i, nid in enumerate(nodes["id"].tolist())}
+    ok = edges["src"].isin(index) & edges["dst"].isin(index)
+    truncated = truncated or not bool(ok.all())
+    edges = edges[ok]
+    # module of each node, for linking with the tree
+    c = trace._cols
+    name_module: dict[str, int] = {}
+    names_table = trace.strings("names")
+    for nid, m in zip(c["p_name"].tolist(), c["p_module"].tolist()):
+        name_module.setdefault(names_table[nid], m)
+    tt = trace.tensors
+    t_seq = dict(zip(tt["tensor"].tolist(), tt["seq"].tolist()))
+    op_module = c["module"]
+    kinds = nodes["kind"].tolist()
+    refs = nodes["ref"].astype(np.int64).tolist()
+    labels = nodes["label"].astype(str).tolist()
+    node_names = [x if isinstance(x, str) else "" for x in nodes["names"].tolist()]
+    module = []
+    for kind, ref, label, nm in zip(kinds, refs, labels, node_names):
+        if kind == "name":
+            module.append(name_module.get(label, -1))
+        elif kind == "storage":
+            module.append(int(storage_module[ref]) if 0 <= ref < len(storage_module) else -1)
+        else:
+            first = nm.split("|")[0] if nm else ""
+            if first in name_module:
+                module.append(name_module[first])
+            else:
+                seq = t_seq.get(ref, -1)
+                module.append(int(op_module[seq]) if 0 <= seq < len(op_module) else -1)
+    cat_code = {c: i for i, c in enumerate(CATEGORIES)}
+    op_id = {o: i for i, o in enumerate(trace.strings("ops"))}
+    arrays = {
+        "node_kind": np.array([NODE_KINDS.index(k) for k in kinds], np.int64),
+        "node_ref": np.array(refs, np.int64),
+        "node_nbytes": nodes["nbytes"].fillna(0).to_numpy().astype(np.int64),
+        "node_category": np.array([cat_code.get(x, -1) for x in nodes["category"].tolist()], np.int64),
+        "node_writes": nodes["writes"].fillna(0).to_numpy().astype(np.int64),
+        "node_module": np.array(module, np.int64),
+        "edge_src": np.array([index[s] for s in edges["src"].tolist()], np.int64),
+        "edge_dst": np.array([index[d] for d in edges["dst"].tolist()], np.int64),
+        "edge_kind": np.array([EDGE_KINDS.index(k) for k in edges["kind"].tolist()], np.int64),
+        "edge_op": np.array([op_id.get(o, -1) if isinstance(o, str) else -1 for o in edges["op"].tolist()], np.int64),
+        "edge_seq": edges["seq"].fillna(-1).to_numpy().astype(np.int64),
+    }
+    strings = {"label": labels, "names": node_names, "ops": list(trace.strings("ops"))}
+    meta = {
+        "node_kinds": list(NODE_KINDS),
+        "edge_kinds": list(EDGE_KINDS),
+        "categories": list(CATEGORIES),
+        "max_nodes": int(max_nodes),
+        "budget": int(budget),
+        "total_nodes": int(total_nodes),  # storages + tensors before bounding (name nodes not counted)
+        "truncated": bool(truncated),
+        "around": None if around is None else str(around),
+    }
+    return pack(arrays, strings=strings, meta=meta)
+
+
+def _alias_universe(trace: Any, around: Any) -> int:
+    """Storage and tensor nodes the unbounded alias graph would have (what ``max_nodes`` cuts)."""
+    from ._alias import aliases
+
+    tt = trace.tensors
+    if around is not None:
+        if isinstance(around, tuple) and around and around[0] == "storage":
+            sids = {int(around[1])}
+        else:
+            sids = set(aliases(trace, around).storage.tolist())
+        tt = tt[tt.storage.isin(sids)]
+    tt = tt[tt.storage >= 0]
+    return int(len(tt) + tt.storage.nunique())
+
+
+def _bounded_alias_graph(trace: Any, max_nodes: int, around: Any) -> tuple[Any, Any, int]:
+    """``trace.alias_graph`` with at most ``max_nodes`` nodes in all (its bound leaves out name nodes).
+
+    The storage/tensor budget passed to ``alias_graph`` shrinks in proportion
+    until the name nodes fit too (a few calls at most).
+    """
+    budget = max(2, int(max_nodes))
+    nodes, edges = trace.alias_graph(around, max_nodes=budget)
+    for _ in range(8):
+        if len(nodes) <= max_nodes or budget <= 2:
+            break
+        budget = max(2, budget * max_nodes // len(nodes) - 1)
+        nodes, edges = trace.alias_graph(around, max_nodes=budget)
+    return nodes, edges, budget

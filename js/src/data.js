@@ -1,0 +1,139 @@
+// Turn the widget's traits into the structures the views read (pure: no DOM).
+import { unpack } from "./decode.js";
+
+/** Everything the panel shows, from a getter of trait values (model.get). */
+export function readData(get) {
+  const summary = get("summary") || {};
+  return {
+    summary: {
+      devices: summary.devices || [],
+      categories: summary.categories || [],
+      phases: summary.phases || [],
+      nOps: summary.n_ops || 0,
+      capacity: summary.capacity ?? null,
+      capacitySpec: summary.capacity_spec ?? null,
+      verdict: summary.verdict || null,
+      peaks: summary.peaks || {},
+      error: summary.error || null,
+    },
+    tree: readTree(unpack(get("tree"))),
+    memory: readMemory(unpack(get("memory"))),
+    ops: readOps(unpack(get("ops"))),
+    alias: readAlias(unpack(get("alias"))),
+  };
+}
+
+export function readTree(pack) {
+  if (!pack) return emptyTree();
+  const { arrays: a, strings: s, meta } = pack;
+  const n = meta.rows ?? (s.path || []).length;
+  const children = Array.from({ length: n }, () => []);
+  const roots = [];
+  for (let i = 0; i < n; i++) {
+    const p = a.parent[i];
+    if (p >= 0 && p < n) children[p].push(i);
+    else roots.push(i);
+  }
+  const figures = {};
+  for (const k of meta.figures || []) figures[k] = a[k];
+  const index = new Map();
+  for (let i = 0; i < n; i++) index.set(s.path[i], i);
+  return {
+    n,
+    parent: a.parent,
+    depth: a.depth,
+    count: a.count,
+    odd: a.odd,
+    tied: a.tied,
+    path: s.path || [],
+    name: s.name || [],
+    cls: s.class || [],
+    figures,
+    moduleNode: a.module_node || new Int32Array(0),
+    children,
+    roots,
+    index,
+  };
+}
+
+function emptyTree() {
+  return {
+    n: 0, parent: [], depth: [], count: [], odd: [], tied: [], path: [], name: [], cls: [], figures: {},
+    moduleNode: new Int32Array(0), children: [], roots: [], index: new Map(),
+  };
+}
+
+export function readMemory(pack) {
+  if (!pack) return { devices: [], categories: [], phaseRuns: { phase: [], start: [], stop: [] }, nOps: 0 };
+  const { arrays: a, meta } = pack;
+  const categories = meta.categories || [];
+  const devices = (meta.devices || []).map((d) => {
+    const dev = d.device;
+    const seq = a[`${dev}/seq`];
+    const cats = categories.map((c) => a[`${dev}/${c}`]);
+    const total = new Float64Array(seq.length);
+    for (const col of cats) for (let i = 0; i < seq.length; i++) total[i] += col[i];
+    return {
+      device: dev,
+      seq,
+      cats,
+      total,
+      allocated: d.allocator ? a[`${dev}/allocated`] : null,
+      reserved: d.allocator ? a[`${dev}/reserved`] : null,
+      peakSeq: d.peak_seq,
+      attr: { module: a[`${dev}/attr_module`], category: a[`${dev}/attr_category`], bytes: a[`${dev}/attr_bytes`] },
+    };
+  });
+  return {
+    devices,
+    categories,
+    phases: meta.phases || [],
+    nOps: meta.n_ops || 0,
+    phaseRuns: { phase: a["phase_runs/phase"], start: a["phase_runs/start"], stop: a["phase_runs/stop"] },
+  };
+}
+
+export function readOps(pack) {
+  if (!pack) {
+    const z = new Int32Array(0);
+    return {
+      n: 0, seq: z, op: z, module: z, phase: z, device: z, line: z, shape: z, dtype: z, nbytes: z, flops: z,
+      strings: { ops: [], modules: [], lines: [], shapes: [], dtypes: [], devices: [] },
+      meta: { n_ops: 0, start: 0, stop: 0, truncated: false }, moduleIndex: new Map(),
+    };
+  }
+  const { arrays: a, strings: s, meta } = pack;
+  const moduleIndex = new Map();
+  (s.modules || []).forEach((p, i) => moduleIndex.set(p, i));
+  return { n: a.seq.length, ...pick(a), strings: s, meta, moduleIndex };
+}
+
+function pick(a) {
+  const out = {};
+  for (const k of ["seq", "op", "module", "phase", "device", "line", "shape", "dtype", "nbytes", "flops"]) out[k] = a[k];
+  return out;
+}
+
+export function readAlias(pack) {
+  if (!pack) return { nodes: 0, edges: 0, meta: {}, kind: [], label: [], names: [] };
+  const { arrays: a, strings: s, meta } = pack;
+  return {
+    nodes: a.node_kind.length,
+    edges: a.edge_src.length,
+    meta,
+    kind: a.node_kind,
+    ref: a.node_ref,
+    nbytes: a.node_nbytes,
+    category: a.node_category,
+    writes: a.node_writes,
+    module: a.node_module,
+    label: s.label || [],
+    names: s.names || [],
+    src: a.edge_src,
+    dst: a.edge_dst,
+    edgeKind: a.edge_kind,
+    edgeOp: a.edge_op,
+    edgeSeq: a.edge_seq,
+    ops: s.ops || [],
+  };
+}

@@ -1,0 +1,78 @@
+// Number and text formatting for the panel (pure functions).
+
+const BIN = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+const SI = ["", "k", "M", "G", "T", "P", "E"];
+
+/** Bytes in binary units, as fakeviz prints them in Python: "512 B", "1.5 GiB". */
+export function fmtBytes(n) {
+  if (n == null || Number.isNaN(n)) return "–";
+  let v = Number(n);
+  const sign = v < 0 ? "-" : "";
+  v = Math.abs(v);
+  let u = 0;
+  while (v >= 1024 && u < BIN.length - 1) {
+    v /= 1024;
+    u++;
+  }
+  return u === 0 ? `${sign}${Math.round(v)} B` : `${sign}${v.toFixed(1)} ${BIN[u]}`;
+}
+
+/** A count with SI prefixes and three significant digits: "70.6 G", "512", "1.20 M". */
+export function fmtSI(n, unit = "") {
+  if (n == null || Number.isNaN(n)) return "–";
+  let v = Number(n);
+  const sign = v < 0 ? "-" : "";
+  v = Math.abs(v);
+  let u = 0;
+  while (v >= 1000 && u < SI.length - 1) {
+    v /= 1000;
+    u++;
+  }
+  const digits = u === 0 ? (Number.isInteger(v) ? 0 : 2) : v >= 100 ? 0 : v >= 10 ? 1 : 2;
+  const sep = SI[u] || unit ? " " : "";
+  return `${sign}${v.toFixed(digits)}${sep}${SI[u]}${unit}`;
+}
+
+/** An integer with thousands separators. */
+export function fmtInt(n) {
+  if (n == null || Number.isNaN(n)) return "–";
+  return Math.round(Number(n)).toLocaleString("en-US");
+}
+
+/** FLOPs; a negative value means "no formula" in the trace. */
+export function fmtFlops(n) {
+  if (n == null || n < 0) return "?";
+  return fmtSI(n, "FLOP");
+}
+
+/** The figures the tree can be sized by, with how each is totalled and printed. */
+export const SIZE_BY = {
+  param_bytes: { label: "parameter bytes", value: (f, i) => f.param_bytes[i], fmt: fmtBytes },
+  act_bytes: { label: "activation bytes", value: (f, i) => f.act_bytes[i], fmt: fmtBytes },
+  act_saved_bytes: { label: "saved activations", value: (f, i) => f.act_saved_bytes[i], fmt: fmtBytes },
+  grad_bytes: { label: "gradient bytes", value: (f, i) => f.grad_bytes[i], fmt: fmtBytes },
+  flops: { label: "FLOPs (fwd+bwd)", value: (f, i) => f.flops_fwd[i] + f.flops_bwd[i], fmt: (v) => fmtSI(v, "FLOP") },
+  ops: { label: "ops (fwd+bwd)", value: (f, i) => f.ops_fwd[i] + f.ops_bwd[i], fmt: fmtInt },
+  params: { label: "parameters", value: (f, i) => f.params[i], fmt: (v) => fmtSI(v) },
+};
+
+/** The last `keep` dotted components of a module path, with an ellipsis if cut. */
+export function shortPath(path, keep = 3) {
+  if (!path) return "";
+  const parts = String(path).split(".");
+  return parts.length <= keep ? String(path) : `…${parts.slice(-keep).join(".")}`;
+}
+
+/** "bf16[1, 2048, 8192]" from a dtype and a shape string as the trace stores them ("1, 2048, 8192"). */
+export function fmtTensor(dtype, shape) {
+  if (!dtype && !shape) return "";
+  return `${dtype || "?"}[${shape ?? ""}]`;
+}
+
+/** Shorten a user line ("/long/path/to/file.py:12 in f") to "file.py:12 in f". */
+export function shortLine(line) {
+  if (!line) return "";
+  const s = String(line);
+  const cut = s.lastIndexOf("/", s.indexOf(":") >= 0 ? s.indexOf(":") : s.length);
+  return cut >= 0 ? s.slice(cut + 1) : s;
+}

@@ -1,0 +1,128 @@
+// The alias graph neighbourhood: parameter names -> tensors (views one column right of their
+// base) -> storages, with in-place writes; the selected module's nodes highlighted.
+import { h, s, tip, toggle } from "../dom.js";
+import { fmtBytes, shortPath } from "../format.js";
+import { aliasLayout } from "../layout.js";
+
+const ROW = 18;
+const NAME_W = 300;
+const TENSOR_W = 250;
+const STORAGE_W = 230;
+const MAX_LABEL = 40;
+
+export function aliasView(ctx) {
+  const { data } = ctx;
+  const { alias, ops } = data;
+  const info = h("span", { class: "fv-hint", "data-testid": "fv-alias-info" });
+  const scroll = h("div", { class: "fv-alias-scroll" });
+  const el = h(
+    "section",
+    { class: "fv-panel fv-alias", "data-testid": "fv-alias" },
+    h("div", { class: "fv-panel-head" }, h("h3", { text: "Aliasing" }), info),
+    h(
+      "ul",
+      { class: "fv-legend" },
+      ["storage", "view", "write", "name", "tied"].map((k) => h("li", {}, h("span", { class: `fv-swatch fv-edge-swatch fv-edge-${k}` }), k)),
+    ),
+    scroll,
+  );
+  const nodeEls = [];
+  const edgeEls = [];
+
+  function render() {
+    const meta = alias.meta || {};
+    if (!alias.nodes) {
+      info.textContent = "";
+      scroll.replaceChildren(h("p", { class: "fv-empty", text: "no tensors to show" }));
+      return;
+    }
+    const shown = Array.from(alias.kind).filter((k) => k !== 2).length;
+    info.textContent = `${shown} of ${meta.total_nodes ?? shown} storages and tensors${meta.truncated ? ` (bounded at ${meta.max_nodes} nodes)` : ""}${meta.around ? ` around ${meta.around}` : ""}`;
+    const lay = aliasLayout(alias);
+    const colX = (c) => (c === 0 ? 6 : c === lay.columns - 1 ? NAME_W + (lay.columns - 2) * TENSOR_W : NAME_W + (c - 1) * TENSOR_W);
+    const width = NAME_W + (lay.columns - 2) * TENSOR_W + STORAGE_W;
+    const height = lay.rows * ROW + 8;
+    const svg = s("svg", { class: "fv-alias-svg", viewBox: `0 0 ${width} ${height}`, width: "100%", role: "img", "aria-label": "alias graph" });
+    svg.style.minWidth = `${Math.min(width, 720)}px`;
+    const py = (i) => 4 + lay.y[i] * ROW + ROW / 2;
+    const gEdges = s("g", { class: "fv-edges" });
+    const edgeKinds = meta.edge_kinds || [];
+    edgeEls.length = 0;
+    for (let e = 0; e < alias.edges; e++) {
+      const a = alias.src[e];
+      const b = alias.dst[e];
+      const kind = edgeKinds[alias.edgeKind[e]] || "edge";
+      const [l, r] = lay.column[a] <= lay.column[b] ? [a, b] : [b, a];
+      const x1 = colX(lay.column[l]) + (lay.column[l] === 0 ? NAME_W - 24 : 8);
+      const x2 = colX(lay.column[r]);
+      const mid = (x1 + x2) / 2;
+      const d = lay.column[l] === lay.column[r]
+        ? `M${x1},${py(l)}C${x1 + 40},${py(l)} ${x1 + 40},${py(r)} ${x1},${py(r)}`
+        : `M${x1},${py(l)}C${mid},${py(l)} ${mid},${py(r)} ${x2},${py(r)}`;
+      const op = alias.edgeOp[e] >= 0 ? alias.ops[alias.edgeOp[e]] : "";
+      const path = s("path", { class: `fv-edge fv-edge-${kind}`, d });
+      path.appendChild(tip(`${kind}${op ? `: ${op}` : ""}${alias.edgeSeq[e] >= 0 ? ` at op ${alias.edgeSeq[e]}` : ""}`));
+      gEdges.appendChild(path);
+      edgeEls.push([path, a, b]);
+    }
+    const gNodes = s("g", { class: "fv-anodes" });
+    const nodeKinds = meta.node_kinds || [];
+    nodeEls.length = 0;
+    for (let i = 0; i < alias.nodes; i++) {
+      const kind = nodeKinds[alias.kind[i]] || "node";
+      const x = colX(lay.column[i]);
+      const y = py(i);
+      const text = nodeText(i, kind);
+      const g = s("g", { class: `fv-anode fv-anode-${kind}`, "data-node": i, transform: `translate(${x},${y})` });
+      g.appendChild(kind === "storage" ? s("rect", { x: 0, y: -6, width: 12, height: 12, rx: 2 }) : s("circle", { cx: kind === "name" ? NAME_W - 30 : 4, cy: 0, r: 4 }));
+      g.appendChild(s("text", { x: kind === "name" ? NAME_W - 38 : 16, y: 4, "text-anchor": kind === "name" ? "end" : "start", text: clip(text) }));
+      g.appendChild(tip(fullText(i, kind)));
+      const m = alias.module[i];
+      if (m >= 0) {
+        g.classList.add("fv-link");
+        g.addEventListener("click", () => ctx.select(ops.strings.modules[m]));
+      }
+      gNodes.appendChild(g);
+      nodeEls.push(g);
+    }
+    svg.append(gEdges, gNodes);
+    scroll.replaceChildren(svg);
+  }
+
+  function nodeText(i, kind) {
+    if (kind === "storage") {
+      const cat = alias.category[i] >= 0 ? data.summary.categories[alias.category[i]] : "";
+      return `storage ${alias.ref[i]} · ${fmtBytes(alias.nbytes[i])}${cat ? ` · ${cat}` : ""}`;
+    }
+    if (kind === "name") return shortPath(alias.label[i], 3);
+    return alias.label[i];
+  }
+
+  function fullText(i, kind) {
+    const parts = [alias.label[i]];
+    if (alias.names[i] && kind !== "name") parts.push(`names: ${alias.names[i].split("|").join(", ")}`);
+    if (alias.writes[i] > 0) parts.push(`written in place ${alias.writes[i]} time(s)`);
+    if (alias.module[i] >= 0) parts.push(`module: ${ops.strings.modules[alias.module[i]]} (click to select)`);
+    return parts.join("\n");
+  }
+
+  function marks() {
+    const mask = ctx.derived.selection.mask;
+    const on = (i) => Boolean(mask && alias.module[i] >= 0 && mask[alias.module[i]]);
+    for (let i = 0; i < nodeEls.length; i++) toggle(nodeEls[i], "fv-highlight", on(i));
+    for (const [path, a, b] of edgeEls) toggle(path, "fv-highlight", on(a) && on(b));
+    toggle(scroll, "fv-has-selection", Boolean(mask));
+  }
+
+  return {
+    el,
+    update(changed) {
+      if (!changed) render();
+      if (!changed || changed.has("selected")) marks();
+    },
+  };
+}
+
+function clip(text) {
+  return text.length > MAX_LABEL ? `${text.slice(0, MAX_LABEL - 1)}…` : text;
+}

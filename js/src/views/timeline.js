@@ -1,0 +1,214 @@
+// The memory timeline of each device: stacked areas by category over the op sequence, phases
+// shaded, the peak marked, the caching allocator's allocated/reserved curves, the capacity line,
+// the selected module's op spans highlighted; hover shows the op, module and line.
+import { minmaxByColumn } from "../decimate.js";
+import { h, s, tip, toggle } from "../dom.js";
+import { moduleSpans, nearest, rowOfSeq } from "../filter.js";
+import { fmtBytes, fmtInt, shortLine } from "../format.js";
+import { linePath, linear, stackedAreas } from "../layout.js";
+
+const W = 1000;
+const H = 230;
+const PAD = { l: 70, r: 12, t: 16, b: 22 };
+
+export function timelineView(ctx) {
+  const { data, store } = ctx;
+  const { summary, memory, ops } = data;
+  const body = h("div", { class: "fv-timeline-body" });
+  const legend = h(
+    "ul",
+    { class: "fv-legend fv-phase-legend" },
+    summary.phases.map((p) => h("li", {}, h("span", { class: `fv-swatch fv-phase-${p}` }), p)),
+  );
+  const el = h(
+    "section",
+    { class: "fv-panel fv-timeline", "data-testid": "fv-timeline" },
+    h("div", { class: "fv-panel-head" }, h("h3", { text: "Memory over the run" }), h("span", { class: "fv-hint", text: "hover for the op, click to find it in the table" })),
+    legend,
+    body,
+  );
+  let charts = [];
+
+  function chart(dev) {
+    const pk = summary.peaks[dev.device];
+    const nOps = Math.max(1, memory.nOps);
+    const x = linear(0, nOps, PAD.l, W - PAD.r);
+    let top = 0;
+    for (let i = 0; i < dev.total.length; i++) top = Math.max(top, dev.total[i], dev.reserved ? dev.reserved[i] : 0);
+    // the capacity sets the scale unless it would flatten the curve (3x above the highest point)
+    const capacityOnChart = summary.capacity != null && summary.capacity <= 3 * top;
+    if (capacityOnChart) top = Math.max(top, summary.capacity);
+    top = top * 1.05 || 1;
+    const y = linear(0, top, H - PAD.b, PAD.t);
+    const peakIdx = nearest(dev.seq, dev.peakSeq);
+    const idx = minmaxByColumn(dev.seq, dev.total, 0, nOps, W - PAD.l - PAD.r, [peakIdx]);
+    const xs = Array.from(idx, (i) => x(dev.seq[i] + 0.5));
+
+    const svg = s("svg", { class: "fv-timeline-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `memory of ${dev.device} over the run` });
+    const phases = s("g", { class: "fv-phases" });
+    const runs = memory.phaseRuns;
+    for (let k = 0; k < (runs.phase?.length ?? 0); k++) {
+      const name = memory.phases[runs.phase[k]];
+      const r = s("rect", {
+        class: `fv-phase fv-phase-${name}`,
+        "data-phase": name,
+        x: x(runs.start[k]),
+        y: PAD.t,
+        width: Math.max(0.5, x(runs.stop[k]) - x(runs.start[k])),
+        height: H - PAD.t - PAD.b,
+      });
+      r.appendChild(tip(`${name}: ops ${fmtInt(runs.start[k])}–${fmtInt(runs.stop[k] - 1)}`));
+      phases.appendChild(r);
+    }
+    const spans = s("g", { class: "fv-spans" });
+    const areas = s("g", { class: "fv-areas" });
+    for (const a of stackedAreas(xs, dev.cats, idx, y)) {
+      areas.appendChild(s("path", { class: `fv-area fv-cat-${a.cat}`, d: a.d }, tip(memory.categories[a.cat])));
+    }
+    const lines = s("g", { class: "fv-lines" });
+    if (dev.reserved) {
+      lines.appendChild(s("path", { class: "fv-line-reserved", d: linePath(xs, dev.reserved, idx, y) }, tip("reserved (caching allocator model)")));
+      lines.appendChild(s("path", { class: "fv-line-allocated", d: linePath(xs, dev.allocated, idx, y) }, tip("allocated (caching allocator model)")));
+    }
+    const marks = s("g", { class: "fv-marks" });
+    if (summary.capacity != null) {
+      const label = `capacity ${summary.capacitySpec ?? ""} ${fmtBytes(summary.capacity)}`;
+      if (capacityOnChart) {
+        const yc = y(summary.capacity);
+        marks.appendChild(s("line", { class: "fv-capacity", x1: PAD.l, x2: W - PAD.r, y1: yc, y2: yc }));
+        marks.appendChild(s("text", { class: "fv-capacity-label", x: W - PAD.r - 4, y: yc - 4, "text-anchor": "end", text: label }));
+      } else {
+        marks.appendChild(s("text", { class: "fv-capacity-label", x: W - PAD.r - 4, y: PAD.t - 4, "text-anchor": "end", text: `${label} (far above the chart)` }));
+      }
+    }
+    if (pk) {
+      const xp = x(pk.seq + 0.5);
+      const yp = y(pk.bytes);
+      const g = s("g", { class: "fv-peak", "data-testid": "fv-peak" });
+      g.appendChild(s("line", { class: "fv-peak-line", x1: xp, x2: xp, y1: PAD.t, y2: H - PAD.b }));
+      g.appendChild(s("circle", { class: "fv-peak-dot", cx: xp, cy: yp, r: 4 }));
+      const anchor = xp > W * 0.6 ? "end" : "start";
+      g.appendChild(s("text", { class: "fv-peak-label", x: anchor === "end" ? xp - 6 : xp + 6, y: Math.max(PAD.t + 10, yp - 6), "text-anchor": anchor, text: `peak ${fmtBytes(pk.bytes)} at op ${fmtInt(pk.seq)}` }));
+      g.appendChild(tip(`peak ${fmtBytes(pk.bytes)} at op ${pk.seq}: ${pk.op} (${pk.module || "top level"})`));
+      marks.appendChild(g);
+    }
+    const axis = s("g", { class: "fv-axis" });
+    for (const f of [0, 0.5, 1]) {
+      const v = (top / 1.05) * f;
+      axis.appendChild(s("text", { x: PAD.l - 6, y: y(v) + 4, "text-anchor": "end", text: fmtBytes(v) }));
+      axis.appendChild(s("line", { class: "fv-grid-line", x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v) }));
+    }
+    for (const f of [0, 0.5, 1]) {
+      const v = Math.round(nOps * f);
+      axis.appendChild(s("text", { x: x(v), y: H - 6, "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle", text: `op ${fmtInt(v)}` }));
+    }
+    const cursor = s("line", { class: "fv-cursor", x1: 0, x2: 0, y1: PAD.t, y2: H - PAD.b, visibility: "hidden" });
+    const hover = s("line", { class: "fv-hover-line", x1: 0, x2: 0, y1: PAD.t, y2: H - PAD.b, visibility: "hidden" });
+    const overlay = s("rect", { class: "fv-overlay", x: PAD.l, y: PAD.t, width: W - PAD.l - PAD.r, height: H - PAD.t - PAD.b });
+    svg.append(phases, spans, axis, areas, lines, marks, cursor, hover, overlay);
+
+    const tooltip = h("div", { class: "fv-tooltip", "data-testid": "fv-tooltip", hidden: true });
+    const wrap = h(
+      "div",
+      { class: "fv-tl-device", "data-device": dev.device },
+      h("div", { class: "fv-tl-title", text: `${dev.device}${dev.reserved ? " — dashed: allocated / reserved (caching allocator model)" : ""}` }),
+      svg,
+      tooltip,
+    );
+
+    const seqAt = (ev) => {
+      const box = svg.getBoundingClientRect();
+      const sx = box.width ? ((ev.clientX - box.left) / box.width) * W : 0;
+      return Math.min(nOps - 1, Math.max(0, Math.floor(x.invert(sx))));
+    };
+    const showHover = (ev) => {
+      const seq = seqAt(ev);
+      const xv = x(seq + 0.5);
+      hover.setAttribute("x1", xv);
+      hover.setAttribute("x2", xv);
+      hover.setAttribute("visibility", "visible");
+      const p = nearest(dev.seq, seq);
+      const lines = [];
+      const row = rowOfSeq(ops.seq, seq);
+      if (row >= 0) {
+        lines.push([`op ${fmtInt(seq)} · ${summary.phases[ops.phase[row]] ?? ""}`, "fv-tt-head"]);
+        lines.push([ops.strings.ops[ops.op[row]] ?? "", "fv-tt-op"]);
+        lines.push([ops.module[row] >= 0 ? ops.strings.modules[ops.module[row]] : "top level", "fv-tt-module"]);
+        if (ops.line[row] >= 0) lines.push([shortLine(ops.strings.lines[ops.line[row]]), "fv-tt-line"]);
+      } else {
+        lines.push([`op ${fmtInt(seq)}`, "fv-tt-head"]);
+      }
+      if (p >= 0) {
+        const at = dev.seq[p] === seq ? "" : ` (nearest point: op ${fmtInt(dev.seq[p])})`;
+        lines.push([`live ${fmtBytes(dev.total[p])}${at}`, "fv-tt-mem"]);
+        dev.cats.forEach((col, c) => {
+          if (col[p] > 0) lines.push([`${memory.categories[c]}: ${fmtBytes(col[p])}`, `fv-tt-cat fv-cat-text-${c}`]);
+        });
+        if (dev.reserved) lines.push([`allocated ${fmtBytes(dev.allocated[p])}, reserved ${fmtBytes(dev.reserved[p])}`, "fv-tt-mem"]);
+      }
+      tooltip.replaceChildren(...lines.map(([text, cls]) => h("div", { class: cls, text })));
+      const box = svg.getBoundingClientRect();
+      const left = box.width ? ev.clientX - box.left : 0;
+      tooltip.style.left = `${Math.round(left > box.width / 2 ? left - 12 : left + 12)}px`;
+      tooltip.style.transform = left > box.width / 2 ? "translateX(-100%)" : "";
+      tooltip.hidden = false;
+    };
+    overlay.addEventListener("mousemove", showHover);
+    overlay.addEventListener("mouseleave", () => {
+      hover.setAttribute("visibility", "hidden");
+      tooltip.hidden = true;
+    });
+    overlay.addEventListener("click", (ev) => store.set({ cursor: seqAt(ev) }));
+
+    return {
+      el: wrap,
+      spans(spanList) {
+        spans.replaceChildren(
+          ...spanList.map(([a, b]) =>
+            s("rect", { class: "fv-span fv-highlight", x: x(a), y: PAD.t, width: Math.max(1, x(b) - x(a)), height: H - PAD.t - PAD.b }),
+          ),
+        );
+      },
+      phase(name) {
+        for (const r of phases.children) toggle(r, "fv-phase-active", name && r.getAttribute("data-phase") === name);
+        toggle(phases, "fv-phase-filtered", Boolean(name));
+      },
+      cursor(seq) {
+        if (seq < 0) return cursor.setAttribute("visibility", "hidden");
+        cursor.setAttribute("x1", x(seq + 0.5));
+        cursor.setAttribute("x2", x(seq + 0.5));
+        cursor.setAttribute("visibility", "visible");
+      },
+    };
+  }
+
+  function renderCharts() {
+    const st = store.get();
+    const devs = memory.devices.filter((d) => !st.device || d.device === st.device);
+    charts = devs.map(chart);
+    body.replaceChildren(
+      ...(charts.length ? charts.map((c) => c.el) : [h("p", { class: "fv-empty", text: st.device ? `no memory on ${st.device}` : "no memory was used" })]),
+    );
+  }
+
+  function renderSpans() {
+    const sel = ctx.derived.selection;
+    // merge runs closer than one pixel: never more rectangles than the chart is wide
+    const gap = Math.max(1, Math.floor(memory.nOps / (W - PAD.l - PAD.r)));
+    const list = sel.mask ? moduleSpans(ops, sel.mask, gap) : [];
+    for (const c of charts) c.spans(list);
+    toggle(el, "fv-has-selection", list.length > 0);
+  }
+
+  return {
+    el,
+    update(changed) {
+      const all = !changed;
+      const st = store.get();
+      if (all || changed.has("device")) renderCharts();
+      if (all || changed.has("device") || changed.has("selected")) renderSpans();
+      if (all || changed.has("device") || changed.has("phase")) for (const c of charts) c.phase(st.phase);
+      if (all || changed.has("device") || changed.has("cursor")) for (const c of charts) c.cursor(st.cursor);
+    },
+  };
+}

@@ -1,0 +1,154 @@
+// @vitest-environment jsdom
+// Render smoke test: the anywidget entry point in a DOM, with a stand-in model.
+import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
+import widget from "../src/explorer.js";
+import { EVIL, mockModel, state } from "./fixture.js";
+
+let el;
+let model;
+let cleanup;
+
+beforeEach(() => {
+  el = document.createElement("div");
+  document.body.appendChild(el);
+  model = mockModel(state());
+  cleanup = widget.render({ model, el });
+});
+
+afterEach(() => {
+  cleanup?.();
+  el.remove();
+});
+
+const q = (sel) => el.querySelector(sel);
+const qa = (sel) => [...el.querySelectorAll(sel)];
+const node = (path) => qa(".fv-tree .fv-node").find((n) => n.getAttribute("data-path") === path);
+
+describe("explorer render", () => {
+  it("renders every panel", () => {
+    for (const sel of [".fv-tree", ".fv-bars", ".fv-timeline", ".fv-alias", ".fv-ops"]) expect(q(sel)).not.toBeNull();
+    expect(qa(".fv-tree .fv-node").length).toBe(5); // the zero-parameter module has no box
+    expect(qa(".fv-bars .fv-bar-seg").length).toBe(2); // Parameter and Gradient at the peak
+    expect(qa(".fv-timeline .fv-area").length).toBe(3);
+    expect(q(".fv-timeline .fv-capacity")).not.toBeNull();
+    expect(q('[data-testid="fv-peak"]')).not.toBeNull();
+    expect(qa(".fv-timeline .fv-phase").map((r) => r.getAttribute("data-phase"))).toEqual(["init", "forward", "backward"]);
+    expect(qa(".fv-alias .fv-anode").length).toBe(5);
+    expect(qa(".fv-ops .fv-ops-sizer .fv-op-row").length).toBe(12);
+    expect(q('[data-testid="fv-ops-count"]').textContent).toBe("12 of 12 ops");
+    expect(q('[data-testid="fv-verdict"]').textContent).toMatch(/does not fit/);
+    expect(qa(".fv-selected").length).toBe(0);
+    expect(qa(".fv-highlight").length).toBe(0);
+  });
+
+  it("a click on a module selects it, filters the ops and highlights its span and share", () => {
+    node("Net.blocks").click();
+    expect(node("Net.blocks").classList.contains("fv-selected")).toBe(true);
+    expect(model.get("selected_module")).toBe("Net.blocks");
+    expect(model.saved.at(-1)).toEqual({ selected_module: "Net.blocks" });
+    // ops table: only the blocks' ops
+    const seqs = qa(".fv-ops-sizer .fv-op-row").map((r) => Number(r.getAttribute("data-seq")));
+    expect(seqs).toEqual([2, 3, 4, 5, 9, 10, 11]);
+    // timeline: the op spans [2, 6) and [9, 12)
+    expect(qa(".fv-timeline .fv-span.fv-highlight").length).toBe(2);
+    // bars: the blocks' share of the peak (800 params + 800 grads)
+    expect(q('[data-testid="fv-bar-share"]').classList.contains("fv-highlight")).toBe(true);
+    expect(q(".fv-share-text").textContent).toContain("1.6 KiB of this peak (66.7 %)");
+    // alias graph: only the head's nodes, none of them in blocks
+    expect(qa(".fv-alias .fv-anode.fv-highlight").length).toBe(0);
+    // drilled down: the breadcrumb shows the path, the blocks span the width
+    expect(qa(".fv-breadcrumb .fv-crumb").map((b) => b.textContent)).toEqual(["all", "Net", "blocks"]);
+    expect(node("Net.blocks").style.width).toBe("100%");
+  });
+
+  it("follows selection, device and phase set from the kernel", () => {
+    model.kernelSet("selected_module", "Net.head");
+    expect(node("Net.head").classList.contains("fv-selected")).toBe(true);
+    expect(qa(".fv-alias .fv-anode.fv-highlight").length).toBe(4);
+    model.kernelSet("phase", "backward");
+    expect(q(".fv-timeline rect.fv-phase-backward").classList.contains("fv-phase-active")).toBe(true);
+    expect(qa(".fv-ops-sizer .fv-op-row").map((r) => Number(r.getAttribute("data-seq")))).toEqual([8]);
+    expect(q("select.fv-phase").value).toBe("backward");
+    model.kernelSet("device", "cpu");
+    expect(q(".fv-bars .fv-empty").textContent).toBe("no memory on cpu");
+    // the kernel's own changes are not echoed back
+    expect(model.saved).toEqual([]);
+  });
+
+  it("a module path inside a fold selects that module only", () => {
+    model.kernelSet("selected_module", "Net.blocks.1");
+    const seqs = qa(".fv-ops-sizer .fv-op-row").map((r) => Number(r.getAttribute("data-seq")));
+    expect(seqs).toEqual([4, 5, 9]);
+    expect(node("Net.blocks.0-1").classList.contains("fv-selected")).toBe(true);
+    expect(q('[data-testid="fv-tree-detail"]').textContent).toContain("one of the modules folded into Net.blocks.0-1");
+  });
+
+  it("renders markup in names as text", () => {
+    const search = q('[data-testid="fv-search"]');
+    search.focus();
+    search.value = "script";
+    search.dispatchEvent(new Event("input"));
+    expect(model.get("search")).toBe("script");
+    const hits = qa(".fv-search-hit");
+    expect(hits.length).toBeGreaterThan(0);
+    expect(hits[0].getAttribute("data-path")).toBe(`Net.${EVIL}`);
+    hits[0].click();
+    expect(model.get("selected_module")).toBe(`Net.${EVIL}`);
+    expect(el.querySelector("script")).toBeNull();
+    expect(el.textContent).toContain(EVIL);
+    expect(qa(".fv-ops-sizer .fv-op-row").map((r) => r.querySelector(".fv-c-module").textContent)).toEqual([`Net.${EVIL}`]);
+  });
+
+  it("selectors and the ops filter update the model and the table", () => {
+    const phase = q("select.fv-phase");
+    phase.value = "forward";
+    phase.dispatchEvent(new Event("change"));
+    expect(model.get("phase")).toBe("forward");
+    const filter = q('[data-testid="fv-op-filter"]');
+    filter.value = "relu";
+    filter.dispatchEvent(new Event("input"));
+    expect(qa(".fv-ops-sizer .fv-op-row").map((r) => Number(r.getAttribute("data-seq")))).toEqual([3, 5]);
+    q(".fv-ops-sizer .fv-op-row").click();
+    expect(q(".fv-timeline .fv-cursor").getAttribute("visibility")).toBe("visible");
+    expect(q(".fv-ops-sizer .fv-op-row").classList.contains("fv-current")).toBe(true);
+  });
+
+  it("renders a widget without data (Explorer() before set_state)", () => {
+    const empty = mockModel({ summary: {}, tree: new DataView(new ArrayBuffer(0)), memory: null, ops: null, alias: null, selected_module: "", device: "", phase: "", search: "", size_by: "param_bytes" });
+    const host = document.createElement("div");
+    const done = widget.render({ model: empty, el: host });
+    expect(host.querySelector(".fv-tree .fv-empty").textContent).toBe("no modules were called in this run");
+    expect(host.querySelector(".fv-timeline .fv-empty").textContent).toBe("no memory was used");
+    expect(host.querySelector('[data-testid="fv-ops-count"]').textContent).toBe("0 of 0 ops");
+    expect(host.querySelector(".fv-error")).toBeNull();
+    done();
+  });
+
+  it("shows an error instead of throwing on a damaged pack", () => {
+    const bad = mockModel({ ...state(), tree: new DataView(new TextEncoder().encode("nonsense").buffer) });
+    const host = document.createElement("div");
+    const logged = vi.spyOn(console, "error").mockImplementation(() => {});
+    const done = widget.render({ model: bad, el: host });
+    expect(host.querySelector(".fv-error").textContent).toContain("bad magic");
+    expect(logged).toHaveBeenCalledOnce();
+    logged.mockRestore();
+    done();
+  });
+
+  it("re-renders once when the kernel sends new data, keeping the selection", async () => {
+    model.kernelSet("selected_module", "Net.head");
+    const fresh = state();
+    for (const k of ["tree", "memory", "ops", "alias"]) model.kernelSet(k, fresh[k]);
+    await Promise.resolve();
+    expect(node("Net.head").classList.contains("fv-selected")).toBe(true);
+    expect(qa(".fv-tree").length).toBe(1);
+  });
+
+  it("cleans up: listeners off, DOM gone", () => {
+    expect(model.listenerCount()).toBeGreaterThan(0);
+    cleanup();
+    cleanup = null;
+    expect(model.listenerCount()).toBe(0);
+    expect(el.childElementCount).toBe(0);
+  });
+});

@@ -1,0 +1,19 @@
+// No source file may hand text to the HTML parser: everything goes through textContent and
+// setAttribute (src/dom.js), so names from a trace can never become markup.
+import { readdirSync, readFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+
+function sources(dir) {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((e) =>
+    e.isDirectory() ? sources(join(dir, e.name)) : e.name.endsWith(".js") ? [join(dir, e.name)] : [],
+  );
+}
+
+describe("sources", () => {
+  const files = sources(new URL("../src", import.meta.url).pathname);
+  it.each(files)("%s never parses HTML", (file) => {
+    const text = readFileSync(file, "utf8");
+    expect(text).not.toMatch(/innerHTML|outerHTML|insertAdjacentHTML|document\.write|DOMParser|createContextualFragment|\beval\(|new Function/);
+  });
+});
