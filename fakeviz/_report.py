@@ -6,7 +6,7 @@ binary packs as base64), and a twenty-line stand-in for the anywidget model
 (``get``/``set``/``on``/``off``/``save_changes``), so the very ``render`` that runs in
 Jupyter runs in the page. The module is loaded from a ``blob:`` URL made from the
 inline text: nothing is fetched. Every string from the trace travels inside JSON
-(with ``</`` escaped) and is rendered by the explorer with ``textContent``.
+(every ``<`` written as ``\\u003c``) and is rendered by the explorer with ``textContent``.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def report_html(trace: Any, capacity: Any = None, *, title: str | None = None, *
         "traits": {k: (base64.b64encode(bytes(v)).decode("ascii") if k in binary else v) for k, v in traits.items()},
     }
     payload["traits"].update({"selected_module": "", "device": "", "phase": "", "search": "", "size_by": "params"})
+    # every "<" in the JSON as \u003c: no "</script", "<!--" or "<script" can reach the HTML parser
+    state = json.dumps(payload).replace("<", "\\u003c")
     title = title or f"fakeviz report: {trace.num_ops:,} ops"
     summary = trace._repr_html_()
     return (
@@ -93,7 +95,7 @@ def report_html(trace: Any, capacity: Any = None, *, title: str | None = None, *
         "<body class='fv-report'>\n"
         f"<noscript>{summary}</noscript>\n"
         "<div id='fv-root'></div>\n"
-        f"<script type='application/json' id='fv-state'>{_script_safe(json.dumps(payload))}</script>\n"
+        f"<script type='application/json' id='fv-state'>{state}</script>\n"
         f"<script type='text/plain' id='fv-esm'>{_script_safe(esm)}</script>\n"
         f"<script type='module'>{_SHIM}</script>\n"
         "</body></html>\n"
