@@ -134,23 +134,30 @@ def _plotly_anchor(trace: Any) -> dict[str, Any]:
     return out
 
 
+def _record_cell(name: str, seq: int, layers: int | None):  # noqa: ANN202 - an nbformat cell
+    """The notebook cell that records the model's fwd+bwd as ``trace``."""
+    import nbformat
+
+    overrides = f", num_hidden_layers={layers}" if layers else ""
+    return nbformat.v4.new_code_cell(
+        "import torch, fakeviz as fv\nfrom fakeviz import models\n"
+        f"cfg = models.config({name!r}{overrides})\n"
+        'with fv.record(device="cuda:0") as trace:\n'
+        "    model = models.build(cfg, dtype=torch.bfloat16)\n"
+        f"    ids = torch.randint(0, cfg.vocab_size, (1, {seq}))\n"
+        "    model(ids, labels=ids).loss.backward()\n"
+        "del model"
+    )
+
+
 def _notebook_bytes(name: str, layers: int | None, seq: int, workdir: Path) -> dict[str, Any]:
     """Bytes that displaying the explorer adds to a saved notebook (nbclient keeps the widget state)."""
     import nbformat
     from nbclient import NotebookClient
 
-    overrides = f", num_hidden_layers={layers}" if layers else ""
     nb = nbformat.v4.new_notebook(
         cells=[
-            nbformat.v4.new_code_cell(
-                "import torch, fakeviz as fv\nfrom fakeviz import models\n"
-                f"cfg = models.config({name!r}{overrides})\n"
-                'with fv.record(device="cuda:0") as trace:\n'
-                "    model = models.build(cfg, dtype=torch.bfloat16)\n"
-                f"    ids = torch.randint(0, cfg.vocab_size, (1, {seq}))\n"
-                "    model(ids, labels=ids).loss.backward()\n"
-                "del model"
-            ),
+            _record_cell(name, seq, layers),
             nbformat.v4.new_code_cell('trace.explore("H100")'),
         ]
     )
@@ -222,34 +229,11 @@ def _first_paint(trace: Any, workdir: Path, loads: int) -> dict[str, Any]:
     }
 
 
-LAB_PROBE = """
-(() => {
-  const check = () => {
-    // the notebook below has one cell with an output: the explorer's (a widget view's output panel
-    // appears when the display message arrives, before the widget model is built and rendered)
-    const out = document.querySelector(".jp-CodeCell .jp-OutputArea-child");
-    if (out && window.__fvOutputAt == null) window.__fvOutputAt = performance.now();
-    if (window.__fvFirstNode == null && document.querySelector('.fv-tree .fv-node')) {
-      window.__fvFirstNode = performance.now();
-      requestAnimationFrame(() => requestAnimationFrame(() => { window.__fvFirstPaint = performance.now(); }));
-      return true;
-    }
-    return false;
-  };
-  const start = () => {
-    if (check()) return;
-    const obs = new MutationObserver(() => { if (check()) obs.disconnect(); });
-    obs.observe(document.documentElement, { childList: true, subtree: true });
-  };
-  if (document.documentElement) start(); else document.addEventListener('DOMContentLoaded', start);
-})();
-"""
-
-
 def _jupyterlab(name: str, layers: int | None, seq: int, n_layers: int, workdir: Path, shot: Path) -> dict[str, Any]:
     """The explorer of the run in JupyterLab 4: render time after the output arrives, and a screenshot."""
     import nbformat
     from browser_util import (
+        FIRST_PAINT_PROBE,
         PageProblems,
         jupyter_server,
         launch,
@@ -262,19 +246,10 @@ def _jupyterlab(name: str, layers: int | None, seq: int, n_layers: int, workdir:
 
     root = workdir / "lab"
     root.mkdir()
-    overrides = f", num_hidden_layers={layers}" if layers else ""
     nb = nbformat.v4.new_notebook(
         cells=[
             nbformat.v4.new_markdown_cell(f"# fakeviz explorer: {name}, bf16, batch 1, seq {seq}, fwd+bwd"),
-            nbformat.v4.new_code_cell(
-                "import torch, fakeviz as fv\nfrom fakeviz import models\n"
-                f"cfg = models.config({name!r}{overrides})\n"
-                'with fv.record(device="cuda:0") as trace:\n'
-                "    model = models.build(cfg, dtype=torch.bfloat16)\n"
-                f"    ids = torch.randint(0, cfg.vocab_size, (1, {seq}))\n"
-                "    model(ids, labels=ids).loss.backward()\n"
-                "del model"
-            ),
+            _record_cell(name, seq, layers),
             nbformat.v4.new_code_cell('explorer = trace.explore("H100")\nexplorer'),
         ]
     )
@@ -288,7 +263,7 @@ def _jupyterlab(name: str, layers: int | None, seq: int, n_layers: int, workdir:
             blocked = local_only(context, server.origin)
             page = context.new_page()
             problems = PageProblems(page)
-            page.add_init_script(LAB_PROBE)
+            page.add_init_script(FIRST_PAINT_PROBE)
             page.goto(server.url("lab/tree/explorer.ipynb"))
             wait_kernel_idle(page)
             run_all_cells(page)

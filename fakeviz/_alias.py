@@ -22,7 +22,7 @@ import numpy as np
 
 from ._trace import _DTYPE_ABBR, FLAG_INPLACE, FLAG_VIEW
 
-__all__ = ["alias_graph", "aliases", "tensor_table"]
+__all__ = ["alias_graph", "aliases", "graph_tensors", "tensor_table"]
 
 
 def tensor_table(trace: Any) -> Any:
@@ -137,6 +137,18 @@ def aliases(trace: Any, x: Any) -> Any:
     return tt[tt.storage == sid].sort_values(["seq", "tensor"]).reset_index(drop=True)
 
 
+def graph_tensors(trace: Any, around: Any = None) -> Any:
+    """The tensors the unbounded alias graph draws: all of them, or those aliasing ``around``."""
+    tt = tensor_table(trace)
+    if around is not None:
+        if isinstance(around, tuple) and around and around[0] == "storage":
+            sids = {int(around[1])}
+        else:
+            sids = set(aliases(trace, around).storage.tolist())
+        tt = tt[tt.storage.isin(sids)]
+    return tt[tt.storage >= 0]
+
+
 def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tuple[Any, Any]:
     """The aliasing graph as ``(nodes, edges)`` DataFrames.
 
@@ -154,15 +166,8 @@ def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tupl
     """
     import pandas as pd
 
-    tt = tensor_table(trace)
     st = trace.storages
-    if around is not None:
-        if isinstance(around, tuple) and around and around[0] == "storage":
-            sids = {int(around[1])}
-        else:
-            sids = set(aliases(trace, around).storage.tolist())
-        tt = tt[tt.storage.isin(sids)]
-    tt = tt[tt.storage >= 0]
+    tt = graph_tensors(trace, around)
     if max_nodes and len(tt) + tt.storage.nunique() > max_nodes:
         # keep named tensors, written tensors and view roots first, then the earliest
         prio = (tt.names != "").astype(int) * 4 + (tt.writes > 0).astype(int) * 2 + (tt.base < 0).astype(int)

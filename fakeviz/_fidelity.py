@@ -37,20 +37,6 @@ __all__ = ["fidelity_report", "op_rule"]
 _RULE_CACHE: dict[str, str] = {}
 
 
-def _overload(name: str) -> Any:
-    """``"aten.mm.default"`` -> ``torch.ops.aten.mm.default`` (None if it does not resolve)."""
-    import torch
-
-    parts = name.split(".")
-    if len(parts) < 3:
-        return None
-    ns, op, overload = parts[0], ".".join(parts[1:-1]), parts[-1]
-    try:
-        return getattr(getattr(getattr(torch.ops, ns), op), overload)
-    except (AttributeError, RuntimeError):
-        return None
-
-
 def op_rule(name: str) -> str:
     """Which rule FakeTensorMode uses for op ``name`` (see the module docstring)."""
     hit = _RULE_CACHE.get(name)
@@ -60,7 +46,9 @@ def op_rule(name: str) -> str:
     from torch._decomp import decomposition_table, meta_table
     from torch._subclasses import fake_impls
 
-    func = _overload(name)
+    from ._flops import resolve_op
+
+    func = resolve_op(name)
     if func is not None and not torch._C._dispatch_has_kernel(func.name()):
         func = None  # a Python-only overload (aten.__and__.bool): nothing to dispatch
     if func is None:

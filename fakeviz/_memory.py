@@ -38,6 +38,7 @@ recomputed tensors are Temporary.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +55,7 @@ from ._trace import (
     ROLE_SAVED,
 )
 
-__all__ = ["Peak", "memory_timeline", "peaks", "storage_categories"]
+__all__ = ["Peak", "allocator_run", "decimate_minmax", "live_curve", "memory_timeline", "peaks", "storage_categories"]
 
 C_PARAM, C_BUFFER, C_GRAD, C_OPT, C_ACT, C_TEMP, C_INPUT, C_OTHER = range(len(CATEGORIES))
 _P_FORWARD, _P_BACKWARD, _P_OPTIMIZER, _P_OTHER = (
@@ -88,8 +89,9 @@ def storage_categories(trace: Any) -> np.ndarray:
     return cat
 
 
-def _deltas(trace: Any, sel: np.ndarray, n: int) -> np.ndarray:
-    """Live-byte curve (length n) of the selected storages."""
+def live_curve(trace: Any, sel: np.ndarray) -> np.ndarray:
+    """Live bytes of the selected storages after each op (symbolic and empty storages count 0)."""
+    n = len(trace.col("op"))
     nb = trace.col("st_nbytes")[sel]
     ok = nb > 0
     nb = nb[ok]
@@ -114,7 +116,7 @@ def category_curves(trace: Any) -> dict[str, np.ndarray]:
         arr = np.zeros((n, len(CATEGORIES)), dtype=np.int64)
         on_dev = dev == d
         for c in np.unique(cats[on_dev]).tolist():
-            arr[:, c] = _deltas(trace, on_dev & (cats == c), n)
+            arr[:, c] = live_curve(trace, on_dev & (cats == c))
         out[devices[d]] = arr
     return out
 
@@ -156,20 +158,53 @@ def memory_timeline(trace: Any, *, device: str | None = None, allocator: bool = 
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def _allocator_run(trace: Any, dev: str) -> Any:
-    key = f"allocator:{dev}"
+def allocator_run(trace: Any, dev: str, capacity: int | None = None) -> Any:
+    """The caching-allocator model of device ``dev`` with ``capacity`` bytes (None: no limit), cached."""
+    key = ("allocator", dev, capacity)
     run = trace._cache.get(key)
     if run is None:
         from ._allocator import simulate_trace
 
-        capacity = trace.meta.get("capacity")
-        cap = None
-        if capacity:
-            from ._gpus import parse_capacity
-
-            cap = parse_capacity(capacity)
-        run = trace._cache[key] = simulate_trace(trace, dev, capacity=cap)
+        run = trace._cache[key] = simulate_trace(trace, dev, capacity=capacity)
     return run
+
+
+def _allocator_run(trace: Any, dev: str) -> Any:
+    """The allocator model with the trace's own capacity (``meta["capacity"]``), as the views show it."""
+    capacity = trace.meta.get("capacity")
+    cap = None
+    if capacity:
+        from ._gpus import parse_capacity
+
+        cap = parse_capacity(capacity)
+    return allocator_run(trace, dev, cap)
+
+
+def decimate_minmax(values: np.ndarray, max_points: int, keep: Iterable[int] = ()) -> np.ndarray:
+    """Row indices (sorted, unique, at most ``max_points``) that keep the shape of ``values``.
+
+    The first and last rows, the first row of the global maximum (the peak) and
+    every index in ``keep`` are kept; the rest of the budget is split into equal
+    buckets, each contributing the row of its minimum and of its maximum, so no
+    spike and no dip is hidden. Raises ValueError when ``max_points`` leaves no
+    room for one bucket beside the kept rows (and the curve must be cut).
+    """
+    values = np.asarray(values)
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n, dtype=np.int64)
+    kept = {0, n - 1, int(np.argmax(values)), *(int(k) for k in keep if 0 <= int(k) < n)}
+    if max_points < len(kept) + 2:
+        raise ValueError(f"max_points={max_points} leaves no room for buckets beside {len(kept)} kept rows")
+    buckets = (max_points - len(kept)) // 2
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    out = set(kept)
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        if b > a:
+            seg = values[a:b]
+            out.add(a + int(np.argmin(seg)))
+            out.add(a + int(np.argmax(seg)))
+    return np.array(sorted(out), dtype=np.int64)
 
 
 @dataclass

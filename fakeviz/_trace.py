@@ -431,21 +431,12 @@ class Trace:
         if they existed before recording) until the op after which they were
         freed. Symbolic-size storages are not counted.
         """
+        from ._memory import live_curve
+
         self._freeze()
-        c, s = self._cols, self._strings
-        n = len(c["op"])
-        result: dict[str, np.ndarray] = {}
-        for dev in np.unique(c["st_device"]).tolist():
-            sel = (c["st_device"] == dev) & (c["st_nbytes"] > 0)
-            nb = c["st_nbytes"][sel]
-            alloc = np.maximum(c["st_alloc"][sel], 0)
-            free = c["st_free"][sel]
-            delta = np.zeros(n + 1, dtype=np.int64)
-            np.add.at(delta, np.minimum(alloc, n), nb)
-            freed = free >= 0
-            np.add.at(delta, np.minimum(free[freed], n), -nb[freed])
-            result[s["devices"][dev]] = np.cumsum(delta)[:n] if n else np.zeros(0, np.int64)
-        return result
+        dev_col = self._cols["st_device"]
+        devices = self._strings["devices"]
+        return {devices[d]: live_curve(self, dev_col == d) for d in np.unique(dev_col).tolist()}
 
     def peak_bytes(self) -> dict[str, dict[str, Any]]:
         """Per device: peak live storage bytes and the op seq where it was first reached."""
@@ -563,8 +554,8 @@ class Trace:
         Returns ``{"fits": bool, "capacity": bytes, "devices": {dev: {"peak", "allocated",
         "raw", "headroom", "fits"}}, "text"}``.
         """
-        from ._allocator import simulate_trace
         from ._gpus import parse_capacity
+        from ._memory import allocator_run
 
         cap = parse_capacity(capacity)
         devices = {}
@@ -573,11 +564,11 @@ class Trace:
                 continue
             raw = pk["bytes"]
             if dev.startswith("cuda"):
-                run = simulate_trace(self, dev, capacity=cap)
+                run = allocator_run(self, dev, cap)
                 peak, allocated, fits = int(run.peak_reserved), int(run.peak_allocated), run.oom_seq < 0
                 oom = int(run.oom_seq)
                 if not fits:  # how much would have been needed: the model without a limit
-                    peak = int(simulate_trace(self, dev).peak_reserved)
+                    peak = int(allocator_run(self, dev).peak_reserved)
             else:
                 peak, allocated, fits, oom = raw, raw, raw <= cap, -1
             devices[dev] = {

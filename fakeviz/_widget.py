@@ -65,6 +65,7 @@ import numpy as np
 import traitlets
 from ipywidgets.widgets.trait_types import bytes_serialization
 
+from ._memory import decimate_minmax
 from ._trace import _DTYPE_ABBR, CATEGORIES, PHASES
 
 __all__ = ["STATIC", "Explorer", "decimate_minmax", "pack", "unpack"]
@@ -174,32 +175,6 @@ def unpack(buf: bytes | memoryview) -> tuple[dict[str, Any], dict[str, np.ndarra
 
 
 # ------------------------------------------------------------------------ decimation
-def decimate_minmax(values: np.ndarray, max_points: int, keep: tuple[int, ...] = ()) -> np.ndarray:
-    """Row indices that keep the shape of ``values``: per bucket its min and max row.
-
-    The first and last rows, the first row of the global maximum (the peak) and
-    every index in ``keep`` are kept; the rest of the budget is split into equal
-    buckets, each contributing the row of its minimum and of its maximum (the
-    first such row). Returns sorted unique indices, at most ``max_points`` of
-    them (``max_points`` must leave room for the kept rows and one bucket).
-    """
-    n = len(values)
-    if n <= max_points:
-        return np.arange(n, dtype=np.int64)
-    extra = {0, n - 1, int(np.argmax(values)), *(int(k) for k in keep if 0 <= k < n)}
-    if max_points < len(extra) + 2:
-        raise ValueError(f"max_points={max_points} leaves no room for buckets beside {len(extra)} kept rows")
-    buckets = (max_points - len(extra)) // 2
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    out = set(extra)
-    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
-        if b > a:
-            seg = values[a:b]
-            out.add(a + int(np.argmin(seg)))
-            out.add(a + int(np.argmax(seg)))
-    return np.array(sorted(out), dtype=np.int64)
-
-
 # ----------------------------------------------------------------------- the widget
 def _bytes_trait(help: str) -> traitlets.Bytes:
     return traitlets.Bytes(b"", help=help).tag(sync=True, **bytes_serialization)
@@ -587,16 +562,9 @@ def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: 
 
 def _alias_universe(trace: Any, around: Any) -> int:
     """Storage and tensor nodes the unbounded alias graph would have (what ``max_nodes`` cuts)."""
-    from ._alias import aliases
+    from ._alias import graph_tensors
 
-    tt = trace.tensors
-    if around is not None:
-        if isinstance(around, tuple) and around and around[0] == "storage":
-            sids = {int(around[1])}
-        else:
-            sids = set(aliases(trace, around).storage.tolist())
-        tt = tt[tt.storage.isin(sids)]
-    tt = tt[tt.storage >= 0]
+    tt = graph_tensors(trace, around)
     return int(len(tt) + tt.storage.nunique())
 
 

@@ -667,40 +667,11 @@ def memory_bars(source: Trace | BarsData, capacity: str | int | float | None = N
 def decimate(values: np.ndarray, max_points: int, keep: Iterable[int] = ()) -> np.ndarray:
     """Indices of at most ``max_points`` rows that keep the shape of ``values`` (min-max decimation).
 
-    The rows are cut into equal buckets; each keeps the row of its minimum and
-    of its maximum, so no peak and no dip is hidden. The first and last rows,
-    the global maximum and every index in ``keep`` are always kept.
-
-    Args:
-        values: one value per row.
-        max_points: the most rows to return (at least ``len(keep) + 3``).
-        keep: indices that must be kept.
-
-    Returns:
-        Sorted unique row indices (int64).
-
-    Raises:
-        ValueError: ``max_points`` too small to keep the required rows.
+    The same rule the explorer widget uses: :func:`fakeviz._memory.decimate_minmax`.
     """
-    values = np.asarray(values)
-    n = len(values)
-    must = {0, n - 1, int(np.argmax(values))} if n else set()
-    must.update(int(k) for k in keep if 0 <= int(k) < n)
-    if max_points < len(must) + 2 and n > max_points:
-        raise ValueError(f"max_points={max_points} is too small (at least {len(must) + 2})")
-    if n <= max_points:
-        return np.arange(n, dtype=np.int64)
-    buckets = max(1, (max_points - len(must)) // 2)
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    picked = []
-    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
-        if b <= a:
-            continue
-        chunk = values[a:b]
-        picked.append(a + int(np.argmax(chunk)))
-        picked.append(a + int(np.argmin(chunk)))
-    idx = np.unique(np.array(sorted(must) + picked, dtype=np.int64))
-    return idx
+    from ._memory import decimate_minmax
+
+    return decimate_minmax(values, max_points, keep)
 
 
 def timeline_data(trace: Trace, device: str | None = None, max_points: int = 4000) -> pd.DataFrame:

@@ -340,6 +340,9 @@ def wait_cells_done(page: Any, timeout: float = 300_000) -> None:
 FIRST_PAINT_PROBE = """
 (() => {
   const mark = () => {
+    // in JupyterLab: when the first output panel appeared (before the widget model is built and rendered)
+    const out = document.querySelector(".jp-CodeCell .jp-OutputArea-child");
+    if (out && window.__fvOutputAt == null) window.__fvOutputAt = performance.now();
     if (window.__fvFirstNode == null && document.querySelector('.fv-tree .fv-node')) {
       window.__fvFirstNode = performance.now();
       requestAnimationFrame(() => requestAnimationFrame(() => { window.__fvFirstPaint = performance.now(); }));
@@ -356,4 +359,5 @@ FIRST_PAINT_PROBE = """
 })();
 """
 """An init script: ``window.__fvFirstNode`` = ``performance.now()`` (ms since navigation start) when
-the first tree node is in the DOM, ``window.__fvFirstPaint`` two animation frames later (it painted)."""
+the first tree node is in the DOM, ``window.__fvFirstPaint`` two animation frames later (it painted),
+and in JupyterLab ``window.__fvOutputAt`` when the first cell output appeared."""
