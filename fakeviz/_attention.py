@@ -1241,6 +1241,7 @@ def attention_patch(
     *,
     cudnn_version: int | None = DEFAULT_CUDNN_VERSION,
     on_choice: Callable[[str, str, dict[str, str]], None] | None = None,
+    on_error: Callable[[Exception], BaseException] | None = None,
 ) -> Iterator[None]:
     """Route ``torch.nn.functional.scaled_dot_product_attention`` on fake cuda to :func:`sdpa_like_gpu`.
 
@@ -1261,6 +1262,8 @@ def attention_patch(
         capability: GPU compute capability ``(major, minor)`` to simulate.
         cudnn_version: Runtime cuDNN version (see :func:`choose_backend`).
         on_choice: Called as ``on_choice(backend, setting, reasons)`` for every simulated call.
+        on_error: Called with any exception an attention call raises (also a backend that
+            cannot run); it returns the exception to raise (the same one, or a clearer one).
 
     Yields:
         Nothing; use as ``with attention_patch("auto"): ...``.
@@ -1287,22 +1290,28 @@ def attention_patch(
         simulate = _is_fake_cuda(query) and all(
             isinstance(t, Tensor) and not t.is_nested and not _overrides_torch_function(t) for t in tensors
         )
-        if not simulate:
-            return previous(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-        return sdpa_like_gpu(
-            query,
-            key,
-            value,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa,
-            setting=setting,
-            capability=capability,
-            cudnn_version=cudnn_version,
-            on_choice=on_choice,
-        )
+        try:
+            if not simulate:
+                return previous(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+            return sdpa_like_gpu(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale,
+                enable_gqa,
+                setting=setting,
+                capability=capability,
+                cudnn_version=cudnn_version,
+                on_choice=on_choice,
+            )
+        except Exception as exc:
+            new = on_error(exc) if on_error is not None else exc
+            if new is exc:
+                raise
+            raise new from exc
 
     scaled_dot_product_attention.__fakeviz_attention_patch__ = (setting, capability)  # type: ignore[attr-defined]
     F.scaled_dot_product_attention = scaled_dot_product_attention

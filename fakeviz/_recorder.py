@@ -895,6 +895,10 @@ class _State:
             calls = self.trace.meta.setdefault("attention_calls", [])
             calls.append([self.b.num_ops(), backend, setting, reason[:500]])
 
+    def attention_error(self, exc: BaseException) -> BaseException:
+        """An attention call failed above the dispatcher (no kernel for these inputs): name where."""
+        return self.on_error("aten.scaled_dot_product_attention", exc) if self.active else exc
+
     def internal_note(self, what: str, exc: BaseException) -> None:
         meta = self.trace.meta
         meta["recorder_errors"] = meta.get("recorder_errors", 0) + 1
@@ -1110,7 +1114,14 @@ class Recording:
             if self.fake and self.attention != "native":
                 from ._attention import attention_patch
 
-                stack.enter_context(attention_patch(self.attention, self.capability, on_choice=state.attention_choice))
+                stack.enter_context(
+                    attention_patch(
+                        self.attention,
+                        self.capability,
+                        on_choice=state.attention_choice,
+                        on_error=state.attention_error,
+                    )
+                )
             self.mode = mode
             stack.enter_context(mode)
             if self.device is not None:

@@ -676,3 +676,20 @@ def test_record_forced_and_bad_settings():
         fv.record(attention="fast")
     with pytest.raises(ValueError, match="unknown GPU"):
         fv.record(gpu="H1000")
+
+
+def test_record_forced_backend_that_cannot_run_names_where():
+    class Attn(torch.nn.Module):
+        def forward(self, q):
+            return F.scaled_dot_product_attention(q, q, q)
+
+    with pytest.raises(RuntimeError, match="backend 'flash' cannot run") as info:
+        with fv.record(device="cuda:0", attention="flash") as trace:
+            m = Attn()
+            m(torch.randn(1, 2, 8, 16))  # float32: flash needs fp16/bf16
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "aten.scaled_dot_product_attention" in notes and "module Attn" in notes
+    assert "test_attention.py" in notes
+    assert trace.error["op"] == "aten.scaled_dot_product_attention" and trace.error["module"] == "Attn"
+    assert trace.num_ops >= 1 and torch._guards.detect_fake_mode() is None
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # patch undone
