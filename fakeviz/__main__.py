@@ -71,26 +71,37 @@ def demo(args: argparse.Namespace) -> int:
     )
     print(f"fake cuda: {fv.fake_cuda_status().mode}")
     t0 = time.perf_counter()
-    with fv.record(device=args.device) as trace:
+    from fakeviz._gpus import gpu_capability
+
+    named = bool(args.gpu) and gpu_capability(args.gpu) is not None
+    with fv.record(device=args.device, gpu=args.gpu if named else None) as trace:
         model = models.build(cfg, dtype=torch.bfloat16)
         ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq))
         out = model(ids, labels=ids)
         out.loss.backward()
     dt = time.perf_counter() - t0
+    if args.gpu and not named:
+        trace.meta["capacity"] = args.gpu  # a size such as "80GB": the verdict, without a GPU's attention rules
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{n_params / 1e9:.1f} B parameters, recorded in {dt:.1f} s")
     print(summary(trace))
     out_path = Path(args.output)
     trace.save(out_path)
     html_path = out_path.with_suffix(".html")
-    html_path.write_text(
-        "<!doctype html><meta charset='utf-8'><title>fakeviz demo</title>"
-        + trace._repr_html_()
-        + "<pre>"
-        + __import__("html").escape("\n".join(trace.oplog_lines(limit=200)))
-        + "</pre>"
-    )
-    print(f"trace written to {out_path}, summary page to {html_path}")
+    try:
+        trace.to_html(html_path, args.gpu)
+        what = "explorer (open it in a browser; works offline)"
+    except FileNotFoundError as exc:  # the JS bundle was not built (no npm): a static summary instead
+        print(exc, file=sys.stderr)
+        html_path.write_text(
+            "<!doctype html><meta charset='utf-8'><title>fakeviz demo</title>"
+            + trace._repr_html_()
+            + "<pre>"
+            + __import__("html").escape("\n".join(trace.oplog_lines(limit=200)))
+            + "</pre>"
+        )
+        what = "summary page"
+    print(f"trace written to {out_path}, {what}: {html_path}")
     return 0
 
 
@@ -114,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--batch", type=int, default=1)
     d.add_argument("--seq", type=int, default=2048)
     d.add_argument("-o", "--output", default="fakeviz-demo.fvz")
+    d.add_argument("--gpu", default="H100", help="GPU (catalog name) or capacity for the fits / does-not-fit verdict")
     d.set_defaults(fn=demo)
     r = sub.add_parser("report", help="summarise a saved trace")
     r.add_argument("file")

@@ -391,6 +391,23 @@ def test_cli_report(tmp_path):
     assert "ops recorded" in proc.stdout and "cuda:0" in proc.stdout and "aten.empty.memory_format" in proc.stdout
 
 
+def test_cli_demo_writes_the_explorer(tmp_path):
+    from fakeviz._report import _STATIC
+
+    out = tmp_path / "d.fvz"
+    proc = run_py(
+        "import sys; from fakeviz.__main__ import main; "
+        f"sys.exit(main(['demo', '--layers', '1', '--seq', '32', '-o', {str(out)!r}]))"
+    )
+    assert "verdict for H100" in proc.stdout and "attention: cudnn" in proc.stdout
+    assert fv.load(out).num_ops > 0
+    page = out.with_suffix(".html").read_text()
+    if (_STATIC / "explorer.js").is_file():
+        assert "id='fv-state'" in page and "explorer (open it in a browser" in proc.stdout
+    else:
+        assert "fakeviz trace" in page and "summary page" in proc.stdout
+
+
 def test_process_exit_after_fake_cuda_backward_never_aborts():
     # Regression: an autograd device thread releasing a graph task during interpreter
     # finalization used to abort the process (see Note: [autograd worker exit race]).
