@@ -143,6 +143,8 @@ def graph_tensors(trace: Any, around: Any = None) -> Any:
     if around is not None:
         if isinstance(around, tuple) and around and around[0] == "storage":
             sids = {int(around[1])}
+        elif isinstance(around, tuple) and around and around[0] == "storages":
+            sids = {int(x) for x in around[1]}
         else:
             sids = set(aliases(trace, around).storage.tolist())
         tt = tt[tt.storage.isin(sids)]
@@ -158,8 +160,8 @@ def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tupl
     base -> view, with the view op; write: tensor -> storage, with the in-place op
     and its seq; name/tied: parameter name -> tensor), op, seq.
 
-    With ``around`` (anything :func:`aliases` takes, or ``("storage", id)``) only the
-    storage of that tensor and everything aliasing it is returned; ``max_nodes``
+    With ``around`` (anything :func:`aliases` takes, ``("storage", id)`` or
+    ``("storages", ids)``) only those storages and the tensors in them are returned; ``max_nodes``
     bounds the result, keeping the storages and the tensors closest to the
     selection (parameters and written tensors first), so a large model never
     yields a hairball.

@@ -21,7 +21,10 @@ Data (Python -> browser; the traits are the source of truth, the panel never wri
 ``tree``, ``memory``, ``ops``, ``alias`` (bytes)
     one *pack* each (see below): the folded layer tree; the memory timeline per
     device, min-max decimated, with the peak attribution and the phase runs;
-    the ops table columns; the alias-graph neighbourhood.
+    the ops table columns; the alias-graph neighbourhood: with no selection, the
+    most aliased storages (tied first); when the kernel is alive and a module is
+    selected, that module's parameters, buffers, their gradients and optimizer
+    state and its largest activations (redrawn in Python on each selection).
 
 Selection (both ways): ``selected_module`` (a folded tree path such as
 ``Llama.model.layers.0-79.mlp``, or any module path of the trace), ``device``
@@ -56,6 +59,7 @@ few distinct values, which are dictionary-encoded. :func:`pack` and
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -66,7 +70,7 @@ import traitlets
 from ipywidgets.widgets.trait_types import bytes_serialization
 
 from ._memory import decimate_minmax
-from ._trace import _DTYPE_ABBR, CATEGORIES, PHASES
+from ._trace import _DTYPE_ABBR, CATEGORIES, PHASES, ROLE_BUFFER, ROLE_GRAD, ROLE_OPT, ROLE_PARAM
 
 __all__ = ["STATIC", "Explorer", "decimate_minmax", "pack", "unpack"]
 
@@ -216,6 +220,18 @@ class Explorer(anywidget.AnyWidget):
                 setattr(Explorer, key, path.read_text())
         super().__init__(**kwargs)
 
+    _alias_source: Any = None  # (trace, storage_module, alias_nodes, around) for redrawing the alias graph
+
+    @traitlets.observe("selected_module")
+    def _redraw_alias(self, change: Any) -> None:
+        """Redraw the alias-graph neighbourhood around the selected module (needs a live kernel)."""
+        if self._alias_source is None:
+            return
+        trace, storage_module, alias_nodes, around = self._alias_source
+        if around is not None:  # the caller fixed the neighbourhood
+            return
+        self.alias = _alias_pack(trace, storage_module, alias_nodes, None, module=change["new"] or None)
+
     @traitlets.validate("phase")
     def _valid_phase(self, proposal: Any) -> str:
         value = proposal["value"]
@@ -261,8 +277,12 @@ class Explorer(anywidget.AnyWidget):
         timeline and tree still cover the whole run). ``kwargs`` set the
         selection traits.
         """
-        return cls(**build_state(trace, capacity, max_points=max_points, alias_nodes=alias_nodes, around=around,
-                                 max_ops=max_ops), **kwargs)  # fmt: skip
+        selected = kwargs.pop("selected_module", "")
+        widget = cls(**build_state(trace, capacity, max_points=max_points, alias_nodes=alias_nodes, around=around,
+                                   max_ops=max_ops), **kwargs)  # fmt: skip
+        widget._alias_source = (trace, _storage_modules(trace), alias_nodes, around)
+        widget.selected_module = selected  # draws the alias graph around it
+        return widget
 
     def decoded(self, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, list[str]]]:
         """One data trait (``tree``, ``memory``, ``ops`` or ``alias``) decoded: ``(meta, arrays, strings)``."""
@@ -493,8 +513,25 @@ def _ops_pack(trace: Any, modules: list[str], module_node: np.ndarray, peaks: di
     return pack(arrays, strings=strings, meta=meta)
 
 
-def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: Any) -> bytes:
-    nodes, edges, budget = _bounded_alias_graph(trace, max_nodes, around)
+def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: Any, *,
+                module: str | None = None) -> bytes:  # fmt: skip
+    """The alias-graph pack: around ``around`` if given, else around ``module``'s storages
+    (:func:`module_ids`), else around the most aliased storages (:func:`_aliased_storages`)."""
+    if around is not None:
+        focus, around_label = around, str(around)
+    else:
+        ids = module_ids(list(trace.strings("modules")), module) if module else None
+        if ids is not None and len(ids):
+            sids = _fit(trace, _module_storages(trace, storage_module, ids), max_nodes)
+            focus, around_label = ("storages", sids), f"{module} ({len(sids)} storages: parameters, gradients, "
+            around_label += "optimizer state, largest activations)"
+        else:
+            sids = _fit(trace, _aliased_storages(trace), max_nodes)
+            focus, around_label = ("storages", sids), "the most aliased storages (tied first)"
+            if module:
+                around_label = f"the most aliased storages ({module} owns none)"
+    nodes, edges, budget = _bounded_alias_graph(trace, max_nodes, focus)
+    # out of how many: the caller's neighbourhood, or the whole trace for a chosen focus
     total_nodes = _alias_universe(trace, around)
     n_shown = int((nodes["kind"] != "name").sum())
     truncated = n_shown < total_nodes
@@ -555,9 +592,85 @@ def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: 
         "budget": int(budget),
         "total_nodes": int(total_nodes),  # storages + tensors before bounding (name nodes not counted)
         "truncated": bool(truncated),
-        "around": None if around is None else str(around),
+        "around": around_label,
     }
     return pack(arrays, strings=strings, meta=meta)
+
+
+_FOLD = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
+
+
+def module_ids(modules: list[str], path: str) -> np.ndarray:
+    """Ids of the modules at or under ``path``: a module path of the trace, or a folded
+    tree path (``layers.0-79.mlp``: its first member, ``layers.0.mlp``)."""
+    if not path:
+        return np.zeros(0, np.int64)
+
+    def under(p: str) -> np.ndarray:
+        pre = p + "."
+        return np.array([i for i, m in enumerate(modules) if m == p or m.startswith(pre)], np.int64)
+
+    ids = under(path)
+    if not len(ids):
+        parts = [re.match(r"\d+", x).group() if _FOLD.match(x) else x for x in path.split(".")]
+        ids = under(".".join(parts))
+    return ids
+
+
+def _module_storages(trace: Any, storage_module: np.ndarray, ids: np.ndarray, limit: int = 40) -> list[int]:
+    """Storages a module owns, most telling first: parameters and buffers, their gradients and
+    optimizer state, then the largest storages its ops made; at most ``limit``."""
+    c = trace._cols
+    own = np.flatnonzero(np.isin(storage_module, ids))
+    if not len(own):
+        return []
+    roles = c["st_roles"][own]
+    nbytes = c["st_nbytes"][own].astype(np.float64)
+    rank = np.where(roles & (ROLE_PARAM | ROLE_BUFFER), 0, np.where(roles & (ROLE_GRAD | ROLE_OPT), 1, 2))
+    order = np.lexsort((-nbytes, rank))
+    return own[order[:limit]].tolist()
+
+
+def _fit(trace: Any, sids: list[int], max_nodes: int) -> list[int]:
+    """The first storages of ``sids`` (in their order of importance) whose graph nodes
+    (the storage, its tensors and their names) fit in ``max_nodes``; at least one."""
+    from ._alias import tensor_table
+
+    if "alias_cost" not in trace._cache:
+        tt = tensor_table(trace)
+        tt = tt[tt.storage >= 0]
+        n_names = tt.names.astype(str).map(lambda x: len(x.split("|")) if x else 0).to_numpy()
+        cost = (tt.assign(_c=1 + n_names).groupby("storage")._c.sum() + 1).to_dict()
+        trace._cache["alias_cost"] = cost
+    cost = trace._cache["alias_cost"]
+    out, used = [], 0
+    for s in sids:
+        c = cost.get(s, 1)
+        if out and used + c > max_nodes:
+            continue  # a smaller storage further down may still fit
+        out.append(s)
+        used += c
+    return out
+
+
+def _aliased_storages(trace: Any, limit: int = 40) -> list[int]:
+    """The storages with the most aliasing: tied parameters first, then most tensors and writes."""
+    if "aliased_storages" in trace._cache:
+        return trace._cache["aliased_storages"][:limit]
+    from ._alias import tensor_table
+
+    tt = tensor_table(trace)
+    tt = tt[tt.storage >= 0]
+    if tt.empty:
+        return []
+    tied = tt.names.astype(str).str.contains("|", regex=False).to_numpy()
+    df = tt.assign(_tied=tied.astype(np.int64), _n=1)[["storage", "_tied", "_n", "writes"]]
+    g = df.groupby("storage", sort=True).sum()
+    score = g._tied.to_numpy() * 1_000_000 + g.writes.to_numpy() * 10 + g._n.to_numpy()
+    order = np.lexsort((g.index.to_numpy(), -score))
+    ranked = g.index.to_numpy()[order].tolist()
+    trace._cache["aliased_storages"] = ranked
+    return ranked[:limit]
 
 
 def _alias_universe(trace: Any, around: Any) -> int:

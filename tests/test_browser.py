@@ -318,6 +318,13 @@ def test_jupyterlab_explorer(browser, lab, tmp_path):
         _assert_linked_selection(panel, CLICKED, r"layers\.\d+\.self_attn")
         assert {f"{CLICKED}.q_proj", f"{CLICKED}.o_proj"} <= set(_node_paths(panel))
         assert panel.locator(".fv-breadcrumb .fv-crumb").all_inner_texts()[-1] == "self_attn"
+        # the kernel redrew the alias graph around the clicked module: its parameters, highlighted
+        info = panel.locator("[data-testid=fv-alias-info]")
+        info.filter(has_text=f"around {CLICKED}").wait_for(timeout=30_000)
+        names = [n.splitlines()[0] for n in panel.locator(".fv-alias .fv-anode-name title").all_text_contents()]
+        assert names and all(".layers.0.self_attn." in n for n in names), names[:10]
+        assert {"q_proj", "k_proj", "v_proj", "o_proj"} <= {n.split(".")[-2] for n in names}
+        assert panel.locator(".fv-alias .fv-anode.fv-highlight").count() >= len(names)
         # the other explorer keeps its own selection
         assert shown.locator(".fv-tree .fv-node.fv-selected").count() == 0
         panel.screenshot(path=str(tmp_path / "explorer_jupyterlab.png"))

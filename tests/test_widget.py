@@ -101,11 +101,12 @@ def test_esm_is_the_built_bundle(bundle, explorer):
     assert explorer.get_state()["_css"] == (STATIC / "explorer.css").read_text()
 
 
-def test_state_round_trip(bundle, explorer):
+def test_state_round_trip(bundle, gpt2_trace):
     from ipywidgets.widgets.widget import _put_buffers
 
     from fakeviz._widget import Explorer
 
+    explorer = Explorer.from_trace(gpt2_trace, "24GB", max_points=64, alias_nodes=40)
     explorer.selected_module = "GPT2LMHeadModel.transformer.h.0-1.attn"
     explorer.phase = "backward"
     explorer.device = "cuda:0"
@@ -253,8 +254,12 @@ def test_alias_graph_is_bounded_and_consistent(explorer, gpt2_trace):
     assert 0 < n <= meta["max_nodes"] == 40
     assert meta["truncated"] and meta["total_nodes"] > n
     assert a["edge_src"].max() < n and a["edge_dst"].max() < n
-    nodes, _ = gpt2_trace.alias_graph(max_nodes=meta["budget"])
+    from fakeviz._widget import _aliased_storages, _fit
+
+    focus = _fit(gpt2_trace, _aliased_storages(gpt2_trace), 40)
+    nodes, _ = gpt2_trace.alias_graph(("storages", focus), max_nodes=meta["budget"])
     assert s["label"] == nodes.label.astype(str).tolist()[:n]
+    assert meta["around"].startswith("the most aliased storages")
     # the tied embedding shows as two names on one tensor, both pointing at their modules
     names = [s["label"][i] for i in range(n) if meta["node_kinds"][a["node_kind"][i]] == "name"]
     assert "GPT2LMHeadModel.transformer.wte.weight" in names and "GPT2LMHeadModel.lm_head.weight" in names
@@ -263,6 +268,62 @@ def test_alias_graph_is_bounded_and_consistent(explorer, gpt2_trace):
     modules = gpt2_trace.strings("modules")
     i = s["label"].index("GPT2LMHeadModel.lm_head.weight")
     assert modules[a["node_module"][i]] == "GPT2LMHeadModel.lm_head"
+
+
+def test_default_alias_focus_is_the_most_aliased(gpt2_trace):
+    """With nothing selected the graph starts at the tied embedding, then the storages most tensors alias."""
+    from fakeviz._widget import _aliased_storages
+
+    tt = gpt2_trace.tensors
+    tt = tt[tt.storage >= 0]
+    ranked = _aliased_storages(gpt2_trace, limit=10)
+    tied_storage = int(tt[tt.names.astype(str).str.contains("|", regex=False)].storage.iloc[0])
+    assert ranked[0] == tied_storage
+    counts = tt.groupby("storage").size() + tt.groupby("storage").writes.sum() * 10
+    assert [counts[s] for s in ranked[1:]] == sorted((counts[s] for s in ranked[1:]), reverse=True)
+    assert counts[ranked[1]] == counts.drop(tied_storage).max()
+
+
+def test_module_ids_resolve_folded_paths(gpt2_trace):
+    from fakeviz._widget import module_ids
+
+    modules = list(gpt2_trace.strings("modules"))
+    ids = module_ids(modules, "GPT2LMHeadModel.transformer.h.1.mlp")
+    assert {modules[i] for i in ids} == {
+        "GPT2LMHeadModel.transformer.h.1.mlp" + s for s in ("", ".c_fc", ".c_proj", ".act", ".dropout")
+    } & set(modules)
+    folded = module_ids(modules, "GPT2LMHeadModel.transformer.h.0-1.mlp")  # a folded tree path: its first member
+    assert {modules[i] for i in folded} == {m.replace(".h.1.", ".h.0.") for m in (modules[i] for i in ids)}
+    assert len(module_ids(modules, "GPT2LMHeadModel.nothing")) == 0 and len(module_ids(modules, "")) == 0
+
+
+def test_selecting_a_module_redraws_the_alias_graph_around_it(gpt2_trace):
+    """A selection (from the browser or Python) redraws the neighbourhood: the module's
+    parameters, their gradients, and its largest activations; clearing it goes back."""
+    from fakeviz._widget import Explorer
+
+    w = Explorer.from_trace(gpt2_trace, alias_nodes=60)
+    default = w.alias
+    w.selected_module = "GPT2LMHeadModel.transformer.h.0-1.mlp"
+    meta, a, s = w.decoded("alias")
+    assert w.alias != default and meta["around"].startswith("GPT2LMHeadModel.transformer.h.0-1.mlp")
+    kinds = [meta["node_kinds"][k] for k in a["node_kind"]]
+    names = {s["label"][i] for i, k in enumerate(kinds) if k == "name"}
+    mlp = "GPT2LMHeadModel.transformer.h.0.mlp."
+    assert names == {mlp + p for p in ("c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias")}
+    st = gpt2_trace.storages.set_index("storage")
+    cats = {st.category[r] for r, k in zip(a["node_ref"].tolist(), kinds) if k == "storage"}
+    assert {"Parameter", "Gradient"} <= cats and cats & {"Activation", "Temporary"}
+    # every storage shown belongs to the module (linked back to the tree)
+    modules = gpt2_trace.strings("modules")
+    assert all(modules[a["node_module"][i]].startswith(mlp[:-1]) for i, k in enumerate(kinds) if k == "storage")
+    w.selected_module = ""
+    assert w.alias == default
+    # a fixed neighbourhood stays put
+    fixed = Explorer.from_trace(gpt2_trace, alias_nodes=60, around="lm_head.weight")
+    before = fixed.alias
+    fixed.selected_module = "GPT2LMHeadModel.transformer.h.0.mlp"
+    assert fixed.alias == before
 
 
 def test_summary_has_peaks_capacity_and_verdict(explorer, gpt2_trace):

@@ -1,6 +1,7 @@
 // The explorer panel: reads the traits, keeps the selection state, links the views.
 // All linking happens here, in the browser; only the selection traits go back to the kernel.
-import { readData } from "./data.js";
+import { readAlias, readData } from "./data.js";
+import { unpack } from "./decode.js";
 import { h } from "./dom.js";
 import { resolveSelection, textMask } from "./filter.js";
 import { createStore } from "./store.js";
@@ -71,12 +72,20 @@ export function mountExplorer(root, model) {
     return [trait, fn];
   });
 
+  // the kernel redrew the alias-graph neighbourhood (around the selected module)
+  const onAlias = () => {
+    data.alias = readAlias(unpack(model.get("alias")));
+    for (const v of views) v.update(new Set(["alias"]));
+  };
+  model.on("change:alias", onAlias);
+
   for (const v of views) v.update(null);
   return {
     store,
     destroy() {
       unsubscribe();
       for (const [trait, fn] of listeners) model.off(`change:${trait}`, fn);
+      model.off("change:alias", onAlias);
       for (const v of views) v.destroy?.();
       root.replaceChildren();
     },

@@ -45,3 +45,32 @@ export function tip(text) {
 export function toggle(el, cls, on) {
   el.classList.toggle(cls, Boolean(on));
 }
+
+/**
+ * Call `cb(width)` with `el`'s content width in CSS pixels whenever it changes by more than
+ * 2 px (charts are drawn at their real size, so their text is never scaled); returns a
+ * function that stops watching. Without ResizeObserver (or before layout) nothing is called.
+ */
+export function watchWidth(el, cb) {
+  if (typeof ResizeObserver === "undefined") return () => {};
+  let last = 0;
+  let frame = 0;
+  const ro = new ResizeObserver((entries) => {
+    const w = Math.floor(entries[entries.length - 1].contentRect.width);
+    if (w <= 0 || Math.abs(w - last) <= 2) return;
+    last = w;
+    cancelAnimationFrame(frame);
+    frame = requestAnimationFrame(() => cb(w));
+  });
+  ro.observe(el);
+  return () => {
+    cancelAnimationFrame(frame);
+    ro.disconnect();
+  };
+}
+
+/** `el`'s width now, or `fallback` when it is not laid out (hidden, detached, jsdom). */
+export function widthOf(el, fallback) {
+  const w = Math.floor(el.clientWidth || 0);
+  return w > 40 ? w : fallback;
+}

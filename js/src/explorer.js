@@ -2,7 +2,8 @@
 import { mountExplorer } from "./app.js";
 import { h } from "./dom.js";
 
-const DATA_TRAITS = ["summary", "tree", "memory", "ops", "alias"];
+// a new alias graph (redrawn by the kernel around a selection) is handled by the panel itself
+const DATA_TRAITS = ["summary", "tree", "memory", "ops"];
 
 function render({ model, el }) {
   const root = h("div", { class: "fv-root", "data-testid": "fv-explorer" });

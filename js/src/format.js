@@ -76,3 +76,9 @@ export function shortLine(line) {
   const cut = s.lastIndexOf("/", s.indexOf(":") >= 0 ? s.indexOf(":") : s.length);
   return cut >= 0 ? s.slice(cut + 1) : s;
 }
+
+/** The GPU capacity applies to accelerator devices only (as the verdict): not cpu or meta. */
+export function capacityOf(summary, device) {
+  if (summary.capacity == null || /^(cpu|meta)\b/.test(String(device))) return null;
+  return summary.capacity;
+}

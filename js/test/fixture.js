@@ -136,6 +136,29 @@ export function state({ selected = "" } = {}) {
   };
 }
 
+/** A small alias pack: one storage and one tensor in it, both of module index `module`. */
+export function aliasPack({ around = null, module = 1 } = {}) {
+  return toDataView(
+    pack({
+      meta: { node_kinds: ["storage", "tensor", "name"], edge_kinds: ["storage", "view", "write", "name", "tied"], max_nodes: 200, total_nodes: 9, truncated: true, around },
+      strings: { label: ["storage 3 (cuda:0, 64 B)", "$7: f32[4, 4] = aten.relu"], names: ["", ""], ops: OP_NAMES },
+      arrays: {
+        node_kind: ["i1", [0, 1]],
+        node_ref: ["i1", [3, 7]],
+        node_nbytes: ["f8", [64, 64]],
+        node_category: ["i1", [5, -1]],
+        node_writes: ["i1", [0, 0]],
+        node_module: ["i1", [module, module]],
+        edge_src: ["i1", [1]],
+        edge_dst: ["i1", [0]],
+        edge_kind: ["i1", [0]],
+        edge_op: ["i1", [-1]],
+        edge_seq: ["i1", [-1]],
+      },
+    }),
+  );
+}
+
 /** A DataView at an odd offset of a larger buffer, as binary traits can arrive. */
 export function toDataView(bytes) {
   const buf = new Uint8Array(bytes.length + 3);

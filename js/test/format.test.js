@@ -1,7 +1,16 @@
 import { describe, expect, it } from "vitest";
-import { fmtBytes, fmtFlops, fmtInt, fmtSI, fmtTensor, shortLine, shortPath, SIZE_BY } from "../src/format.js";
+import { capacityOf, fmtBytes, fmtFlops, fmtInt, fmtSI, fmtTensor, shortLine, shortPath, SIZE_BY } from "../src/format.js";
 
 describe("format", () => {
+  it("applies the GPU capacity to accelerators only", () => {
+    const summary = { capacity: 80e9 };
+    expect(capacityOf(summary, "cuda:3")).toBe(80e9);
+    expect(capacityOf(summary, "mps")).toBe(80e9);
+    expect(capacityOf(summary, "cpu")).toBeNull();
+    expect(capacityOf(summary, "meta")).toBeNull();
+    expect(capacityOf({ capacity: null }, "cuda:0")).toBeNull();
+  });
+
   it("prints bytes like fakeviz does in Python", () => {
     expect(fmtBytes(0)).toBe("0 B");
     expect(fmtBytes(512)).toBe("512 B");

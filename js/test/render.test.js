@@ -2,7 +2,7 @@
 // Render smoke test: the anywidget entry point in a DOM, with a stand-in model.
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import widget from "../src/explorer.js";
-import { EVIL, mockModel, state } from "./fixture.js";
+import { EVIL, aliasPack, mockModel, state } from "./fixture.js";
 
 let el;
 let model;
@@ -142,6 +142,32 @@ describe("explorer render", () => {
     await Promise.resolve();
     expect(node("Net.head").classList.contains("fv-selected")).toBe(true);
     expect(qa(".fv-tree").length).toBe(1);
+  });
+
+  it("redraws only the alias graph when the kernel sends a new neighbourhood", async () => {
+    node("Net.blocks").click();
+    const treeNode = node("Net.blocks");
+    const before = qa(".fv-alias .fv-anode").length;
+    // the kernel's answer to the selection: a graph of one storage and one tensor of the blocks
+    const fresh = aliasPack({ around: "Net.blocks (1 storages)", module: 1 });
+    model.kernelSet("alias", fresh);
+    await Promise.resolve();
+    expect(node("Net.blocks")).toBe(treeNode); // the rest of the panel was not rebuilt
+    expect(treeNode.classList.contains("fv-selected")).toBe(true);
+    const nodes = qa(".fv-alias .fv-anode");
+    expect(nodes.length).not.toBe(before);
+    expect(nodes.length).toBe(2);
+    expect(q('[data-testid="fv-alias-info"]').textContent).toContain("around Net.blocks (1 storages)");
+    // both nodes belong to the selected module: highlighted at once
+    expect(qa(".fv-alias .fv-anode.fv-highlight").length).toBe(2);
+  });
+
+  it("draws edges from the end of a tensor's label, never across it", () => {
+    const label = q('.fv-alias .fv-anode-tensor[data-node="1"] text');
+    const edge = qa(".fv-alias path.fv-edge-storage")[0];
+    const x0 = Number(label.parentNode.getAttribute("transform").match(/translate\(([\d.]+)/)[1]);
+    const labelEnd = x0 + Number(label.getAttribute("x")) + label.textContent.length * 6;
+    expect(Number(edge.getAttribute("d").match(/^M([\d.]+)/)[1])).toBeGreaterThanOrEqual(labelEnd);
   });
 
   it("cleans up: listeners off, DOM gone", () => {

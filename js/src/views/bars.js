@@ -1,11 +1,11 @@
 // Per-device peak memory as a stacked bar by category, with the capacity line, the caching
 // allocator's peaks and the verdict; the selected module's share of the peak underneath.
-import { h, s, tip } from "../dom.js";
+import { h, s, tip, watchWidth, widthOf } from "../dom.js";
 import { peakShare } from "../filter.js";
-import { fmtBytes, fmtInt } from "../format.js";
+import { capacityOf, fmtBytes, fmtInt } from "../format.js";
 import { linear } from "../layout.js";
 
-const W = 640;
+const DEFAULT_W = 640;
 const PAD_L = 8;
 const PAD_R = 8;
 const BAR_H = 26;
@@ -22,10 +22,20 @@ export function barsView(ctx) {
     verdict,
     body,
   );
+  let W = DEFAULT_W; // drawn at the body's real width: text is never scaled
 
   function deviceVerdict(dev) {
     const v = summary.verdict?.devices?.[dev];
     if (!v) return null;
+    if (Object.keys(summary.verdict.devices).length < 2) {
+      // one device: the verdict above names it; say only the headroom here
+      const text = v.fits
+        ? `headroom ${fmtBytes(v.headroom)} (${fmtBytes(v.peak)} reserved at peak)`
+        : v.headroom < 0
+          ? `short by ${fmtBytes(-v.headroom)} (${fmtBytes(v.peak)} reserved at peak)`
+          : `runs out at op ${fmtInt(v.oom_seq)}: fragmentation (${fmtBytes(v.peak)} reserved at peak)`;
+      return h("p", { class: "fv-hint fv-headroom", text });
+    }
     const text = v.fits
       ? `fits: ${fmtBytes(v.peak)} reserved at peak, ${fmtBytes(v.headroom)} to spare`
       : v.headroom < 0
@@ -40,12 +50,15 @@ export function barsView(ctx) {
     const byCat = cats.map((c) => pk.by_category?.[c] ?? 0);
     const share = sel.mask ? peakShare(mem?.attr, sel.mask, cats.length) : null;
     const shareTotal = share ? share.reduce((a, b) => a + b, 0) : 0;
-    const top = Math.max(pk.bytes, pk.reserved ?? 0, pk.allocated ?? 0, summary.capacity ?? 0) || 1;
-    const x = linear(0, top, PAD_L, W - PAD_L - PAD_R);
+    const capacity = capacityOf(summary, dev);
+    const top = Math.max(pk.bytes, pk.reserved ?? 0, pk.allocated ?? 0, capacity ?? 0) || 1;
+    const x = linear(0, top, PAD_L, W - PAD_R);
     const rows = share ? 2 : 1;
     const height = 18 + rows * (BAR_H + 6) + 16;
     const svg = s("svg", {
       class: "fv-bar-svg",
+      width: W,
+      height,
       viewBox: `0 0 ${W} ${height}`,
       role: "img",
       "aria-label": `${dev} peak by category`,
@@ -85,7 +98,7 @@ export function barsView(ctx) {
         s("text", { class: `${cls}-label`, x: anchor === "end" ? xv - 3 : xv + 3, y: 10, "text-anchor": anchor, text: label }),
       );
     };
-    if (summary.capacity) mark(summary.capacity, "fv-capacity", `capacity ${summary.capacitySpec ?? ""} ${fmtBytes(summary.capacity)}`);
+    if (capacity) mark(capacity, "fv-capacity", `capacity ${summary.capacitySpec ?? ""} ${fmtBytes(capacity)}`);
     if (pk.reserved != null && pk.reserved !== pk.bytes) {
       svg.appendChild(s("line", { class: "fv-reserved", x1: x(pk.reserved), x2: x(pk.reserved), y1: 16, y2: bottom }, tip(`reserved peak ${fmtBytes(pk.reserved)} at op ${pk.reserved_seq}`)));
     }
@@ -137,6 +150,7 @@ export function barsView(ctx) {
 
   function render() {
     const st = store.get();
+    W = widthOf(body, W);
     const sel = ctx.derived.selection;
     verdict.textContent = summary.verdict ? summary.verdict.text : summary.capacity ? "" : "no capacity given: pass capacity= for a verdict";
     verdict.className = `fv-verdict-all ${summary.verdict ? (summary.verdict.fits ? "fv-fits" : "fv-over") : "fv-hint"}`;
@@ -149,8 +163,13 @@ export function barsView(ctx) {
     );
   }
 
+  const unwatch = watchWidth(body, (w) => {
+    if (w !== W) render();
+  });
+
   return {
     el,
+    destroy: unwatch,
     update(changed) {
       if (!changed || changed.has("selected") || changed.has("device")) render();
     },

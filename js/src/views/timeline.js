@@ -2,13 +2,13 @@
 // shaded, the peak marked, the caching allocator's allocated/reserved curves, the capacity line,
 // the selected module's op spans highlighted; hover shows the op, module and line.
 import { minmaxByColumn } from "../decimate.js";
-import { h, s, tip, toggle } from "../dom.js";
+import { h, s, tip, toggle, watchWidth, widthOf } from "../dom.js";
 import { moduleSpans, nearest, rowOfSeq } from "../filter.js";
-import { fmtBytes, fmtInt, shortLine } from "../format.js";
+import { capacityOf, fmtBytes, fmtInt, shortLine } from "../format.js";
 import { linePath, linear, stackedAreas } from "../layout.js";
 
-const W = 1000;
-const H = 230;
+const DEFAULT_W = 1000;
+const H = 240;
 const PAD = { l: 70, r: 12, t: 16, b: 22 };
 
 export function timelineView(ctx) {
@@ -28,6 +28,7 @@ export function timelineView(ctx) {
     body,
   );
   let charts = [];
+  let W = DEFAULT_W; // drawn at the body's real width: text is never scaled
 
   function chart(dev) {
     const pk = summary.peaks[dev.device];
@@ -36,15 +37,16 @@ export function timelineView(ctx) {
     let top = 0;
     for (let i = 0; i < dev.total.length; i++) top = Math.max(top, dev.total[i], dev.reserved ? dev.reserved[i] : 0);
     // the capacity sets the scale unless it would flatten the curve (3x above the highest point)
-    const capacityOnChart = summary.capacity != null && summary.capacity <= 3 * top;
-    if (capacityOnChart) top = Math.max(top, summary.capacity);
+    const capacity = capacityOf(summary, dev.device);
+    const capacityOnChart = capacity != null && capacity <= 3 * top;
+    if (capacityOnChart) top = Math.max(top, capacity);
     top = top * 1.05 || 1;
     const y = linear(0, top, H - PAD.b, PAD.t);
     const peakIdx = nearest(dev.seq, dev.peakSeq);
     const idx = minmaxByColumn(dev.seq, dev.total, 0, nOps, W - PAD.l - PAD.r, [peakIdx]);
     const xs = Array.from(idx, (i) => x(dev.seq[i] + 0.5));
 
-    const svg = s("svg", { class: "fv-timeline-svg", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `memory of ${dev.device} over the run` });
+    const svg = s("svg", { class: "fv-timeline-svg", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `memory of ${dev.device} over the run` });
     const phases = s("g", { class: "fv-phases" });
     const runs = memory.phaseRuns;
     for (let k = 0; k < (runs.phase?.length ?? 0); k++) {
@@ -71,10 +73,10 @@ export function timelineView(ctx) {
       lines.appendChild(s("path", { class: "fv-line-allocated", d: linePath(xs, dev.allocated, idx, y) }, tip("allocated (caching allocator model)")));
     }
     const marks = s("g", { class: "fv-marks" });
-    if (summary.capacity != null) {
-      const label = `capacity ${summary.capacitySpec ?? ""} ${fmtBytes(summary.capacity)}`;
+    if (capacity != null) {
+      const label = `capacity ${summary.capacitySpec ?? ""} ${fmtBytes(capacity)}`;
       if (capacityOnChart) {
-        const yc = y(summary.capacity);
+        const yc = y(capacity);
         marks.appendChild(s("line", { class: "fv-capacity", x1: PAD.l, x2: W - PAD.r, y1: yc, y2: yc }));
         marks.appendChild(s("text", { class: "fv-capacity-label", x: W - PAD.r - 4, y: yc - 4, "text-anchor": "end", text: label }));
       } else {
@@ -105,7 +107,9 @@ export function timelineView(ctx) {
     const cursor = s("line", { class: "fv-cursor", x1: 0, x2: 0, y1: PAD.t, y2: H - PAD.b, visibility: "hidden" });
     const hover = s("line", { class: "fv-hover-line", x1: 0, x2: 0, y1: PAD.t, y2: H - PAD.b, visibility: "hidden" });
     const overlay = s("rect", { class: "fv-overlay", x: PAD.l, y: PAD.t, width: W - PAD.l - PAD.r, height: H - PAD.t - PAD.b });
-    svg.append(phases, spans, axis, areas, lines, marks, cursor, hover, overlay);
+    // the selection's spans go over the areas (translucent), with a solid strip under the axis
+    // so that even a one-op span shows
+    svg.append(phases, axis, areas, spans, lines, marks, cursor, hover, overlay);
 
     const tooltip = h("div", { class: "fv-tooltip", "data-testid": "fv-tooltip", hidden: true });
     const wrap = h(
@@ -164,9 +168,13 @@ export function timelineView(ctx) {
       el: wrap,
       spans(spanList) {
         spans.replaceChildren(
-          ...spanList.map(([a, b]) =>
-            s("rect", { class: "fv-span fv-highlight", x: x(a), y: PAD.t, width: Math.max(1, x(b) - x(a)), height: H - PAD.t - PAD.b }),
-          ),
+          ...spanList.flatMap(([a, b]) => {
+            const w = Math.max(1, x(b) - x(a));
+            return [
+              s("rect", { class: "fv-span fv-highlight", x: x(a), y: PAD.t, width: w, height: H - PAD.t - PAD.b }),
+              s("rect", { class: "fv-span-strip", x: x(a), y: H - PAD.b + 1, width: Math.max(2, w), height: 4 }),
+            ];
+          }),
         );
       },
       phase(name) {
@@ -184,6 +192,7 @@ export function timelineView(ctx) {
 
   function renderCharts() {
     const st = store.get();
+    W = widthOf(body, W);
     const devs = memory.devices.filter((d) => !st.device || d.device === st.device);
     charts = devs.map(chart);
     body.replaceChildren(
@@ -200,8 +209,22 @@ export function timelineView(ctx) {
     toggle(el, "fv-has-selection", list.length > 0);
   }
 
+  function renderAll() {
+    const st = store.get();
+    renderCharts();
+    renderSpans();
+    for (const c of charts) {
+      c.phase(st.phase);
+      c.cursor(st.cursor);
+    }
+  }
+  const unwatch = watchWidth(body, (w) => {
+    if (w !== W) renderAll();
+  });
+
   return {
     el,
+    destroy: unwatch,
     update(changed) {
       const all = !changed;
       const st = store.get();
