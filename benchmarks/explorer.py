@@ -4,6 +4,9 @@ For each model it records the run once (timed) and reports
 
   * ``build_ratio``: ``Explorer.from_trace`` time (cold analysis cache, as right after a
     recording) / recording time of the same run;
+  * ``alias_redraw_s``: a click in the tree with a live kernel redraws the alias graph around
+    the module in Python (the MLP blocks, layer 0's attention, then back to no selection),
+    and ``alias_redraw_ratio_max``, the slowest of them / recording time;
   * ``sent_bytes``: what the widget sends to the browser: its whole state (JSON) plus its
     binary buffers, ``_esm`` and ``_css`` included, and the share of each trait;
   * ``notebook_added_bytes``: a notebook that records the run and shows ``trace.explore()``,
@@ -31,6 +34,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -93,12 +97,21 @@ def _explorer_build(trace: Any, t_record: float) -> tuple[Any, dict[str, Any]]:
     t0 = time.perf_counter()
     Explorer.from_trace(trace, "H100")
     warm = time.perf_counter() - t0
+    # a click in the tree (live kernel): the alias graph is redrawn around the module, in Python
+    redraw = []
+    layers = sum(1 for m in trace.strings("modules") if re.fullmatch(r".*\.layers\.\d+", m))
+    for path in (CLICK.format(last=layers - 1), "LlamaForCausalLM.model.layers.0.self_attn", ""):
+        t0 = time.perf_counter()
+        w.selected_module = path
+        redraw.append(time.perf_counter() - t0)
     return w, {
         "record_s": round(t_record, 3),
         "build_s": round(cold, 3),
         "build_ratio": round(cold / t_record, 4),
         "build_warm_s": round(warm, 3),
         "build_warm_ratio": round(warm / t_record, 4),
+        "alias_redraw_s": [round(x, 3) for x in redraw],
+        "alias_redraw_ratio_max": round(max(redraw) / t_record, 4),
     }
 
 
