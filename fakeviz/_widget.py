@@ -408,6 +408,15 @@ def _tree_pack(trace: Any, modules: list[str]) -> tuple[bytes, np.ndarray]:
         "name": folded["name"].astype(str).tolist() if n else [],
         "class": folded["class"].astype(str).tolist() if n else [],
     }
+    # colour keys: the device and the dtype holding most of each module's parameter bytes
+    from .views import _color_keys, _param_split
+
+    split = _param_split(trace, folded.reset_index(drop=True), True) if n else None
+    for color in ("device", "dtype"):
+        keys = _color_keys(split, strings["class"], color) if n else []
+        table = list(dict.fromkeys(keys))
+        arrays[f"color_{color}"] = np.array([table.index(k) for k in keys], np.int64)
+        strings[f"color_{color}"] = table
     meta = {"rows": n, "figures": list(_TREE_FIGURES), "size_by": list(SIZE_BY), "modules": len(modules)}
     return pack(arrays, strings=strings, meta=meta), module_node
 

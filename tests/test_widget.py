@@ -509,3 +509,34 @@ def test_wheel_contains_bundle(tmp_path):
     assert {"fakeviz/static/explorer.js", "fakeviz/static/explorer.css", "fakeviz/_widget.py"} <= names
     assert not any("node_modules" in n or n.startswith("js/") for n in names)
     assert "render" in js and len(js) > 10_000
+
+
+def test_tree_colour_keys_follow_the_parameters(bundle):
+    """The tree's colour keys name the device / dtype holding most of each module's parameter
+    bytes, as the plotly layer tree colours them."""
+    from fakeviz import views
+    from fakeviz._widget import Explorer
+
+    class Hybrid(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = torch.nn.Linear(8, 8, device="cuda:0")
+            self.fc2 = torch.nn.Linear(8, 64, dtype=torch.float16)
+            self.act = torch.nn.ReLU()
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            return self.fc2(self.act(self.fc1(x.cuda())).cpu().half())
+
+    with fv.record() as trace:
+        Hybrid()(torch.randn(2, 8)).float().sum().backward()
+    meta, a, s = Explorer.from_trace(trace).decoded("tree")
+    paths = s["path"]
+    device = dict(zip(paths, (s["color_device"][i] for i in a["color_device"])))
+    dtype = dict(zip(paths, (s["color_dtype"][i] for i in a["color_dtype"])))
+    assert device["Hybrid.fc1"] == "cuda:0" and device["Hybrid.fc2"] == "cpu"
+    assert device["Hybrid"] == "cpu"  # fc2: 64x8 + 64 half = 1152 B, fc1: 8x8 + 8 float = 288 B
+    assert dtype["Hybrid.fc1"] == "f32" and dtype["Hybrid.fc2"] == "f16"
+    assert device["Hybrid.act"] == dtype["Hybrid.act"] == "no parameters"
+    for color, got in (("device", device), ("dtype", dtype)):
+        table = views.tree_data(trace, color=color).table
+        assert dict(zip(table["path"], table["color_key"])) == got

@@ -24,7 +24,7 @@ export const SYNCED = {
 /** Mount the panel into `root`; returns {store, destroy}. */
 export function mountExplorer(root, model) {
   const data = readData((k) => model.get(k));
-  const initial = { zoom: -1, cursor: -1, opText: "" };
+  const initial = { zoom: -1, cursor: -1, opText: "", colorBy: "" };
   for (const [key, trait] of Object.entries(SYNCED)) initial[key] = model.get(trait) ?? "";
   if (!initial.sizeBy) initial.sizeBy = "param_bytes";
   const store = createStore(initial);

@@ -50,6 +50,11 @@ export function readTree(pack) {
     cls: s.class || [],
     figures,
     moduleNode: a.module_node || new Int32Array(0),
+    // colour keys: the device / dtype holding most of each module's parameter bytes
+    colors: {
+      device: { code: a.color_device || new Int32Array(n).fill(-1), keys: s.color_device || [] },
+      dtype: { code: a.color_dtype || new Int32Array(n).fill(-1), keys: s.color_dtype || [] },
+    },
     children,
     roots,
     index,
@@ -60,6 +65,7 @@ function emptyTree() {
   return {
     n: 0, parent: [], depth: [], count: [], odd: [], tied: [], path: [], name: [], cls: [], figures: {},
     moduleNode: new Int32Array(0), children: [], roots: [], index: new Map(),
+    colors: { device: { code: new Int32Array(0), keys: [] }, dtype: { code: new Int32Array(0), keys: [] } },
   };
 }
 

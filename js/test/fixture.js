@@ -25,7 +25,7 @@ export function state({ selected = "" } = {}) {
   const fig = (vals) => ["f8", vals];
   const tree = pack({
     meta: { rows: ROWS.length, figures: ["params", "param_bytes", "buffer_bytes", "act_bytes", "act_saved_bytes", "grad_bytes", "opt_bytes", "flops_fwd", "flops_bwd", "ops_fwd", "ops_bwd", "unknown_flop_ops"], modules: MODULES.length },
-    strings: { path: ROWS, name: ["Net", "blocks", "0-1 x2", "fc", "head", EVIL], class: ["Net", "ModuleList", "Block", "Linear", "Linear", "Evil"] },
+    strings: { path: ROWS, name: ["Net", "blocks", "0-1 x2", "fc", "head", EVIL], class: ["Net", "ModuleList", "Block", "Linear", "Linear", "Evil"], color_device: ["cuda:0", "cpu", "no parameters"], color_dtype: ["float32", "no parameters"] },
     arrays: {
       parent: ["i1", PARENT],
       depth: ["i1", [0, 1, 2, 3, 1, 1]],
@@ -33,6 +33,8 @@ export function state({ selected = "" } = {}) {
       odd: { enc: "const", value: 0, length: 6 },
       tied: { enc: "const", value: 0, length: 6 },
       module_node: ["i1", MODULE_NODE],
+      color_device: ["i1", [0, 0, 0, 0, 1, 2]],
+      color_dtype: ["i1", [0, 0, 0, 0, 0, 1]],
       params: fig([300, 200, 200, 200, 100, 0]),
       param_bytes: fig([1200, 800, 800, 800, 400, 0]),
       buffer_bytes: fig([0, 0, 0, 0, 0, 0]),

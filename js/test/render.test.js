@@ -170,6 +170,28 @@ describe("explorer render", () => {
     expect(Number(edge.getAttribute("d").match(/^M([\d.]+)/)[1])).toBeGreaterThanOrEqual(labelEnd);
   });
 
+  it("colours the tree by the device or dtype holding most parameters, with a legend", () => {
+    expect(qa(".fv-tree .fv-node.fv-keyed").length).toBe(0);
+    expect(q('[data-testid="fv-color-legend"]').hidden).toBe(true);
+    const select = q('[data-testid="fv-color-by"]');
+    select.value = "device";
+    select.dispatchEvent(new Event("change"));
+    expect(node("Net.head").getAttribute("data-color")).toBe("cpu");
+    expect(node("Net.blocks").getAttribute("data-color")).toBe("cuda:0");
+    expect(node("Net.blocks").classList.contains("fv-key-0")).toBe(true);
+    expect(node("Net.head").classList.contains("fv-key-1")).toBe(true);
+    const legend = q('[data-testid="fv-color-legend"]');
+    expect(legend.hidden).toBe(false);
+    expect([...legend.querySelectorAll("li")].map((li) => li.textContent)).toEqual(["cuda:0", "cpu", "no parameters"]);
+    expect(node("Net.head").title).toContain("device: cpu");
+    select.value = "dtype";
+    select.dispatchEvent(new Event("change"));
+    expect(node("Net.head").getAttribute("data-color")).toBe("float32");
+    select.value = "";
+    select.dispatchEvent(new Event("change"));
+    expect(qa(".fv-tree .fv-node.fv-keyed").length).toBe(0);
+  });
+
   it("cleans up: listeners off, DOM gone", () => {
     expect(model.listenerCount()).toBeGreaterThan(0);
     cleanup();

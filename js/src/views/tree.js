@@ -6,6 +6,7 @@ import { ancestry, icicle } from "../layout.js";
 
 const ROW_H = 26;
 const MAX_DEPTH = 7;
+const PALETTE = 8; // fv-key-0 .. fv-key-7 in explorer.css
 
 export function treeView(ctx) {
   const { data, store } = ctx;
@@ -14,10 +15,19 @@ export function treeView(ctx) {
   const icicleEl = h("div", { class: "fv-icicle", role: "tree" });
   const detail = h("div", { class: "fv-tree-detail", "data-testid": "fv-tree-detail" });
   const hint = h("span", { class: "fv-hint" });
+  // colour the boxes by the device or dtype holding most of each module's parameters
+  const colorBy = h(
+    "select",
+    { class: "fv-color-by", "data-testid": "fv-color-by", "aria-label": "colour the tree by" },
+    [["", "no colour"], ["device", "colour by device"], ["dtype", "colour by dtype"]].map(([v, label]) => h("option", { value: v, text: label })),
+  );
+  colorBy.addEventListener("change", () => store.set({ colorBy: colorBy.value }));
+  const colorLegend = h("ul", { class: "fv-legend fv-color-legend", "data-testid": "fv-color-legend" });
   const el = h(
     "section",
     { class: "fv-panel fv-tree", "data-testid": "fv-tree" },
-    h("div", { class: "fv-panel-head" }, h("h3", { text: "Layer tree" }), hint),
+    h("div", { class: "fv-panel-head" }, h("h3", { text: "Layer tree" }), hint, colorBy),
+    colorLegend,
     crumbs,
     icicleEl,
     detail,
@@ -63,7 +73,7 @@ export function treeView(ctx) {
           tabindex: 0,
           "data-path": tree.path[r],
           "data-row": r,
-          title: `${tree.path[r]}\n${tree.cls[r]}${tree.count[r] > 1 ? ` x${tree.count[r]}` : ""}\n${size.label}: ${size.fmt(v)}`,
+          title: `${tree.path[r]}\n${tree.cls[r]}${tree.count[r] > 1 ? ` x${tree.count[r]}` : ""}\n${size.label}: ${size.fmt(v)}${colorTitle(r)}`,
           style: {
             left: `${(b.x0 * 100).toFixed(4)}%`,
             width: `${((b.x1 - b.x0) * 100).toFixed(4)}%`,
@@ -81,10 +91,38 @@ export function treeView(ctx) {
           activate(r);
         }
       });
+      const key = colorKey(r);
+      if (key >= 0) {
+        node.classList.add("fv-keyed", `fv-key-${key % PALETTE}`);
+        node.setAttribute("data-color", colorTable().keys[key]);
+      }
       nodes.set(r, node);
       return node;
     });
     icicleEl.replaceChildren(...els);
+  }
+
+  function colorTable() {
+    return tree.colors[store.get().colorBy] || null;
+  }
+
+  function colorKey(r) {
+    const c = colorTable();
+    return c ? c.code[r] ?? -1 : -1;
+  }
+
+  function colorTitle(r) {
+    const c = colorTable();
+    return c && c.code[r] >= 0 ? `\n${store.get().colorBy}: ${c.keys[c.code[r]]}` : "";
+  }
+
+  function renderLegend() {
+    const c = colorTable();
+    colorBy.value = store.get().colorBy || "";
+    colorLegend.replaceChildren(
+      ...(c ? c.keys.map((k, i) => h("li", {}, h("span", { class: `fv-swatch fv-key-${i % PALETTE}` }), k)) : []),
+    );
+    colorLegend.hidden = !c;
   }
 
   function renderCrumbs() {
@@ -162,11 +200,12 @@ export function treeView(ctx) {
         const r = ctx.derived.selection.node;
         if (r >= 0 && !nodes.has(r)) store.set({ zoom: tree.parent[r] >= 0 ? tree.parent[r] : -1 });
       }
-      if (all || changed.has("zoom") || changed.has("sizeBy")) {
+      if (all || changed.has("zoom") || changed.has("sizeBy") || changed.has("colorBy")) {
         renderIcicle();
         renderCrumbs();
+        renderLegend();
       }
-      if (all || changed.has("zoom") || changed.has("sizeBy") || changed.has("selected") || changed.has("search")) {
+      if (all || ["zoom", "sizeBy", "colorBy", "selected", "search"].some((k) => changed.has(k))) {
         renderMarks();
       }
       if (all || changed.has("selected")) renderDetail();
