@@ -496,3 +496,31 @@ def test_cuda_index_past_fake_devices_names_op_line_and_keeps_trace():
         with fv.fake_mode(device="cuda:64"):
             pass
     assert _no_fake_mode_active()
+
+
+def test_fast_fake_detach_matches_the_fake_mode():
+    """Note: [fast fake detach]: the recorder's detach short-cut gives what FakeTensorMode gives
+    (same storage, view metadata, fake device and mode, shared version counter, no grad),
+    and leaves tensors carrying a constant to the mode (so their values stay known)."""
+    from fakeviz._recorder import _fake_detach
+
+    with fv.record(device="cuda:0") as trace:
+        x = torch.randn(4, 6, requires_grad=True) * 2  # not a leaf: its views may be written
+        v = x[1:, ::2]
+        fast = _fake_detach(v)
+        slow = v.detach()
+        for a in (fast, slow):
+            assert type(a) is type(slow) and a.fake_mode is v.fake_mode
+            assert (a.shape, a.stride(), a.storage_offset(), a.dtype, a.device) == (
+                v.shape, v.stride(), v.storage_offset(), v.dtype, v.device,
+            )  # fmt: skip
+            assert a.untyped_storage()._cdata == v.untyped_storage()._cdata
+            assert not a.requires_grad and a.grad_fn is None
+        before = fast._version
+        v.mul_(2)  # an in-place write to the view bumps the shared version counter
+        assert fast._version == slow._version == before + 1
+        c = torch.tensor(3.0, device="cpu")  # a lifted cpu scalar: the mode keeps its value
+        assert c.constant is not None and _fake_detach(c) is None
+        assert c.detach().item() == 3.0
+    assert trace.error is None
+    assert "aten.detach.default" in set(trace.ops.op.astype(str))  # still recorded as an op
