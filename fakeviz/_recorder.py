@@ -132,9 +132,6 @@ _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _PARAM_NEW = torch.nn.Parameter.__new__.__code__
 
 
-_FAST_FAKE_DETACH = True
-
-
 def _fake_detach(t: Any, mode: Any = None) -> Any:
     """``t.detach()`` of a FakeTensor without FakeTensorMode's dispatch machinery.
 
@@ -778,7 +775,7 @@ class _State:
             # a leaf, or an input of the node being built (whose sequence number is the
             # newest one handed out): no cycle is possible, save the tensor itself
             return t
-        alias = _fake_detach(t) if _FAST_FAKE_DETACH else None  # Note: [fast fake detach]
+        alias = _fake_detach(t)  # Note: [fast fake detach]
         if alias is None:
             loc = self.local
             depth = loc.__dict__.get("depth", 0)
@@ -996,7 +993,7 @@ _fake_dispatch = FakeTensorMode.__torch_dispatch__
 
 def _fake_dispatch_fast(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
     """FakeTensorMode's dispatch, with detach short-cut (Note: [fast fake detach])."""
-    if func is _DETACH and _FAST_FAKE_DETACH and len(args) == 1 and not kwargs:
+    if func is _DETACH and len(args) == 1 and not kwargs:
         out = _fake_detach(args[0], mode)
         if out is not None:
             return out

@@ -59,7 +59,6 @@ few distinct values, which are dictionary-encoded. :func:`pack` and
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -355,6 +354,8 @@ def _storage_modules(trace: Any) -> np.ndarray:
     of a tied tensor), gradients and optimizer state to their parameter's module,
     everything else to the module of the op that created it.
     """
+    if "storage_modules" in trace._cache:
+        return trace._cache["storage_modules"]
     c = trace._cols
     n_st = len(c["st_device"])
     n_ops = len(c["op"])
@@ -376,6 +377,7 @@ def _storage_modules(trace: Any) -> np.ndarray:
         s_sorted, s_first = np.unique(p_storage, return_index=True)
         sel = (s_sorted >= 0) & (s_sorted < n_st)
         out[s_sorted[sel]] = p_module[s_first[sel]]
+    trace._cache["storage_modules"] = out
     return out
 
 
@@ -529,7 +531,7 @@ def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: 
     if around is not None:
         focus, around_label = around, str(around)
     else:
-        ids = module_ids(list(trace.strings("modules")), module) if module else None
+        ids = module_ids(trace, module) if module else None
         if ids is not None and len(ids):
             sids = _fit(trace, _module_storages(trace, storage_module, ids), max_nodes)
             focus, around_label = ("storages", sids), f"{module} ({len(sids)} storages: parameters, gradients, "
@@ -606,24 +608,17 @@ def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: 
     return pack(arrays, strings=strings, meta=meta)
 
 
-_FOLD = re.compile(r"^\d+(?:-\d+)?(?:,\d+(?:-\d+)?)*$")
-
-
-def module_ids(modules: list[str], path: str) -> np.ndarray:
+def module_ids(trace: Any, path: str) -> np.ndarray:
     """Ids of the modules at or under ``path``: a module path of the trace, or a folded
     tree path (``layers.0-79.mlp``: its first member, ``layers.0.mlp``)."""
     if not path:
         return np.zeros(0, np.int64)
-
-    def under(p: str) -> np.ndarray:
-        pre = p + "."
-        return np.array([i for i, m in enumerate(modules) if m == p or m.startswith(pre)], np.int64)
-
-    ids = under(path)
-    if not len(ids):
-        parts = [re.match(r"\d+", x).group() if _FOLD.match(x) else x for x in path.split(".")]
-        ids = under(".".join(parts))
-    return ids
+    folded = trace.folded_modules()
+    row = folded.index[folded["path"].astype(str) == path] if len(folded) else []
+    if len(row):
+        path = str(folded["members"].loc[row[0]]).split("|")[0]
+    pre = path + "."
+    return np.array([i for i, m in enumerate(trace.strings("modules")) if m == path or m.startswith(pre)], np.int64)
 
 
 def _module_storages(trace: Any, storage_module: np.ndarray, ids: np.ndarray, limit: int = 40) -> list[int]:

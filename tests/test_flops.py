@@ -26,7 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 import fakeviz as fv
 from fakeviz import _flops
-from fakeviz._flops import FLOP_KINDS, coverage, flop_kind, op_flops, resolve_op
+from fakeviz._flops import FLOP_KINDS, _first_tensor, coverage, flop_kind, op_flops, resolve_op
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402
@@ -46,17 +46,6 @@ class _Row:
         self.torch_flops = torch_flops
         self.out_numel = out_numel
         self.scalar_operand = scalar_operand
-
-
-def _first_tensor(x: Any) -> torch.Tensor | None:
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, (tuple, list)):
-        for item in x:
-            t = _first_tensor(item)
-            if t is not None:
-                return t
-    return None
 
 
 class _FlopMode(TorchDispatchMode):

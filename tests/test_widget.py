@@ -288,13 +288,13 @@ def test_module_ids_resolve_folded_paths(gpt2_trace):
     from fakeviz._widget import module_ids
 
     modules = list(gpt2_trace.strings("modules"))
-    ids = module_ids(modules, "GPT2LMHeadModel.transformer.h.1.mlp")
+    ids = module_ids(gpt2_trace, "GPT2LMHeadModel.transformer.h.1.mlp")
     assert {modules[i] for i in ids} == {
         "GPT2LMHeadModel.transformer.h.1.mlp" + s for s in ("", ".c_fc", ".c_proj", ".act", ".dropout")
     } & set(modules)
-    folded = module_ids(modules, "GPT2LMHeadModel.transformer.h.0-1.mlp")  # a folded tree path: its first member
+    folded = module_ids(gpt2_trace, "GPT2LMHeadModel.transformer.h.0-1.mlp")  # a folded tree path: its first member
     assert {modules[i] for i in folded} == {m.replace(".h.1.", ".h.0.") for m in (modules[i] for i in ids)}
-    assert len(module_ids(modules, "GPT2LMHeadModel.nothing")) == 0 and len(module_ids(modules, "")) == 0
+    assert len(module_ids(gpt2_trace, "GPT2LMHeadModel.nothing")) == 0 and len(module_ids(gpt2_trace, "")) == 0
 
 
 def test_selecting_a_module_redraws_the_alias_graph_around_it(gpt2_trace):

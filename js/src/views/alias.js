@@ -42,9 +42,7 @@ export function aliasView(ctx) {
     }
     const shown = Array.from(alias.kind).filter((k) => k !== 2).length;
     info.textContent = `${shown} of ${meta.total_nodes ?? shown} storages and tensors${meta.truncated ? ` (bounded at ${meta.max_nodes} nodes)` : ""}${meta.around ? ` around ${meta.around}` : ""}`;
-    // as many view columns (a view right of its base) as fit the panel, at least one, at most 3
-    const fit = Math.floor((widthOf(scroll, 1000) - NAME_W - STORAGE_W) / TENSOR_W) - 1;
-    const lay = aliasLayout(alias, { maxViewDepth: Math.max(1, Math.min(3, fit)) });
+    const lay = aliasLayout(alias, { maxViewDepth: viewDepth(widthOf(scroll, 1000)) });
     const colX = (c) => (c === 0 ? 6 : c === lay.columns - 1 ? NAME_W + (lay.columns - 2) * TENSOR_W + GAP : NAME_W + (c - 1) * TENSOR_W);
     const width = NAME_W + (lay.columns - 2) * TENSOR_W + GAP + STORAGE_W;
     const height = lay.rows * ROW + 8;
@@ -145,7 +143,7 @@ export function aliasView(ctx) {
   // a wider or narrower panel may hold another number of view columns
   let depth = -1;
   const unwatch = watchWidth(scroll, (w) => {
-    const d = Math.max(1, Math.min(3, Math.floor((w - NAME_W - STORAGE_W) / TENSOR_W) - 1));
+    const d = viewDepth(w);
     if (depth >= 0 && d !== depth) {
       render();
       marks();
@@ -161,6 +159,11 @@ export function aliasView(ctx) {
       if (!changed || changed.has("selected") || changed.has("alias")) marks();
     },
   };
+}
+
+/** As many view columns (a view right of its base) as fit `width`: at least one, at most 3. */
+function viewDepth(width) {
+  return Math.max(1, Math.min(3, Math.floor((width - NAME_W - STORAGE_W) / TENSOR_W) - 1));
 }
 
 function clip(text) {

@@ -209,29 +209,18 @@ export function timelineView(ctx) {
     toggle(el, "fv-has-selection", list.length > 0);
   }
 
-  function renderAll() {
+  function update(changed) {
+    const all = !changed;
     const st = store.get();
-    renderCharts();
-    renderSpans();
-    for (const c of charts) {
-      c.phase(st.phase);
-      c.cursor(st.cursor);
-    }
+    if (all || changed.has("device")) renderCharts();
+    if (all || changed.has("device") || changed.has("selected")) renderSpans();
+    if (all || changed.has("device") || changed.has("phase")) for (const c of charts) c.phase(st.phase);
+    if (all || changed.has("device") || changed.has("cursor")) for (const c of charts) c.cursor(st.cursor);
   }
+  // a new width draws everything again
   const unwatch = watchWidth(body, (w) => {
-    if (w !== W) renderAll();
+    if (w !== W) update(null);
   });
 
-  return {
-    el,
-    destroy: unwatch,
-    update(changed) {
-      const all = !changed;
-      const st = store.get();
-      if (all || changed.has("device")) renderCharts();
-      if (all || changed.has("device") || changed.has("selected")) renderSpans();
-      if (all || changed.has("device") || changed.has("phase")) for (const c of charts) c.phase(st.phase);
-      if (all || changed.has("device") || changed.has("cursor")) for (const c of charts) c.cursor(st.cursor);
-    },
-  };
+  return { el, destroy: unwatch, update };
 }
