@@ -85,7 +85,13 @@ except ImportError:  # pragma: no cover - older torch
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 
 
-_INTERNAL_CODE: dict[tuple[str, ...], dict[CodeType, bool]] = {}
+# Note: [code objects by id]
+# A code object's hash is not cached: it rehashes its name, bytecode and constants
+# on every lookup (about 1 us for a transformers forward), and finding the user's
+# line looks up several per op. The caches are keyed by id(code) instead, and every
+# code object entered is kept alive in _CODES so its id is never reused.
+_INTERNAL_CODE: dict[tuple[str, ...], dict[int, bool]] = {}
+_CODES: list[CodeType] = []
 _SIMPLE = (int, bool, str, type(None))
 
 
@@ -105,6 +111,17 @@ def _fmt_arg(a: Any) -> str:
     if ta is torch.device or ta is torch.dtype or ta is torch.memory_format or ta is torch.layout:
         return str(a)
     return str(a).replace("{", "{{").replace("}", "}}")
+
+
+def _key_safe(a: Any) -> bool:
+    """Whether ``_fmt_arg(a)`` is a function of FakeTensorMode's cache key entry for ``a``
+    (``type(a), a``): not for 0.0 (equal to -0.0) or NaN (never equal). See Note: [recorded op cache]."""
+    ta = type(a)
+    if ta is float:
+        return a != 0.0 and a == a
+    if ta is list or ta is tuple:
+        return all(_key_safe(x) for x in a)
+    return True
 
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
@@ -192,8 +209,8 @@ class _State:
         # interning caches
         self.op_info: dict[Any, tuple[int, int]] = {}
         # code object -> "is torch/fakeviz/stdlib/excluded", shared by every recording with the same prefixes
-        self.internal_code: dict[CodeType, bool] = _INTERNAL_CODE.setdefault(exclude, {})
-        self.line_ids: dict[tuple[CodeType, int], int] = {}
+        self.internal_code: dict[int, bool] = _INTERNAL_CODE.setdefault(exclude, {})  # Note: [code objects by id]
+        self.line_ids: dict[tuple[int, int], int] = {}
         self.prefixes = (_TORCH_DIR, _FAKEVIZ_DIR, "<frozen ", *exclude)
         self.t_shapes = b.tables["shapes"]
         self.t_strides = b.tables["strides"]
@@ -201,6 +218,7 @@ class _State:
         self.t_devices = b.tables["devices"]
         self.t_args = b.tables["args"]
         self.meta_ids: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
+        self.fast: dict[Any, tuple[Any, ...]] = {}  # Note: [recorded op cache]
         # storages: StorageImpl address -> (storage id, weakref)
         self.live: dict[int, tuple[int, Any]] = {}
         self.next_tensor = 0
@@ -252,7 +270,7 @@ class _State:
         return info
 
     def _is_internal(self, code: CodeType) -> bool:
-        v = self.internal_code.get(code)
+        v = self.internal_code.get(id(code))
         if v is None:
             fn = code.co_filename
             real = os.path.realpath(fn) if not fn.startswith("<") else fn
@@ -261,7 +279,8 @@ class _State:
                 # the standard library (contextlib, functools, ...) is not user code,
                 # but third-party packages installed below it are
                 v = "site-packages" not in real and "dist-packages" not in real
-            self.internal_code[code] = v
+            _CODES.append(code)  # Note: [code objects by id]
+            self.internal_code[id(code)] = v
         return v
 
     def user_line(self, depth: int = 2) -> int:
@@ -272,11 +291,11 @@ class _State:
         internal = self.internal_code
         while f is not None:
             c = f.f_code
-            v = internal.get(c)
+            v = internal.get(id(c))
             if v is None:
                 v = self._is_internal(c)
             if not v:
-                key = (c, f.f_lineno)
+                key = (id(c), f.f_lineno)
                 i = self.line_ids.get(key)
                 if i is None:
                     text = f"{c.co_filename}:{f.f_lineno} in {c.co_name}"
@@ -310,7 +329,11 @@ class _State:
             if roles:
                 self.b.std[hit[0] * _N_ST + _ST_ROLES] |= roles
             return hit[0]
-        return self._new_storage(st, key, t.device, seq, roles)
+        dev = t.device
+        devid = self.t_devices.ids.get(dev)
+        if devid is None:
+            devid = self.t_devices.add(dev, str(dev))
+        return self._new_storage(st, key, devid, seq, roles)
 
     def add_roles(self, t: Any, roles: int, owner: int = -1) -> int:
         """Mark the storage of ``t`` with ROLE_* bits (registering it if unseen)."""
@@ -319,13 +342,10 @@ class _State:
             self.b.std[sid * _N_ST + _ST_OWNER] = owner
         return sid
 
-    def _new_storage(self, st: Any, key: int, dev: Any, seq: int, roles: int) -> int:
+    def _new_storage(self, st: Any, key: int, devid: int, seq: int, roles: int) -> int:
         b = self.b
         std = b.std
         sid = len(std) // _N_ST
-        devid = self.t_devices.ids.get(dev)
-        if devid is None:
-            devid = self.t_devices.add(dev, str(dev))
         try:
             nb = st.nbytes()
             nb = nb if type(nb) is int else -1
@@ -350,7 +370,23 @@ class _State:
         live[key] = (sid, weakref.ref(st, on_free))
 
     # ------------------------------------------------------------------ ops
-    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
+    def record(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any, entry: Any = None
+    ) -> None:
+        """Append one op (and its outputs) to the trace.
+
+        Note: [recorded op cache]
+        ``entry`` is FakeTensorMode's own dispatch-cache entry for this op, when the mode
+        found or made one (see ``_FakeRecordingMode._fv_entry``). Its key is the op, every
+        non-tensor argument with its type, and the metadata of every input tensor.
+        Everything the recorder derives from the arguments and the output *metadata* (op
+        id and flags, argument template, FLOPs, interned shape/stride/dtype/device ids,
+        storage offset and nbytes of each output) is a function of that key, so it is
+        computed once per entry and reused (``self.fast``, keyed by the entry's identity:
+        the key's own ``__eq__`` compares long tuples in Python). What depends on tensor
+        *identity* (input and output tensor ids, output storages) and on where the op runs
+        (phase, module, line) is taken for every op.
+        """
         if func is _DETACH and _called_from_parameter_new():
             return  # Note: [Parameter detach]
         if func is _LIFT_FRESH and args and isinstance(args[0], _Tensor):
@@ -359,10 +395,6 @@ class _State:
             if out is not args[0] and isinstance(out, _Tensor):
                 self._alias_lifted(args[0], out)
         b = self.b
-        info = self.op_info.get(func)
-        if info is None:
-            info = self._op(func)
-        op_id, flags = info
         # phase, module, user line
         if self.in_optimizer:
             phase = P_OPTIMIZER
@@ -385,10 +417,50 @@ class _State:
             phase = P_OTHER if self.seen_forward else P_INIT
             module = -1
             line = self.user_line(3)
-        # inputs -> template + tensor ids
-        parts = []
         in_ids = b.in_tensor
         token = self.token
+        hit = self.fast.get(id(entry)) if entry is not None else None
+        if hit is not None and hit[0] is entry:  # Note: [recorded op cache]
+            _, op_id, flags, aid, flops, metas = hit
+            for a in args:
+                if isinstance(a, _Tensor):
+                    tag = a.__dict__.get("_fakeviz_tid")
+                    in_ids.append(tag[1] if tag is not None and tag[0] is token else self.tensor_id(a))
+                elif type(a) is list and a and isinstance(a[0], _Tensor):
+                    for x in a:
+                        if isinstance(x, _Tensor):
+                            in_ids.append(self.tensor_id(x))
+            if kwargs:
+                for v in kwargs.values():
+                    if isinstance(v, _Tensor):
+                        in_ids.append(self.tensor_id(v))
+            outd = b.outd
+            live = self.live
+            for o, m in zip((out,) if isinstance(out, _Tensor) else out, metas):  # noqa: B905 - same key, same outputs
+                d = o.__dict__
+                tag = d.get("_fakeviz_tid")
+                if tag is not None and tag[0] is token:
+                    tid = tag[1]  # in-place op returning its input
+                else:
+                    tid = self.next_tensor
+                    self.next_tensor = tid + 1
+                    d["_fakeviz_tid"] = (token, tid)
+                st = o.untyped_storage()
+                k = st._cdata
+                h = live.get(k)
+                stor = h[0] if h is not None else self._new_storage(st, k, m[3], len(b.opd) // _N_OP, 0)
+                outd.extend((tid, m[0], m[1], m[2], m[3], stor, m[4], m[5]))
+            b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(outd) // _N_OUT, flags, flops))
+            if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
+                self._report_progress(phase, module)
+            return
+        info = self.op_info.get(func)
+        if info is None:
+            info = self._op(func)
+        op_id, flags = info
+        # inputs -> template + tensor ids
+        parts = []
+        cacheable = entry is not None
         for a in args:
             if isinstance(a, _Tensor):
                 tag = a.__dict__.get("_fakeviz_tid")
@@ -405,6 +477,7 @@ class _State:
                 parts.append("[" + ", ".join(sub) + "]")
             else:
                 parts.append(_fmt_arg(a))
+                cacheable = cacheable and _key_safe(a)
         if kwargs:
             for k, v in kwargs.items():
                 if isinstance(v, _Tensor):
@@ -412,27 +485,41 @@ class _State:
                     parts.append(k + "={}")
                 else:
                     parts.append(k + "=" + _fmt_arg(v))
+                    cacheable = cacheable and _key_safe(v)
         tmpl = ", ".join(parts)
         t_args = self.t_args
         aid = t_args.ids.get(tmpl)
         if aid is None:
             aid = t_args.add(tmpl, tmpl)
         # outputs
+        out_start = len(b.outd)
         if isinstance(out, _Tensor):
             flags |= self._output(out)
         elif isinstance(out, (tuple, list)):  # also namedtuples (return_types.*)
+            cacheable = cacheable and (type(out) is tuple or type(out) is list)
             for o in out:
                 if isinstance(o, _Tensor):
                     flags |= self._output(o)
-                elif isinstance(o, (tuple, list)):
-                    for p in o:
-                        if isinstance(p, _Tensor):
-                            flags |= self._output(p)
+                else:
+                    cacheable = False
+                    if isinstance(o, (tuple, list)):
+                        for p in o:
+                            if isinstance(p, _Tensor):
+                                flags |= self._output(p)
+        else:
+            cacheable = False
         try:
             flops = _op_flops(func, args, kwargs, out)
         except Exception:  # noqa: BLE001 - a formula failing on odd arguments: no figure, not a lost op
             flops = -1
         b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, flops))
+        if cacheable and not flags & FLAG_DATA_DEPENDENT:
+            rows = b.outd[out_start:]
+            metas = tuple(
+                (rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4], rows[i + 6], rows[i + 7])
+                for i in range(0, len(rows), _N_OUT)
+            )
+            self.fast[id(entry)] = (entry, op_id, flags, aid, flops, metas)
         if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
             self._report_progress(phase, module)
 
@@ -530,7 +617,7 @@ class _State:
             st = t.untyped_storage()
             key = st._cdata
             hit = self.live.get(key)
-            stor = hit[0] if hit is not None else self._new_storage(st, key, dev, len(self.b.opd) // _N_OP, 0)
+            stor = hit[0] if hit is not None else self._new_storage(st, key, devid, len(self.b.opd) // _N_OP, 0)
         except (NotImplementedError, RuntimeError):
             stor = -1
         self.b.outd.extend((tid, sid, stid, dtid, devid, stor, off, nb))
@@ -546,6 +633,8 @@ class _State:
         loc = self.local
         depth = loc.__dict__.get("depth", 0)
         loc.depth = depth + 1
+        if not depth:
+            loc.entry = None  # set by _FakeRecordingMode._fv_entry
         try:
             out = impl(mode, func, types, args, kwargs)
         except Exception as exc:
@@ -558,7 +647,8 @@ class _State:
             loc.depth = depth
         if depth == 0:
             try:
-                self.record(func, args, kwargs, out)
+                entry = loc.entry
+                self.record(func, args, kwargs, out, entry[1] if entry is not None and entry[0] is func else None)
             except _DeviceRangeError as exc:
                 raise self.on_error(func, exc) from None  # bad input: name the op, module, line
             except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
@@ -987,8 +1077,27 @@ class _FakeRecordingMode(FakeTensorMode):
             return _fake_dispatch(self, func, types, args, kwargs)
         return st.run_op(_fake_dispatch_fast, self, func, types, args, kwargs)
 
+    # Note: [recorded op cache]: hand the outermost op's dispatch-cache entry to the recorder
+    def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
+        self._fv_entry(func, entry)
+        return _fake_output_from_entry(self, state, entry, key, func, args)
+
+    def _make_cache_entry(self, state: Any, key: Any, func: Any, args: Any, kwargs: Any, output: Any) -> Any:
+        entry = _fake_make_entry(self, state, key, func, args, kwargs, output)
+        self._fv_entry(func, entry)
+        return entry
+
+    def _fv_entry(self, func: Any, entry: Any) -> None:
+        st = self._fv_state
+        if st is not None and self.shape_env is None:
+            loc = st.local.__dict__
+            if loc.get("depth") == 1 and loc.get("entry") is None:
+                loc["entry"] = (func, entry)
+
 
 _fake_dispatch = FakeTensorMode.__torch_dispatch__
+_fake_output_from_entry = FakeTensorMode._output_from_cache_entry
+_fake_make_entry = FakeTensorMode._make_cache_entry
 
 
 def _fake_dispatch_fast(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:

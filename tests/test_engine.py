@@ -524,3 +524,52 @@ def test_fast_fake_detach_matches_the_fake_mode():
         assert c.detach().item() == 3.0
     assert trace.error is None
     assert "aten.detach.default" in set(trace.ops.op.astype(str))  # still recorded as an op
+
+
+# ------------------------------------------------------------ recorded op cache
+def _llama_step_trace(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[fv.Trace, int]:
+    """A fake Llama (3 layers) fwd+bwd+AdamW; with or without Note: [recorded op cache]."""
+    import gc
+
+    import fakeviz._recorder as rec
+    from fakeviz import models
+
+    hits = [0]
+    record = rec._State.record
+
+    def counting(self, func, args, kwargs, out, entry=None):  # noqa: ANN001, ANN202
+        hit = self.fast.get(id(entry)) if entry is not None else None
+        hits[0] += hit is not None and hit[0] is entry
+        return record(self, func, args, kwargs, out, entry)
+
+    monkeypatch.setattr(rec._State, "record", counting)
+    if not use_cache:  # the mode never hands an entry over: every op takes the full path
+        monkeypatch.setattr(rec._FakeRecordingMode, "_fv_entry", lambda self, func, entry: None)
+    cfg = models.config("llama3-70b", num_hidden_layers=3, hidden_size=64, intermediate_size=96,
+                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128)  # fmt: skip
+    gc.collect()
+    gc.disable()  # storage free times must not depend on when the collector runs
+    try:
+        with fv.record(device="cuda:0") as trace:
+            model = models.build(cfg, dtype=torch.bfloat16)
+            ids = torch.randint(0, cfg.vocab_size, (2, 16))
+            model(ids, labels=ids).loss.backward()
+            torch.optim.AdamW(model.parameters()).step()
+    finally:
+        gc.enable()
+    monkeypatch.undo()
+    return trace, hits[0]
+
+
+def test_recorded_op_cache_gives_the_uncached_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    cached, hits = _llama_step_trace(True, monkeypatch)
+    plain, no_hits = _llama_step_trace(False, monkeypatch)
+    assert no_hits == 0
+    # layers 2 and 3 repeat layer 1's ops: most ops come from the cache
+    assert hits > 0.4 * cached.num_ops, (hits, cached.num_ops)
+    assert cached.oplog() == plain.oplog()
+    for table in ("ops", "outputs", "storages", "tensors"):
+        a, b = getattr(cached, table), getattr(plain, table)
+        assert a.equals(b), table
+    assert cached.flops() == plain.flops()
+    assert cached.peak_bytes() == plain.peak_bytes()
