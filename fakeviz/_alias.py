@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ._trace import _DTYPE_ABBR, FLAG_INPLACE, FLAG_VIEW
+from ._trace import _DTYPE_ABBR, FLAG_INPLACE, FLAG_VIEW, TID_MASK
 
 __all__ = ["alias_graph", "aliases", "graph_tensors", "tensor_table"]
 
@@ -112,7 +112,7 @@ def _resolve(trace: Any, x: Any) -> tuple[str, int]:
         return "tensor", int(x)
     tag = getattr(x, "__dict__", {}).get("_fakeviz_tid")
     if tag is not None:
-        return "tensor", int(tag[1])
+        return "tensor", int(tag) & TID_MASK
     raise TypeError(
         f"aliases() takes a tensor id ($N or int), a parameter name or a tensor recorded in the trace, "
         f"not {type(x).__name__}"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import itertools
 import os
 import sys
 import sysconfig
@@ -62,6 +63,7 @@ from ._trace import (
     ROLE_OPT,
     ROLE_PARAM,
     ROLE_SAVED,
+    TID_BITS,
     Trace,
 )
 
@@ -140,6 +142,17 @@ _P_GRAD = tuple(_trace_mod._P_COLS).index("p_grad")
 _P_TENSOR = tuple(_trace_mod._P_COLS).index("p_tensor")
 
 
+class _StorageRef(weakref.ref):
+    """Weak reference to a live storage that knows its StorageImpl address and storage id
+    (cheaper than a closure per storage, and one GC-tracked object instead of a closure,
+    its cells and a tuple)."""
+
+    __slots__ = ("key", "sid")
+
+
+_SERIAL = itertools.count(1)  # Note: [tensor tags]
+
+
 class _DeviceRangeError(FakeVizError, ValueError):
     """A fake cuda device index beyond what the shim provides (cuda:0 .. cuda:63)."""
 
@@ -203,7 +216,13 @@ class _State:
         b = trace._b
         assert b is not None
         self.b = b
-        self.token = object()  # tags tensors of this recording (see tensor_id)
+        # Note: [tensor tags]
+        # A tensor's id is kept in its __dict__ as one int, base + id, where base is
+        # unique to this recording (ids of another recording fall outside [base, top)).
+        # An int is not tracked by the cyclic GC, where a (token, id) tuple was: one
+        # GC-tracked object less per tensor.
+        self.tbase = next(_SERIAL) << TID_BITS
+        self.ttop = self.tbase + (1 << TID_BITS)
         self.active = True
         self.local = threading.local()
         # interning caches
@@ -221,6 +240,7 @@ class _State:
         self.fast: dict[Any, tuple[Any, ...]] = {}  # Note: [recorded op cache]
         # storages: StorageImpl address -> (storage id, weakref)
         self.live: dict[int, tuple[int, Any]] = {}
+        self.on_free = self._on_free  # one bound method for every storage's weakref callback
         self.next_tensor = 0
         # phase and module state
         self.fw_stack: list[int] = []
@@ -309,11 +329,12 @@ class _State:
         """The ``$N`` id of a tensor; unseen tensors are registered as inputs."""
         d = t.__dict__
         tag = d.get("_fakeviz_tid")
-        if tag is not None and tag[0] is self.token:
-            return tag[1]
+        base = self.tbase
+        if tag is not None and base <= tag < self.ttop:
+            return tag - base
         tid = self.next_tensor
         self.next_tensor = tid + 1
-        d["_fakeviz_tid"] = (self.token, tid)
+        d["_fakeviz_tid"] = base + tid
         roles = ROLE_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else 0
         self.b.td.extend((tid, self.storage_id(t, -1, roles)))
         return tid
@@ -357,17 +378,19 @@ class _State:
 
     def _watch(self, st: Any, key: int, sid: int) -> None:
         """Make storage ``st`` (StorageImpl address ``key``) live as ``sid``; record its free."""
+        ref = _StorageRef(st, self.on_free)
+        ref.key = key
+        ref.sid = sid
+        self.live[key] = (sid, ref)
+
+    def _on_free(self, ref: _StorageRef) -> None:
+        sid = ref.sid
+        b = self.b
+        b.std[sid * _N_ST + _ST_FREE] = len(b.opd) // _N_OP
         live = self.live
-        std, opd = self.b.std, self.b.opd
-        slot = sid * _N_ST + _ST_FREE
-
-        def on_free(_ref: Any) -> None:
-            std[slot] = len(opd) // _N_OP
-            cur = live.get(key)
-            if cur is not None and cur[0] == sid:
-                del live[key]
-
-        live[key] = (sid, weakref.ref(st, on_free))
+        cur = live.get(ref.key)
+        if cur is not None and cur[0] == sid:
+            del live[ref.key]
 
     # ------------------------------------------------------------------ ops
     def record(
@@ -418,14 +441,14 @@ class _State:
             module = -1
             line = self.user_line(3)
         in_ids = b.in_tensor
-        token = self.token
+        base, top = self.tbase, self.ttop
         hit = self.fast.get(id(entry)) if entry is not None else None
         if hit is not None and hit[0] is entry:  # Note: [recorded op cache]
             _, op_id, flags, aid, flops, metas = hit
             for a in args:
                 if isinstance(a, _Tensor):
                     tag = a.__dict__.get("_fakeviz_tid")
-                    in_ids.append(tag[1] if tag is not None and tag[0] is token else self.tensor_id(a))
+                    in_ids.append(tag - base if tag is not None and base <= tag < top else self.tensor_id(a))
                 elif type(a) is list and a and isinstance(a[0], _Tensor):
                     for x in a:
                         if isinstance(x, _Tensor):
@@ -439,12 +462,12 @@ class _State:
             for o, m in zip((out,) if isinstance(out, _Tensor) else out, metas):  # noqa: B905 - same key, same outputs
                 d = o.__dict__
                 tag = d.get("_fakeviz_tid")
-                if tag is not None and tag[0] is token:
-                    tid = tag[1]  # in-place op returning its input
+                if tag is not None and base <= tag < top:
+                    tid = tag - base  # in-place op returning its input
                 else:
                     tid = self.next_tensor
                     self.next_tensor = tid + 1
-                    d["_fakeviz_tid"] = (token, tid)
+                    d["_fakeviz_tid"] = base + tid
                 st = o.untyped_storage()
                 k = st._cdata
                 h = live.get(k)
@@ -464,7 +487,7 @@ class _State:
         for a in args:
             if isinstance(a, _Tensor):
                 tag = a.__dict__.get("_fakeviz_tid")
-                in_ids.append(tag[1] if tag is not None and tag[0] is token else self.tensor_id(a))
+                in_ids.append(tag - base if tag is not None and base <= tag < top else self.tensor_id(a))
                 parts.append("{}")
             elif type(a) is list and a and isinstance(a[0], _Tensor):
                 sub = []
@@ -537,7 +560,7 @@ class _State:
         input's tensor id and move the input's storage entry onto the output's
         storage, so fake and real runs see one tensor and one storage."""
         tid = self.tensor_id(src)
-        out.__dict__["_fakeviz_tid"] = (self.token, tid)
+        out.__dict__["_fakeviz_tid"] = self.tbase + tid
         try:
             st_in = src.untyped_storage()
             st_out = out.untyped_storage()
@@ -585,12 +608,13 @@ class _State:
     def _output(self, t: Any) -> int:
         d = t.__dict__
         tag = d.get("_fakeviz_tid")
-        if tag is not None and tag[0] is self.token:
-            tid = tag[1]  # in-place op returning its input
+        base = self.tbase
+        if tag is not None and base <= tag < self.ttop:
+            tid = tag - base  # in-place op returning its input
         else:
             tid = self.next_tensor
             self.next_tensor = tid + 1
-            d["_fakeviz_tid"] = (self.token, tid)
+            d["_fakeviz_tid"] = base + tid
         flag = 0
         shape = t.shape
         stride = t.stride()

@@ -64,6 +64,11 @@ _OP_COLS = {
     "flops": "q",  # FLOPs of the op (fakeviz._flops), -1 no formula
 }
 _IN_COLS = {"in_tensor": "q"}
+# a recorded tensor's __dict__["_fakeviz_tid"] is base + id, ids in the low TID_BITS bits
+# (see Note: [tensor tags] in _recorder)
+TID_BITS = 40
+TID_MASK = (1 << TID_BITS) - 1
+
 _OUT_COLS = {
     "out_tensor": "q",
     "out_shape": "i",  # string id in "shapes"
