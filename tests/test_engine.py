@@ -526,6 +526,37 @@ def test_fast_fake_detach_matches_the_fake_mode():
     assert "aten.detach.default" in set(trace.ops.op.astype(str))  # still recorded as an op
 
 
+def test_light_fake_wrap_matches_the_constructor():
+    """Note: [light FakeTensor wrap]: after the first wrap per (mode, device), FakeTensors are made
+    without FakeTensor.__new__; they must be indistinguishable from constructed ones."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from fakeviz._recorder import _fake_detach
+
+    with fv.fake_mode(device="cuda:5"):
+        x = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True) * 2
+        v = x[1:]
+        first, light, ref = _fake_detach(v), _fake_detach(v), v.detach()
+        assert "_fv_protos" in v.fake_mode.__dict__  # the light path was taken for `light`
+        for a in (first, light):
+            assert type(a) is FakeTensor
+            assert a.__dict__ == ref.__dict__  # mode, device, constant/real tensor, every memo
+            assert (a.device, a.fake_device, a.dtype, a.shape, a.stride(), a.storage_offset()) == (
+                ref.device, ref.fake_device, ref.dtype, ref.shape, ref.stride(), ref.storage_offset(),
+            )  # fmt: skip
+            assert a.untyped_storage()._cdata == v.untyped_storage()._cdata
+            assert a.requires_grad == ref.requires_grad and a.is_leaf
+            assert torch._C._dispatch_keys(a) == torch._C._dispatch_keys(ref)
+            # a memo works on the light tensor as on a constructed one (descriptors + version check)
+            a.nonzero_memo = 7
+            assert a.nonzero_memo == 7
+        y = light.float() + 1  # ops on the light tensor run under the mode, on its fake device
+        assert type(y) is FakeTensor and y.device == torch.device("cuda:5") and y.dtype == torch.float32
+        light.add_(1)  # a write through the alias bumps the shared version counter
+        assert v._version == light._version == ref._version
+        assert light.nonzero_memo is None  # ... which invalidates the memo, as on any FakeTensor
+
+
 # ------------------------------------------------------------ recorded op cache
 def _llama_step_trace(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[fv.Trace, int]:
     """A fake Llama (3 layers) fwd+bwd+AdamW; with or without Note: [recorded op cache]."""
