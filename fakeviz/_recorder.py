@@ -482,6 +482,10 @@ class _State:
             line = self.user_line(3)
         in_ids = b.in_tensor
         base, top = self.tbase, self.ttop
+        if entry is None and func is _DETACH and type(out) is _FakeTensor and len(args) == 1 and not kwargs:
+            # no cache entry (Note: [fast fake detach]), but everything but the output's metadata is
+            # the same for every plain detach: cache that much under the op itself
+            entry = _DETACH
         hit = self.fast.get(id(entry)) if entry is not None else None
         if hit is not None and hit[0] is entry:  # Note: [recorded op cache]
             _, op_id, flags, aid, flops, metas = hit
@@ -498,6 +502,9 @@ class _State:
                     if isinstance(v, _Tensor):
                         in_ids.append(self.tensor_id(v))
             outd = b.outd
+            if metas is None:  # a detach: its output's metadata is its input's, looked up as usual
+                flags |= self._output(out)
+                metas = ()
             live = self.live
             for o, m in zip((out,) if isinstance(out, _Tensor) else out, metas):  # noqa: B905 - same key, same outputs
                 d = o.__dict__
@@ -576,7 +583,9 @@ class _State:
         except Exception:  # noqa: BLE001 - a formula failing on odd arguments: no figure, not a lost op
             flops = -1
         b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, flops))
-        if cacheable and not flags & FLAG_DATA_DEPENDENT:
+        if cacheable and entry is _DETACH:
+            self.fast[id(entry)] = (entry, op_id, flags & ~FLAG_DATA_DEPENDENT, aid, flops, None)
+        elif cacheable and not flags & FLAG_DATA_DEPENDENT:
             rows = b.outd[out_start:]
             metas = tuple(
                 (rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4], rows[i + 6], rows[i + 7])
