@@ -1148,11 +1148,15 @@ class _FakeRecordingMode(FakeTensorMode):
         st = self._fv_state
         if func._namespace == "prim" or st is None or not st.active:
             return _fake_dispatch(self, func, types, args, kwargs)
-        return st.run_op(_fake_dispatch_fast, self, func, types, args, kwargs)
+        return st.run_op(_fake_dispatch_fast if func is _DETACH else _fake_dispatch, self, func, types, args, kwargs)
 
     # Note: [recorded op cache]: hand the outermost op's dispatch-cache entry to the recorder
     def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
-        self._fv_entry(func, entry)
+        st = self._fv_state
+        if st is not None:  # self._fv_entry(func, entry), inlined: this runs for most ops
+            loc = st.local.__dict__
+            if loc.get("depth") == 1 and loc.get("entry") is None and self.shape_env is None:
+                loc["entry"] = (func, entry)
         return _fake_output_from_entry(self, state, entry, key, func, args)
 
     def _make_cache_entry(self, state: Any, key: Any, func: Any, args: Any, kwargs: Any, output: Any) -> Any:

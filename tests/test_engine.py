@@ -575,7 +575,10 @@ def _llama_step_trace(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> tuple
 
     monkeypatch.setattr(rec._State, "record", counting)
     if not use_cache:  # the mode never hands an entry over: every op takes the full path
-        monkeypatch.setattr(rec._FakeRecordingMode, "_fv_entry", lambda self, func, entry: None)
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        for name in ("_output_from_cache_entry", "_make_cache_entry"):
+            monkeypatch.setattr(rec._FakeRecordingMode, name, getattr(FakeTensorMode, name))
     cfg = models.config("llama3-70b", num_hidden_layers=3, hidden_size=64, intermediate_size=96,
                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128)  # fmt: skip
     gc.collect()
