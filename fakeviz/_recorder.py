@@ -278,8 +278,7 @@ class _State:
         self.t_args = b.tables["args"]
         self.meta_ids: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
         self.fast: dict[Any, tuple[Any, ...]] = {}  # Note: [recorded op cache]
-        # storages: StorageImpl address -> (storage id, weakref)
-        self.live: dict[int, tuple[int, Any]] = {}
+        self.live: dict[int, _StorageRef] = {}  # StorageImpl address -> its weakref (which has the id)
         self.on_free = self._on_free  # one bound method for every storage's weakref callback
         self.next_tensor = 0
         # phase and module state
@@ -388,8 +387,8 @@ class _State:
         hit = self.live.get(key)
         if hit is not None:
             if roles:
-                self.b.std[hit[0] * _N_ST + _ST_ROLES] |= roles
-            return hit[0]
+                self.b.std[hit.sid * _N_ST + _ST_ROLES] |= roles
+            return hit.sid
         dev = t.device
         devid = self.t_devices.ids.get(dev)
         if devid is None:
@@ -421,15 +420,14 @@ class _State:
         ref = _StorageRef(st, self.on_free)
         ref.key = key
         ref.sid = sid
-        self.live[key] = (sid, ref)
+        self.live[key] = ref
 
     def _on_free(self, ref: _StorageRef) -> None:
         sid = ref.sid
         b = self.b
         b.std[sid * _N_ST + _ST_FREE] = len(b.opd) // _N_OP
         live = self.live
-        cur = live.get(ref.key)
-        if cur is not None and cur[0] == sid:
+        if live.get(ref.key) is ref:
             del live[ref.key]
 
     # ------------------------------------------------------------------ ops
@@ -518,7 +516,7 @@ class _State:
                 st = o.untyped_storage()
                 k = st._cdata
                 h = live.get(k)
-                stor = h[0] if h is not None else self._new_storage(st, k, m[3], len(b.opd) // _N_OP, 0)
+                stor = h.sid if h is not None else self._new_storage(st, k, m[3], len(b.opd) // _N_OP, 0)
                 outd.extend((tid, m[0], m[1], m[2], m[3], stor, m[4], m[5]))
             b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(outd) // _N_OUT, flags, flops))
             if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
@@ -617,7 +615,7 @@ class _State:
             return
         hit = self.live.pop(st_in._cdata, None)
         if hit is not None:
-            self._watch(st_out, st_out._cdata, hit[0])
+            self._watch(st_out, st_out._cdata, hit.sid)
 
     def _bw_module(self) -> int:
         node = _current_node()
@@ -690,7 +688,7 @@ class _State:
             st = t.untyped_storage()
             key = st._cdata
             hit = self.live.get(key)
-            stor = hit[0] if hit is not None else self._new_storage(st, key, devid, len(self.b.opd) // _N_OP, 0)
+            stor = hit.sid if hit is not None else self._new_storage(st, key, devid, len(self.b.opd) // _N_OP, 0)
         except (NotImplementedError, RuntimeError):
             stor = -1
         self.b.outd.extend((tid, sid, stid, dtid, devid, stor, off, nb))
