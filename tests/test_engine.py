@@ -607,3 +607,16 @@ def test_recorded_op_cache_gives_the_uncached_trace(monkeypatch: pytest.MonkeyPa
         assert a.equals(b), table
     assert cached.flops() == plain.flops()
     assert cached.peak_bytes() == plain.peak_bytes()
+
+
+def test_recorded_op_cache_keeps_arguments_the_key_does_not_tell_apart():
+    """0.0 and -0.0 share FakeTensorMode's cache key (they are equal); the op log must still
+    show each call's own argument (Note: [recorded op cache], _key_safe)."""
+    with fv.record(device="cuda:0") as trace:
+        for v in (0.0, -0.0, 0.0, -0.0, 2.5, 2.5):
+            torch.full((2, 3), v).mul(v)
+    log = [line for line in trace.oplog_lines() if "aten.full" in line or "aten.mul" in line]
+    assert len(log) == 12, log
+    for i, v in enumerate((0.0, -0.0, 0.0, -0.0, 2.5, 2.5)):
+        assert f"aten.full.default([2, 3], {v}, " in log[2 * i], log[2 * i]
+        assert log[2 * i + 1].endswith(f"aten.mul.Tensor(${2 * i}, {v})"), log[2 * i + 1]
