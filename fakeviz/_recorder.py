@@ -312,6 +312,7 @@ class _State:
         self.bw_leaves: list[Any] = []
         self.p_rows: dict[int, tuple[int, ...]] = {}  # name id -> parameter table row
         self.grad_of: dict[int, int] = {}  # parameter tensor id -> storage id of its last .grad
+        self.unpacked: Any = None  # Note: [unpack detach]
 
     # ------------------------------------------------------------- interning
     def _op(self, func: Any) -> tuple[int, int]:
@@ -448,8 +449,29 @@ class _State:
         *identity* (input and output tensor ids, output storages) and on where the op runs
         (phase, module, line) is taken for every op.
         """
-        if func is _DETACH and _called_from_parameter_new():
-            return  # Note: [Parameter detach]
+        if func is _DETACH:
+            # Note: [unpack detach]
+            # When autograd unpacks a saved tensor that has a grad_fn (or requires grad), it
+            # wraps what the unpack hook returned in a new tensor: for a tensor with a Python
+            # dispatch key that is a detach dispatched from C++ (make_variable ->
+            # shallow_copy_and_detach), right after the hook returned, in the same thread.
+            # It is autograd's bookkeeping, made for every saved tensor only because the
+            # recorder's hooks exist (without hooks, saved inputs are handed back as they
+            # are), so it is not recorded in fake or real runs: the result takes the saved
+            # tensor's id, and backward ops name the forward tensor they read.
+            # ``self.unpacked`` holds the tensor the hook returned until the next recorded op
+            # (or the end of backward): frees are counted in ops, so holding it that long
+            # never moves a storage's free; compared by identity, so never a wrong match.
+            u = self.unpacked
+            if u is not None and args and args[0] is u:
+                self.unpacked = None
+                tag = u.__dict__.get("_fakeviz_tid")
+                if tag is not None and isinstance(out, _Tensor):
+                    out.__dict__["_fakeviz_tid"] = tag
+                return
+            if _called_from_parameter_new():
+                return  # Note: [Parameter detach]
+        self.unpacked = None
         if func is _LIFT_FRESH and args and isinstance(args[0], _Tensor):
             # torch.tensor(data) made its tensor just now, without a dispatch: it is born here
             self.storage_id(args[0], len(self.b.opd) // _N_OP)
@@ -950,8 +972,11 @@ class _State:
             alias.__dict__["_fakeviz_tid"] = tag
         return alias
 
-    @staticmethod
-    def unpack_saved(t: Any) -> Any:
+    def unpack_saved(self, t: Any) -> Any:
+        """saved_tensors_hooks unpack: hand ``t`` back; the detach autograd may make of it next is
+        bookkeeping (Note: [unpack detach])."""
+        if self.active:
+            self.unpacked = t
         return t
 
     def _mark_inputs(self, mod: torch.nn.Module, args: Any) -> None:
@@ -993,6 +1018,7 @@ class _State:
                 tensors = (tensors,) if isinstance(tensors, _Tensor) else tuple(tensors)
                 self.bw_leaves = self._leaves(tensors)
         else:
+            self.unpacked = None  # Note: [unpack detach]
             for ref in self.bw_leaves:
                 self._mark_grad(ref())
             self.bw_leaves = []

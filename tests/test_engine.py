@@ -106,13 +106,14 @@ $5: f32[2, 3] cuda:0 = aten.relu.default($4)
 $6: f32[] cuda:0 = aten.sum.default($5)
 $7: f32[] cuda:0 = aten.ones_like.default($6, pin_memory=False, memory_format=torch.preserve_format)
 $8: f32[2, 3] cuda:0 = aten.expand.default($7, [2, 3])
-$9: f32[2, 3] cuda:0 = aten.detach.default($5)
-$10: f32[2, 3] cuda:0 = aten.threshold_backward.default($8, $9, 0)
-$11: f32[3, 2] cuda:0 = aten.t.default($10)
-$12: f32[3, 4] cuda:0 = aten.mm.default($11, $2)
-$13: f32[4, 3] cuda:0 = aten.t.default($12)
-$14: f32[3, 4] cuda:0 = aten.t.default($13)
-$15: f32[3, 4] cuda:0 = aten.detach.default($14)"""
+$9: f32[2, 3] cuda:0 = aten.threshold_backward.default($8, $5, 0)
+$10: f32[3, 2] cuda:0 = aten.t.default($9)
+$11: f32[3, 4] cuda:0 = aten.mm.default($10, $2)
+$12: f32[4, 3] cuda:0 = aten.t.default($11)
+$13: f32[3, 4] cuda:0 = aten.t.default($12)
+$14: f32[3, 4] cuda:0 = aten.detach.default($13)"""
+# threshold_backward reads the forward relu output $5 itself: autograd's detach when it unpacks
+# a saved tensor is not an op of the model (Note: [unpack detach])
 
 
 def _tiny_run():
@@ -620,3 +621,24 @@ def test_recorded_op_cache_keeps_arguments_the_key_does_not_tell_apart():
     for i, v in enumerate((0.0, -0.0, 0.0, -0.0, 2.5, 2.5)):
         assert f"aten.full.default([2, 3], {v}, " in log[2 * i], log[2 * i]
         assert log[2 * i + 1].endswith(f"aten.mul.Tensor(${2 * i}, {v})"), log[2 * i + 1]
+
+
+def test_unpack_detach_is_not_an_op_but_user_detaches_are():
+    """Note: [unpack detach]: autograd's detach of what the saved-tensor hook hands back is not
+    recorded (backward ops read the forward tensor's own id); a detach the user writes is."""
+    for fake in (True, False):
+        with fv.record(fake=fake) as trace:
+            x = torch.randn(3, 4, requires_grad=True)
+            w = torch.randn(4, 4, requires_grad=True)
+            y = (x @ w).exp()  # mm saves its inputs, exp saves its output
+            y.sum().backward()
+            z = y.detach()
+        log = trace.oplog_lines()
+        bw = trace.ops[trace.ops.phase == "backward"]
+        # exp's backward multiplies by exp's own output, named by its forward id
+        exp_id = next(line.split(":")[0] for line in log if "aten.exp.default" in line)
+        assert any("aten.mul.Tensor" in line and exp_id in line for line in log), log
+        # only the two AccumulateGrad detaches remain in backward; the user's detach is recorded after it
+        assert list(bw.op.astype(str)).count("aten.detach.default") == 2, log
+        assert log[-1].endswith(f"aten.detach.default({exp_id})"), log[-1]
+        assert z.shape == (3, 4)
