@@ -128,6 +128,7 @@ def _key_safe(a: Any) -> bool:
 
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
+_get_ident = threading.get_ident
 _current_node = torch._C._current_autograd_node
 _N_OP = len(_trace_mod._OP_COLS)
 _PROGRESS_EVERY = 1024 * _N_OP  # opd grows by _N_OP per op: report every 1024 ops
@@ -312,7 +313,7 @@ class _State:
         self.bw_leaves: list[Any] = []
         self.p_rows: dict[int, tuple[int, ...]] = {}  # name id -> parameter table row
         self.grad_of: dict[int, int] = {}  # parameter tensor id -> storage id of its last .grad
-        self.unpacked: Any = None  # Note: [unpack detach]
+        self.unpacked: dict[int, Any] = {}  # thread ident -> tensor; Note: [unpack detach]
 
     # ------------------------------------------------------------- interning
     def _op(self, func: Any) -> tuple[int, int]:
@@ -459,19 +460,20 @@ class _State:
             # recorder's hooks exist (without hooks, saved inputs are handed back as they
             # are), so it is not recorded in fake or real runs: the result takes the saved
             # tensor's id, and backward ops name the forward tensor they read.
-            # ``self.unpacked`` holds the tensor the hook returned until the next recorded op
-            # (or the end of backward): frees are counted in ops, so holding it that long
-            # never moves a storage's free; compared by identity, so never a wrong match.
-            u = self.unpacked
+            # ``self.unpacked`` holds, per thread, the tensor the hook returned until that
+            # thread's next recorded op (or the end of backward): frees are counted in ops, so
+            # holding it that long never moves a storage's free; compared by identity, so
+            # never a wrong match.
+            u = self.unpacked.pop(_get_ident(), None) if self.unpacked else None
             if u is not None and args and args[0] is u:
-                self.unpacked = None
                 tag = u.__dict__.get("_fakeviz_tid")
                 if tag is not None and isinstance(out, _Tensor):
                     out.__dict__["_fakeviz_tid"] = tag
                 return
             if _called_from_parameter_new():
                 return  # Note: [Parameter detach]
-        self.unpacked = None
+        elif self.unpacked:
+            self.unpacked.pop(_get_ident(), None)
         if func is _LIFT_FRESH and args and isinstance(args[0], _Tensor):
             # torch.tensor(data) made its tensor just now, without a dispatch: it is born here
             self.storage_id(args[0], len(self.b.opd) // _N_OP)
@@ -976,7 +978,7 @@ class _State:
         """saved_tensors_hooks unpack: hand ``t`` back; the detach autograd may make of it next is
         bookkeeping (Note: [unpack detach])."""
         if self.active:
-            self.unpacked = t
+            self.unpacked[_get_ident()] = t
         return t
 
     def _mark_inputs(self, mod: torch.nn.Module, args: Any) -> None:
@@ -1018,7 +1020,7 @@ class _State:
                 tensors = (tensors,) if isinstance(tensors, _Tensor) else tuple(tensors)
                 self.bw_leaves = self._leaves(tensors)
         else:
-            self.unpacked = None  # Note: [unpack detach]
+            self.unpacked.clear()  # Note: [unpack detach]
             for ref in self.bw_leaves:
                 self._mark_grad(ref())
             self.bw_leaves = []
