@@ -127,6 +127,29 @@ def _key_safe(a: Any) -> bool:
     return True
 
 
+def _template(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[str, bool]:
+    """The argument text of an op, ``{}`` for each tensor (in the order the recorder takes
+    their ids), and whether it is a function of FakeTensorMode's cache key (``_key_safe``)."""
+    parts = []
+    safe = True
+    for a in args:
+        if isinstance(a, _Tensor):
+            parts.append("{}")
+        elif type(a) is list and a and isinstance(a[0], _Tensor):
+            parts.append("[" + ", ".join("{}" if isinstance(x, _Tensor) else _fmt_arg(x) for x in a) + "]")
+        else:
+            parts.append(_fmt_arg(a))
+            safe = safe and _key_safe(a)
+    if kwargs:
+        for k, v in kwargs.items():
+            if isinstance(v, _Tensor):
+                parts.append(k + "={}")
+            else:
+                parts.append(k + "=" + _fmt_arg(v))
+                safe = safe and _key_safe(v)
+    return ", ".join(parts), safe
+
+
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _get_ident = threading.get_ident
 _current_node = torch._C._current_autograd_node
@@ -502,8 +525,21 @@ class _State:
             phase = P_OTHER if self.seen_forward else P_INIT
             module = -1
             line = self.user_line(3)
+        # inputs -> tensor ids
         in_ids = b.in_tensor
         base, top = self.tbase, self.ttop
+        for a in args:
+            if isinstance(a, _Tensor):
+                tag = a.__dict__.get("_fakeviz_tid")
+                in_ids.append(tag - base if tag is not None and base <= tag < top else self.tensor_id(a))
+            elif type(a) is list and a and isinstance(a[0], _Tensor):
+                for x in a:
+                    if isinstance(x, _Tensor):
+                        in_ids.append(self.tensor_id(x))
+        if kwargs:
+            for v in kwargs.values():
+                if isinstance(v, _Tensor):
+                    in_ids.append(self.tensor_id(v))
         if entry is None and func is _DETACH and type(out) is _FakeTensor and len(args) == 1 and not kwargs:
             # no cache entry (Note: [fast fake detach]), but everything but the output's metadata is
             # the same for every plain detach: cache that much under the op itself
@@ -511,79 +547,32 @@ class _State:
         hit = self.fast.get(id(entry)) if entry is not None else None
         if hit is not None and hit[0] is entry:  # Note: [recorded op cache]
             _, op_id, flags, aid, flops, metas = hit
-            for a in args:
-                if isinstance(a, _Tensor):
-                    tag = a.__dict__.get("_fakeviz_tid")
-                    in_ids.append(tag - base if tag is not None and base <= tag < top else self.tensor_id(a))
-                elif type(a) is list and a and isinstance(a[0], _Tensor):
-                    for x in a:
-                        if isinstance(x, _Tensor):
-                            in_ids.append(self.tensor_id(x))
-            if kwargs:
-                for v in kwargs.values():
-                    if isinstance(v, _Tensor):
-                        in_ids.append(self.tensor_id(v))
-            outd = b.outd
-            if metas is None:  # a detach: its output's metadata is its input's, looked up as usual
+            if metas is None:  # a detach: its output's metadata is looked up as usual
                 flags |= self._output(out)
-                metas = ()
-            live = self.live
-            for o, m in zip((out,) if isinstance(out, _Tensor) else out, metas):  # noqa: B905 - same key, same outputs
-                d = o.__dict__
-                tag = d.get("_fakeviz_tid")
-                if tag is not None and base <= tag < top:
-                    tid = tag - base  # in-place op returning its input
-                else:
-                    tid = self.next_tensor
-                    self.next_tensor = tid + 1
-                    d["_fakeviz_tid"] = base + tid
-                st = o.untyped_storage()
-                k = st._cdata
-                h = live.get(k)
-                stor = h.sid if h is not None else self._new_storage(st, k, m[3], len(b.opd) // _N_OP, 0)
-                outd.extend((tid, m[0], m[1], m[2], m[3], stor, m[4], m[5]))
-            b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(outd) // _N_OUT, flags, flops))
-            if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
-                self._report_progress(phase, module)
-            return
+            else:
+                for o, m in zip((out,) if isinstance(out, _Tensor) else out, metas):  # noqa: B905 - same key, same outputs
+                    self._output(o, m)
+        else:
+            op_id, flags, aid, flops = self._record_full(func, args, kwargs, out, entry)
+        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, flops))
+        if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
+            self._report_progress(phase, module)
+
+    def _record_full(self, func: Any, args: Any, kwargs: Any, out: Any, entry: Any) -> tuple[int, int, int, int]:
+        """Op id, flags, argument template id and FLOPs of an op the recorded op cache has not
+        seen (its outputs are appended on the way); cache them under ``entry`` if it may."""
         info = self.op_info.get(func)
         if info is None:
             info = self._op(func)
         op_id, flags = info
-        # inputs -> template + tensor ids
-        parts = []
-        cacheable = entry is not None
-        for a in args:
-            if isinstance(a, _Tensor):
-                tag = a.__dict__.get("_fakeviz_tid")
-                in_ids.append(tag - base if tag is not None and base <= tag < top else self.tensor_id(a))
-                parts.append("{}")
-            elif type(a) is list and a and isinstance(a[0], _Tensor):
-                sub = []
-                for x in a:
-                    if isinstance(x, _Tensor):
-                        in_ids.append(self.tensor_id(x))
-                        sub.append("{}")
-                    else:
-                        sub.append(_fmt_arg(x))
-                parts.append("[" + ", ".join(sub) + "]")
-            else:
-                parts.append(_fmt_arg(a))
-                cacheable = cacheable and _key_safe(a)
-        if kwargs:
-            for k, v in kwargs.items():
-                if isinstance(v, _Tensor):
-                    in_ids.append(self.tensor_id(v))
-                    parts.append(k + "={}")
-                else:
-                    parts.append(k + "=" + _fmt_arg(v))
-                    cacheable = cacheable and _key_safe(v)
-        tmpl = ", ".join(parts)
+        tmpl, cacheable = _template(args, kwargs)
+        cacheable = cacheable and entry is not None
         t_args = self.t_args
         aid = t_args.ids.get(tmpl)
         if aid is None:
             aid = t_args.add(tmpl, tmpl)
         # outputs
+        b = self.b
         out_start = len(b.outd)
         if isinstance(out, _Tensor):
             flags |= self._output(out)
@@ -604,7 +593,6 @@ class _State:
             flops = _op_flops(func, args, kwargs, out)
         except Exception:  # noqa: BLE001 - a formula failing on odd arguments: no figure, not a lost op
             flops = -1
-        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, flops))
         if cacheable and entry is _DETACH:
             self.fast[id(entry)] = (entry, op_id, flags & ~FLAG_DATA_DEPENDENT, aid, flops, None)
         elif cacheable and not flags & FLAG_DATA_DEPENDENT:
@@ -614,8 +602,7 @@ class _State:
                 for i in range(0, len(rows), _N_OUT)
             )
             self.fast[id(entry)] = (entry, op_id, flags, aid, flops, metas)
-        if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
-            self._report_progress(phase, module)
+        return op_id, flags, aid, flops
 
     def _report_progress(self, phase: int, module: int) -> None:
         try:
@@ -676,7 +663,9 @@ class _State:
             self.meta_ids[key] = ids
         return ids
 
-    def _output(self, t: Any) -> int:
+    def _output(self, t: Any, m: tuple[int, ...] | None = None) -> int:
+        """Append output ``t``'s row; ``m`` is its cached metadata (Note: [recorded op cache]):
+        interned shape, stride, dtype and device ids, storage offset and nbytes."""
         d = t.__dict__
         tag = d.get("_fakeviz_tid")
         base = self.tbase
@@ -687,27 +676,30 @@ class _State:
             self.next_tensor = tid + 1
             d["_fakeviz_tid"] = base + tid
         flag = 0
-        shape = t.shape
-        stride = t.stride()
-        dt = t.dtype
-        dev = t.device
-        try:
-            ids = self.meta_ids.get((shape, stride, dt, dev))
-            symbolic = False
-        except TypeError:  # symbolic sizes are unhashable
-            ids = None
-            symbolic = True
-        if ids is None:
-            ids = self._meta_ids(shape, stride, dt, dev)
-        sid, stid, dtid, devid = ids
-        if symbolic:
-            nb = -1
-            flag = FLAG_DATA_DEPENDENT
-            off = t.storage_offset()
-            off = off if type(off) is int else -1
+        if m is not None:
+            sid, stid, dtid, devid, off, nb = m
         else:
-            nb = t.nbytes
-            off = t.storage_offset()
+            shape = t.shape
+            stride = t.stride()
+            dt = t.dtype
+            dev = t.device
+            try:
+                ids = self.meta_ids.get((shape, stride, dt, dev))
+                symbolic = False
+            except TypeError:  # symbolic sizes are unhashable
+                ids = None
+                symbolic = True
+            if ids is None:
+                ids = self._meta_ids(shape, stride, dt, dev)
+            sid, stid, dtid, devid = ids
+            if symbolic:
+                nb = -1
+                flag = FLAG_DATA_DEPENDENT
+                off = t.storage_offset()
+                off = off if type(off) is int else -1
+            else:
+                nb = t.nbytes
+                off = t.storage_offset()
         try:
             st = t.untyped_storage()
             key = st._cdata
@@ -1178,11 +1170,7 @@ class _FakeRecordingMode(FakeTensorMode):
 
     # Note: [recorded op cache]: hand the outermost op's dispatch-cache entry to the recorder
     def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
-        st = self._fv_state
-        if st is not None:  # self._fv_entry(func, entry), inlined: this runs for most ops
-            loc = st.local.__dict__
-            if loc.get("depth") == 1 and loc.get("entry") is None and self.shape_env is None:
-                loc["entry"] = (func, entry)
+        self._fv_entry(func, entry)
         return _fake_output_from_entry(self, state, entry, key, func, args)
 
     def _make_cache_entry(self, state: Any, key: Any, func: Any, args: Any, kwargs: Any, output: Any) -> Any:
