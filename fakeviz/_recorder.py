@@ -48,7 +48,7 @@ from torch._subclasses.fake_tensor import in_kernel_invocation_manager as _in_ke
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _cuda_shim
+from . import _cuda_shim, _native
 from . import _trace as _trace_mod
 from ._errors import DataDependentError, FakeVizError, RecordError
 from ._flops import op_flops as _op_flops
@@ -337,6 +337,20 @@ class _State:
         self.p_rows: dict[int, tuple[int, ...]] = {}  # name id -> parameter table row
         self.grad_of: dict[int, int] = {}  # parameter tensor id -> storage id of its last .grad
         self.unpacked: dict[int, Any] = {}  # thread ident -> tensor; Note: [unpack detach]
+        self.core = None
+        mod = _native.core()
+        if mod is not None:  # Note: [recorder core in C]
+            self.core = mod.Core(
+                state=self, live=self.live, fast=self.fast, fw_stack=self.fw_stack, fw_lines=self.fw_lines,
+                unpacked=self.unpacked, internal_code=self.internal_code, line_ids=self.line_ids,
+                sn_cache=self.sn_cache, meta_ids=self.meta_ids, opd=b.opd, outd=b.outd, in_tensor=b.in_tensor,
+                std=b.std, tensor_type=_Tensor, fake_type=_FakeTensor, detach=_DETACH, lift_fresh=_LIFT_FRESH,
+                graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
+                param_new_code=_PARAM_NEW, disable_tf=torch._C.DisableTorchFunction, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
+                n_st=_N_ST, st_roles=_ST_ROLES, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
+            )  # fmt: skip
+            self.record = self.core.record  # type: ignore[method-assign]
+            self.pack_saved = self.core.pack_saved  # type: ignore[method-assign]
 
     # ------------------------------------------------------------- interning
     def _op(self, func: Any) -> tuple[int, int]:
@@ -379,14 +393,18 @@ class _State:
             if v is None:
                 v = self._is_internal(c)
             if not v:
-                key = (id(c), f.f_lineno)
-                i = self.line_ids.get(key)
-                if i is None:
-                    text = f"{c.co_filename}:{f.f_lineno} in {c.co_name}"
-                    i = self.line_ids[key] = self.b.tables["lines"].add(text, text)
-                return i
+                i = self.line_ids.get((id(c), f.f_lineno))
+                return i if i is not None else self._line_id(c, f.f_lineno)
             f = f.f_back
         return -1
+
+    def _line_id(self, code: CodeType, lineno: int) -> int:
+        key = (id(code), lineno)
+        i = self.line_ids.get(key)
+        if i is None:
+            text = f"{code.co_filename}:{lineno} in {code.co_name}"
+            i = self.line_ids[key] = self.b.tables["lines"].add(text, text)
+        return i
 
     # ---------------------------------------------------------------- tensors
     def tensor_id(self, t: Any) -> int:
@@ -557,6 +575,8 @@ class _State:
         b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, flops))
         if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
             self._report_progress(phase, module)
+
+    _py_record = record  # the C core calls it for the paths it leaves to Python
 
     def _record_full(self, func: Any, args: Any, kwargs: Any, out: Any, entry: Any) -> tuple[int, int, int, int]:
         """Op id, flags, argument template id and FLOPs of an op the recorded op cache has not
@@ -952,6 +972,10 @@ class _State:
             # a leaf, or an input of the node being built (whose sequence number is the
             # newest one handed out): no cycle is possible, save the tensor itself
             return t
+        return self._saved_alias(t)
+
+    def _saved_alias(self, t: Any) -> Any:
+        """The grad_fn-less alias of ``t`` saved in its place (Note: [saved tensors])."""
         alias = _fake_detach(t)  # Note: [fast fake detach]
         if alias is None:
             loc = self.local
@@ -1305,6 +1329,7 @@ class Recording:
             _cuda_shim.warn_if_unavailable(self.device)
         prefixes = tuple(_package_dir(x) for x in self.exclude)
         state = self._state = _State(self.trace, exclude=prefixes)
+        self.trace.meta["recorder_core"] = "c" if state.core is not None else "python"  # Note: [recorder core in C]
         stack = self._stack = contextlib.ExitStack()
         try:
             stack.enter_context(session_patches(on_backward=state.backward_event))

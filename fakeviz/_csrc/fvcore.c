@@ -1,0 +1,938 @@
+/* fakeviz._fvcore: the recorder's per-op path in C (Note: [recorder core in C]).
+ *
+ * Core.record(func, args, kwargs, out, entry) does exactly what the Python
+ * reference fakeviz._recorder._State.record does, and Core.pack_saved what
+ * _State.pack_saved does, on the common paths; every uncommon path (an op the
+ * recorded op cache has not seen, an unseen input tensor, a new storage, a new
+ * code object or source line, lift_fresh, ...) calls the Python method that
+ * handles it, so the two implementations share one source of truth for the
+ * trace layout. Only the CPython C API is used (no torch headers): it builds
+ * in well under a second with any C compiler, and fakeviz falls back to the
+ * Python implementation where none exists.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+
+enum { P_INIT = 0, P_FORWARD = 1, P_BACKWARD = 2, P_OPTIMIZER = 3, P_OTHER = 4 };
+#define MAX_OUT_ROW 16
+#define PARAM_NEW_FRAMES 9
+
+static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *s_seen_forward,
+    *s_progress, *s_bw_line, *s_sequence_nr, *s_tensor_id, *s_new_storage, *s_is_internal, *s_line_id,
+    *s_record_full, *s_bw_module, *s_report_progress, *s_output, *s_next_tensor, *s_shape, *s_stride,
+    *s_dtype, *s_device, *s_nbytes, *s_storage_offset, *s_active, *s_storage_id, *s_grad_fn,
+    *s_fake_detach, *s_py_record;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *state;
+    /* containers shared with the Python state (same objects) */
+    PyObject *live, *fast, *fw_stack, *fw_lines, *unpacked, *internal_code, *line_ids, *sn_cache, *meta_ids;
+    PyObject *opd, *outd, *in_tensor, *std;
+    PyObject *in_frombytes, *out_frombytes, *op_frombytes;
+    /* torch objects */
+    PyObject *tensor_type, *fake_type, *detach, *lift_fresh, *graph_task_id, *current_node, *get_seqnr,
+        *param_new_code, *fake_detach, *disable_tf;
+    long long tbase, ttop;
+    Py_ssize_t n_op, n_out, n_st, st_roles, progress_every;
+    long long role_saved, flag_dd;
+} Core;
+
+/* ------------------------------------------------------------------ helpers */
+
+static int is_storage_error(void) {
+    return PyErr_ExceptionMatches(PyExc_NotImplementedError) || PyErr_ExceptionMatches(PyExc_RuntimeError);
+}
+
+/* extend an array('q') by n int64 values through its frombytes method */
+static int extend(PyObject *frombytes, const long long *v, Py_ssize_t n) {
+    if (n == 0) return 0;
+    PyObject *b = PyBytes_FromStringAndSize((const char *)v, n * (Py_ssize_t)sizeof(long long));
+    if (!b) return -1;
+    PyObject *r = PyObject_CallOneArg(frombytes, b);
+    Py_DECREF(b);
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static int as_ll(PyObject *o, long long *v) {
+    if (!o) return -1;
+    *v = PyLong_AsLongLong(o);
+    if (*v == -1 && PyErr_Occurred()) return -1;
+    return 0;
+}
+
+/* call a method of the Python state and convert its int result */
+static int state_call_ll(Core *self, PyObject *name, long long *v, PyObject *const *args, size_t nargs) {
+    PyObject *stack[8];
+    stack[0] = self->state;
+    for (size_t i = 0; i < nargs; i++) stack[i + 1] = args[i];
+    PyObject *r = PyObject_VectorcallMethod(name, stack, (nargs + 1) | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (!r) return -1;
+    int rc = as_ll(r, v);
+    Py_DECREF(r);
+    return rc;
+}
+
+/* The tensor id in t.__dict__ if it is one of this recording's: 1 found, 0 not, -1 error. */
+static int own_tid(Core *self, PyObject *t, PyObject **dict_out, long long *tid) {
+    PyObject *d = PyObject_GenericGetDict(t, NULL);
+    if (!d) return -1;
+    PyObject *tag = PyDict_GetItemWithError(d, s_tid); /* borrowed */
+    int found = 0;
+    if (tag) {
+        if (PyLong_Check(tag)) {
+            long long v = PyLong_AsLongLong(tag);
+            if (v == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+            } else if (v >= self->tbase && v < self->ttop) {
+                *tid = v - self->tbase;
+                found = 1;
+            }
+        }
+    } else if (PyErr_Occurred()) {
+        Py_DECREF(d);
+        return -1;
+    }
+    if (dict_out)
+        *dict_out = d;
+    else
+        Py_DECREF(d);
+    return found;
+}
+
+/* _State.tensor_id */
+static int input_id(Core *self, PyObject *t, long long *tid) {
+    int f = own_tid(self, t, NULL, tid);
+    if (f != 0) return f < 0 ? -1 : 0;
+    return state_call_ll(self, s_tensor_id, tid, &t, 1);
+}
+
+/* pop d[key] for this thread's ident: a new reference, or NULL (an error if one is set) */
+static PyObject *pop_ident(PyObject *d) {
+    PyObject *ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (!ident) return NULL;
+    PyObject *v = PyDict_GetItemWithError(d, ident); /* borrowed */
+    if (v) {
+        Py_INCREF(v);
+        if (PyDict_DelItem(d, ident) < 0) Py_CLEAR(v);
+    }
+    Py_DECREF(ident);
+    return v;
+}
+
+static Py_ssize_t num_ops(Core *self) {
+    Py_ssize_t n = PyObject_Size(self->opd);
+    return n < 0 ? -1 : n / self->n_op;
+}
+
+/* storage id of an output's storage (-1 where it has none), registering it if new */
+static int output_storage(Core *self, PyObject *t, long long devid, long long *stor) {
+    *stor = -1;
+    PyObject *st = PyObject_CallMethodNoArgs(t, s_untyped_storage);
+    if (!st) goto fail;
+    PyObject *key = PyObject_GetAttr(st, s_cdata);
+    if (!key) {
+        Py_DECREF(st);
+        goto fail;
+    }
+    PyObject *hit = PyDict_GetItemWithError(self->live, key); /* borrowed */
+    int rc;
+    if (hit) {
+        PyObject *so = PyObject_GetAttr(hit, s_sid);
+        rc = as_ll(so, stor);
+        Py_XDECREF(so);
+    } else if (PyErr_Occurred()) {
+        rc = -1;
+    } else {
+        Py_ssize_t seq = num_ops(self);
+        if (seq < 0) {
+            rc = -1;
+        } else {
+            PyObject *a_dev = PyLong_FromLongLong(devid), *a_seq = PyLong_FromSsize_t(seq),
+                     *a_zero = PyLong_FromLong(0);
+            if (!a_dev || !a_seq || !a_zero) {
+                rc = -1;
+            } else {
+                PyObject *args[5] = {st, key, a_dev, a_seq, a_zero};
+                rc = state_call_ll(self, s_new_storage, stor, args, 5);
+            }
+            Py_XDECREF(a_dev);
+            Py_XDECREF(a_seq);
+            Py_XDECREF(a_zero);
+        }
+    }
+    Py_DECREF(key);
+    Py_DECREF(st);
+    if (rc == 0) return 0;
+fail:
+    if (is_storage_error()) {
+        PyErr_Clear();
+        *stor = -1;
+        return 0;
+    }
+    return -1;
+}
+
+/* _State._output(t, m): append t's output row; m is its cached metadata tuple or NULL */
+static int output_row(Core *self, PyObject *t, PyObject *m, long long *flag) {
+    long long row[8];
+    *flag = 0;
+    if (m) {
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 6) {
+            PyErr_SetString(PyExc_TypeError, "fakeviz core: bad cached output metadata");
+            return -1;
+        }
+        for (int i = 0; i < 4; i++)
+            if (as_ll(PyTuple_GET_ITEM(m, i), &row[1 + i]) < 0) return -1;
+        if (as_ll(PyTuple_GET_ITEM(m, 4), &row[6]) < 0) return -1;
+        if (as_ll(PyTuple_GET_ITEM(m, 5), &row[7]) < 0) return -1;
+    } else {
+        /* interned metadata ids of a known (shape, stride, dtype, device), else the Python path */
+        PyObject *shape = PyObject_GetAttr(t, s_shape);
+        PyObject *stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : NULL;
+        PyObject *dt = stride ? PyObject_GetAttr(t, s_dtype) : NULL;
+        PyObject *dev = dt ? PyObject_GetAttr(t, s_device) : NULL;
+        PyObject *ids = NULL, *nb = NULL, *off = NULL;
+        int ok = 0;
+        if (dev) {
+            PyObject *key = PyTuple_Pack(4, shape, stride, dt, dev);
+            if (key) {
+                ids = PyDict_GetItemWithError(self->meta_ids, key); /* borrowed */
+                Py_XINCREF(ids);
+                Py_DECREF(key);
+                if (!ids && PyErr_Occurred()) {
+                    if (PyErr_ExceptionMatches(PyExc_TypeError)) PyErr_Clear(); /* symbolic sizes */
+                }
+            }
+        }
+        if (ids && !PyErr_Occurred()) {
+            nb = PyObject_GetAttr(t, s_nbytes);
+            off = nb ? PyObject_CallMethodNoArgs(t, s_storage_offset) : NULL;
+            if (off && PyLong_CheckExact(nb) && PyLong_CheckExact(off) && PyTuple_Check(ids) &&
+                PyTuple_GET_SIZE(ids) == 4) {
+                ok = 1;
+                for (int i = 0; i < 4 && ok; i++)
+                    if (as_ll(PyTuple_GET_ITEM(ids, i), &row[1 + i]) < 0) ok = -1;
+                if (ok == 1 && (as_ll(off, &row[6]) < 0 || as_ll(nb, &row[7]) < 0)) ok = -1;
+            }
+        }
+        Py_XDECREF(shape);
+        Py_XDECREF(stride);
+        Py_XDECREF(dt);
+        Py_XDECREF(dev);
+        Py_XDECREF(ids);
+        Py_XDECREF(nb);
+        Py_XDECREF(off);
+        if (ok < 0) return -1;
+        if (!ok) {
+            if (PyErr_Occurred()) return -1;
+            return state_call_ll(self, s_output, flag, &t, 1); /* the Python path does it all */
+        }
+    }
+    /* tensor id: an in-place op returns its (tagged) input, anything else is new */
+    PyObject *d = NULL;
+    long long tid;
+    int f = own_tid(self, t, &d, &tid);
+    if (f < 0) return -1;
+    if (!f) {
+        PyObject *nt = PyObject_GetAttr(self->state, s_next_tensor);
+        int rc = as_ll(nt, &tid);
+        Py_XDECREF(nt);
+        PyObject *n1 = rc == 0 ? PyLong_FromLongLong(tid + 1) : NULL;
+        PyObject *tag = rc == 0 ? PyLong_FromLongLong(self->tbase + tid) : NULL;
+        if (!n1 || !tag || PyObject_SetAttr(self->state, s_next_tensor, n1) < 0 ||
+            PyDict_SetItem(d, s_tid, tag) < 0) {
+            Py_XDECREF(n1);
+            Py_XDECREF(tag);
+            Py_DECREF(d);
+            return -1;
+        }
+        Py_DECREF(n1);
+        Py_DECREF(tag);
+    }
+    Py_DECREF(d);
+    row[0] = tid;
+    if (output_storage(self, t, row[4], &row[5]) < 0) return -1;
+    return extend(self->out_frombytes, row, 8);
+}
+
+/* the first frame outside torch/fakeviz/stdlib (and excluded packages): its line id, or -1 */
+static int user_line(Core *self, long long *line) {
+    PyFrameObject *f = PyEval_GetFrame();
+    Py_XINCREF(f);
+    *line = -1;
+    while (f) {
+        PyCodeObject *c = PyFrame_GetCode(f);
+        PyObject *k = PyLong_FromVoidPtr(c);
+        if (!k) {
+            Py_DECREF(c);
+            Py_DECREF(f);
+            return -1;
+        }
+        PyObject *v = PyDict_GetItemWithError(self->internal_code, k); /* borrowed */
+        int internal;
+        if (v) {
+            internal = PyObject_IsTrue(v);
+        } else if (PyErr_Occurred()) {
+            internal = -1;
+        } else {
+            PyObject *r = PyObject_CallMethodOneArg(self->state, s_is_internal, (PyObject *)c);
+            internal = r ? PyObject_IsTrue(r) : -1;
+            Py_XDECREF(r);
+        }
+        if (internal < 0) {
+            Py_DECREF(k);
+            Py_DECREF(c);
+            Py_DECREF(f);
+            return -1;
+        }
+        if (!internal) {
+            int lineno = PyFrame_GetLineNumber(f);
+            PyObject *ln = PyLong_FromLong(lineno);
+            PyObject *key = ln ? PyTuple_Pack(2, k, ln) : NULL;
+            int rc = -1;
+            if (key) {
+                PyObject *i = PyDict_GetItemWithError(self->line_ids, key); /* borrowed */
+                if (i) {
+                    rc = as_ll(i, line);
+                } else if (!PyErr_Occurred()) {
+                    PyObject *args[2] = {(PyObject *)c, ln};
+                    rc = state_call_ll(self, s_line_id, line, args, 2);
+                }
+            }
+            Py_XDECREF(key);
+            Py_XDECREF(ln);
+            Py_DECREF(k);
+            Py_DECREF(c);
+            Py_DECREF(f);
+            return rc;
+        }
+        Py_DECREF(k);
+        Py_DECREF(c);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    return 0;
+}
+
+/* Note: [Parameter detach] -- is Parameter.__new__ among the nearest Python frames? */
+static int called_from_parameter_new(Core *self) {
+    PyFrameObject *f = PyEval_GetFrame();
+    Py_XINCREF(f);
+    int found = 0;
+    for (int i = 0; f && i < PARAM_NEW_FRAMES && !found; i++) {
+        PyCodeObject *c = PyFrame_GetCode(f);
+        found = (PyObject *)c == self->param_new_code;
+        Py_DECREF(c);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    return found;
+}
+
+static int bw_module(Core *self, long long *module) {
+    PyObject *node = PyObject_CallNoArgs(self->current_node);
+    if (!node) return -1;
+    if (node == Py_None) {
+        Py_DECREF(node);
+        *module = -1;
+        return 0;
+    }
+    PyObject *sn = PyObject_CallMethodNoArgs(node, s_sequence_nr);
+    Py_DECREF(node);
+    if (!sn) return -1;
+    PyObject *m = PyDict_GetItemWithError(self->sn_cache, sn); /* borrowed */
+    Py_DECREF(sn);
+    if (m) return as_ll(m, module);
+    if (PyErr_Occurred()) return -1;
+    return state_call_ll(self, s_bw_module, module, NULL, 0);
+}
+
+static int list_last_ll(PyObject *list, long long *v) {
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    return as_ll(PyList_GET_ITEM(list, n - 1), v);
+}
+
+/* ------------------------------------------------------------------ record */
+
+#define IN_STACK 32
+
+typedef struct {
+    long long *v;
+    Py_ssize_t n, cap;
+    long long stack[IN_STACK];
+} ibuf;
+
+static int ibuf_push(ibuf *b, long long x) {
+    if (b->n == b->cap) {
+        Py_ssize_t cap = b->cap * 2;
+        long long *nv = PyMem_Malloc(cap * sizeof(long long));
+        if (!nv) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(nv, b->v, b->n * sizeof(long long));
+        if (b->v != b->stack) PyMem_Free(b->v);
+        b->v = nv;
+        b->cap = cap;
+    }
+    b->v[b->n++] = x;
+    return 0;
+}
+
+static int push_input(Core *self, ibuf *ids, PyObject *a) {
+    long long tid;
+    if (input_id(self, a, &tid) < 0) return -1;
+    return ibuf_push(ids, tid);
+}
+
+static PyObject *py_record(Core *self, PyObject *const *args) {
+    /* the Python reference implementation, for the rare paths it alone handles */
+    PyObject *stack[6] = {self->state, args[0], args[1], args[2], args[3], args[4]};
+    return PyObject_VectorcallMethod(s_py_record, stack, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* Note: [torch function off while recording]
+ * Inside a ``torch.device(...)`` block (and any TorchFunctionMode) every tensor method
+ * and property the recorder reads -- untyped_storage(), shape, stride(), device --
+ * goes through the mode's Python __torch_function__: about 1.4 us each instead of
+ * 0.1 us. The recorder only reads metadata, so it turns torch function handling off
+ * (torch._C.DisableTorchFunction) while it works on an op. */
+static PyObject *tf_off(Core *self) {
+    if (getenv("FV_NOTF")) { Py_INCREF(Py_None); return Py_None; }
+    PyObject *g = PyObject_CallNoArgs(self->disable_tf);
+    if (!g) return NULL;
+    PyObject *r = PyObject_CallMethod(g, "__enter__", NULL);
+    if (!r) {
+        Py_DECREF(g);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return g;
+}
+
+/* leave the DisableTorchFunction block g; keeps a pending exception (returns -1 if one is set) */
+static int tf_on(PyObject *g) {
+    PyObject *et, *ev, *tb;
+    if (g == Py_None) { Py_DECREF(g); return PyErr_Occurred() ? -1 : 0; }
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *r = PyObject_CallMethod(g, "__exit__", "OOO", Py_None, Py_None, Py_None);
+    Py_DECREF(g);
+    if (et) {
+        Py_XDECREF(r);
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *record_body(Core *self, PyObject *const *args);
+
+static PyObject *Core_record(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "record(func, args, kwargs, out, entry)");
+        return NULL;
+    }
+    PyObject *g = tf_off(self);
+    if (!g) return NULL;
+    PyObject *r = record_body(self, args);
+    if (tf_on(g) < 0) Py_CLEAR(r);
+    return r;
+}
+
+static PyObject *record_body(Core *self, PyObject *const *args) {
+    PyObject *func = args[0], *fargs = args[1], *kwargs = args[2], *out = args[3], *entry = args[4];
+    if (func == self->lift_fresh || !PyTuple_Check(fargs)) return py_record(self, args);
+    if (func == self->detach) {
+        /* Note: [unpack detach] */
+        PyObject *u = NULL;
+        if (PyDict_GET_SIZE(self->unpacked)) {
+            u = pop_ident(self->unpacked);
+            if (!u && PyErr_Occurred()) return NULL;
+        }
+        if (u && u != Py_None && PyTuple_GET_SIZE(fargs) && PyTuple_GET_ITEM(fargs, 0) == u) {
+            PyObject *ud = PyObject_GenericGetDict(u, NULL);
+            PyObject *tag = ud ? PyDict_GetItemWithError(ud, s_tid) : NULL;
+            int rc = ud ? 0 : -1;
+            if (!tag && PyErr_Occurred()) rc = -1;
+            if (tag && PyObject_TypeCheck(out, (PyTypeObject *)self->tensor_type)) {
+                PyObject *od = PyObject_GenericGetDict(out, NULL);
+                if (!od || PyDict_SetItem(od, s_tid, tag) < 0) rc = -1;
+                Py_XDECREF(od);
+            }
+            Py_XDECREF(ud);
+            Py_DECREF(u);
+            if (rc < 0) return NULL;
+            Py_RETURN_NONE;
+        }
+        Py_XDECREF(u);
+        if (called_from_parameter_new(self)) Py_RETURN_NONE; /* Note: [Parameter detach] */
+    } else if (PyDict_GET_SIZE(self->unpacked)) {
+        PyObject *u = pop_ident(self->unpacked);
+        if (!u && PyErr_Occurred()) return NULL;
+        Py_XDECREF(u);
+    }
+
+    /* phase, module, user line */
+    long long phase, module = -1, line = -1;
+    PyObject *inopt = PyObject_GetAttr(self->state, s_in_optimizer);
+    if (!inopt) return NULL;
+    int opt = PyObject_IsTrue(inopt);
+    Py_DECREF(inopt);
+    if (opt < 0) return NULL;
+    if (opt) {
+        phase = P_OPTIMIZER;
+        if (user_line(self, &line) < 0) return NULL;
+    } else {
+        long long gt;
+        PyObject *g = PyObject_CallNoArgs(self->graph_task_id);
+        int rc = as_ll(g, &gt);
+        Py_XDECREF(g);
+        if (rc < 0) return NULL;
+        if (gt >= 0) {
+            phase = P_BACKWARD;
+            PyObject *bl = PyObject_GetAttr(self->state, s_bw_line);
+            rc = as_ll(bl, &line);
+            Py_XDECREF(bl);
+            if (rc < 0) return NULL;
+            if (PyList_GET_SIZE(self->fw_stack)) {
+                if (list_last_ll(self->fw_stack, &module) < 0) return NULL;
+            } else if (bw_module(self, &module) < 0) {
+                return NULL;
+            }
+        } else if (PyList_GET_SIZE(self->fw_stack)) {
+            phase = P_FORWARD;
+            if (list_last_ll(self->fw_stack, &module) < 0) return NULL;
+            if (!PyList_GET_SIZE(self->fw_lines) || list_last_ll(self->fw_lines, &line) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "fakeviz core: fw_lines out of step");
+                return NULL;
+            }
+            if (line == -2 && user_line(self, &line) < 0) return NULL;
+        } else {
+            PyObject *sf = PyObject_GetAttr(self->state, s_seen_forward);
+            if (!sf) return NULL;
+            int seen = PyObject_IsTrue(sf);
+            Py_DECREF(sf);
+            if (seen < 0) return NULL;
+            phase = seen ? P_OTHER : P_INIT;
+            if (user_line(self, &line) < 0) return NULL;
+        }
+    }
+
+    /* inputs -> tensor ids */
+    ibuf ids = {NULL, 0, IN_STACK, {0}};
+    ids.v = ids.stack;
+    PyObject *res = NULL, *entry_key = NULL;
+    PyTypeObject *tt = (PyTypeObject *)self->tensor_type;
+    Py_ssize_t na = PyTuple_GET_SIZE(fargs);
+    for (Py_ssize_t i = 0; i < na; i++) {
+        PyObject *a = PyTuple_GET_ITEM(fargs, i);
+        if (PyObject_TypeCheck(a, tt)) {
+            if (push_input(self, &ids, a) < 0) goto done;
+        } else if (PyList_CheckExact(a) && PyList_GET_SIZE(a) && PyObject_TypeCheck(PyList_GET_ITEM(a, 0), tt)) {
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(a); j++) {
+                PyObject *x = PyList_GET_ITEM(a, j);
+                if (PyObject_TypeCheck(x, tt) && push_input(self, &ids, x) < 0) goto done;
+            }
+        }
+    }
+    if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(kwargs, &pos, &k, &v))
+            if (PyObject_TypeCheck(v, tt) && push_input(self, &ids, v) < 0) goto done;
+    }
+    if (extend(self->in_frombytes, ids.v, ids.n) < 0) goto done;
+
+    if (entry == Py_None && func == self->detach && Py_IS_TYPE(out, (PyTypeObject *)self->fake_type) && na == 1 &&
+        (kwargs == Py_None || (PyDict_Check(kwargs) && !PyDict_GET_SIZE(kwargs))))
+        entry = self->detach; /* Note: [fast fake detach]: cached under the op itself */
+    PyObject *hit = NULL;
+    if (entry != Py_None) {
+        entry_key = PyLong_FromVoidPtr(entry);
+        if (!entry_key) goto done;
+        hit = PyDict_GetItemWithError(self->fast, entry_key); /* borrowed */
+        if (!hit && PyErr_Occurred()) goto done;
+    }
+    long long op_id, flags, aid, flops;
+    if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 6 && PyTuple_GET_ITEM(hit, 0) == entry) {
+        /* Note: [recorded op cache] */
+        Py_INCREF(hit);
+        int rc = (as_ll(PyTuple_GET_ITEM(hit, 1), &op_id) < 0 || as_ll(PyTuple_GET_ITEM(hit, 2), &flags) < 0 ||
+                  as_ll(PyTuple_GET_ITEM(hit, 3), &aid) < 0 || as_ll(PyTuple_GET_ITEM(hit, 4), &flops) < 0)
+                     ? -1
+                     : 0;
+        PyObject *metas = PyTuple_GET_ITEM(hit, 5);
+        if (rc == 0 && metas == Py_None) {
+            long long fl;
+            rc = output_row(self, out, NULL, &fl);
+            flags |= fl;
+        } else if (rc == 0) {
+            Py_ssize_t nm = PyTuple_Check(metas) ? PyTuple_GET_SIZE(metas) : 0;
+            long long fl;
+            if (PyObject_TypeCheck(out, tt)) {
+                if (nm) rc = output_row(self, out, PyTuple_GET_ITEM(metas, 0), &fl);
+            } else if (PyTuple_Check(out) || PyList_Check(out)) {
+                PyObject *seq = PySequence_Fast(out, "outputs");
+                if (!seq) {
+                    rc = -1;
+                } else {
+                    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+                    if (nm < n) n = nm;
+                    for (Py_ssize_t i = 0; i < n && rc == 0; i++)
+                        rc = output_row(self, PySequence_Fast_GET_ITEM(seq, i), PyTuple_GET_ITEM(metas, i), &fl);
+                    Py_DECREF(seq);
+                }
+            }
+        }
+        Py_DECREF(hit);
+        if (rc < 0) goto done;
+    } else {
+        PyObject *stack[6] = {self->state, func, fargs, kwargs, out, entry};
+        PyObject *r = PyObject_VectorcallMethod(s_record_full, stack, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (!r) goto done;
+        int rc = (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 4 || as_ll(PyTuple_GET_ITEM(r, 0), &op_id) < 0 ||
+                  as_ll(PyTuple_GET_ITEM(r, 1), &flags) < 0 || as_ll(PyTuple_GET_ITEM(r, 2), &aid) < 0 ||
+                  as_ll(PyTuple_GET_ITEM(r, 3), &flops) < 0)
+                     ? -1
+                     : 0;
+        Py_DECREF(r);
+        if (rc < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "fakeviz core: bad _record_full result");
+            goto done;
+        }
+    }
+    Py_ssize_t n_in = PyObject_Size(self->in_tensor), n_outd = PyObject_Size(self->outd);
+    if (n_in < 0 || n_outd < 0) goto done;
+    long long row[9] = {op_id, phase, module, line, aid, n_in, n_outd / self->n_out, flags, flops};
+    if (extend(self->op_frombytes, row, 9) < 0) goto done;
+    Py_ssize_t n_opd = PyObject_Size(self->opd);
+    if (n_opd < 0) goto done;
+    if (n_opd % self->progress_every == 0) {
+        PyObject *pr = PyObject_GetAttr(self->state, s_progress);
+        if (!pr) goto done;
+        int has = pr != Py_None;
+        Py_DECREF(pr);
+        if (has) {
+            PyObject *a_ph = PyLong_FromLongLong(phase), *a_mod = PyLong_FromLongLong(module);
+            PyObject *r = (a_ph && a_mod) ? PyObject_CallMethodObjArgs(self->state, s_report_progress, a_ph, a_mod, NULL)
+                                          : NULL;
+            Py_XDECREF(a_ph);
+            Py_XDECREF(a_mod);
+            if (!r) goto done;
+            Py_DECREF(r);
+        }
+    }
+    res = Py_None;
+    Py_INCREF(res);
+done:
+    if (ids.v != ids.stack) PyMem_Free(ids.v);
+    Py_XDECREF(entry_key);
+    return res;
+}
+
+/* --------------------------------------------------------------- pack_saved */
+
+/* Note: [saved tensors] -- _State.pack_saved */
+static PyObject *pack_body(Core *self, PyObject *t);
+
+static PyObject *Core_pack_saved(Core *self, PyObject *t) {
+    PyObject *g = tf_off(self);
+    if (!g) return NULL;
+    PyObject *r = pack_body(self, t);
+    if (tf_on(g) < 0) Py_CLEAR(r);
+    return r;
+}
+
+static PyObject *pack_body(Core *self, PyObject *t) {
+    PyObject *act = PyObject_GetAttr(self->state, s_active);
+    if (!act) return NULL;
+    int active = PyObject_IsTrue(act);
+    Py_DECREF(act);
+    if (active <= 0) {
+        if (active < 0) return NULL;
+        Py_INCREF(t);
+        return t;
+    }
+    /* add_roles(t, ROLE_SAVED): the common case (a live storage) here, the rest in Python */
+    int handled = 0;
+    PyObject *st = PyObject_CallMethodNoArgs(t, s_untyped_storage);
+    PyObject *key = st ? PyObject_GetAttr(st, s_cdata) : NULL;
+    if (key) {
+        PyObject *hit = PyDict_GetItemWithError(self->live, key); /* borrowed */
+        if (hit) {
+            long long sid, roles;
+            PyObject *so = PyObject_GetAttr(hit, s_sid);
+            int rc = as_ll(so, &sid);
+            Py_XDECREF(so);
+            if (rc == 0) {
+                Py_ssize_t i = (Py_ssize_t)sid * self->n_st + self->st_roles;
+                PyObject *cur = PySequence_GetItem(self->std, i);
+                rc = as_ll(cur, &roles);
+                Py_XDECREF(cur);
+                if (rc == 0) {
+                    PyObject *nv = PyLong_FromLongLong(roles | self->role_saved);
+                    rc = nv ? PySequence_SetItem(self->std, i, nv) : -1;
+                    Py_XDECREF(nv);
+                }
+            }
+            handled = rc == 0 ? 1 : -1;
+        } else if (PyErr_Occurred()) {
+            handled = -1;
+        }
+    } else {
+        handled = -1;
+    }
+    Py_XDECREF(key);
+    Py_XDECREF(st);
+    if (handled <= 0) {
+        PyErr_Clear(); /* the Python path says what it makes of it */
+        PyObject *roles = PyLong_FromLongLong(self->role_saved), *minus = PyLong_FromLong(-1);
+        PyObject *r = (roles && minus) ? PyObject_CallMethodObjArgs(self->state, s_storage_id, t, minus, roles, NULL) : NULL;
+        Py_XDECREF(roles);
+        Py_XDECREF(minus);
+        if (!r) {
+            PyErr_Clear(); /* never break autograd */
+            Py_INCREF(t);
+            return t;
+        }
+        Py_DECREF(r);
+    }
+    /* outputs of the node being built are saved as a grad_fn-less alias */
+    PyObject *fn = PyObject_GetAttr(t, s_grad_fn);
+    if (!fn) return NULL;
+    if (fn == Py_None) {
+        Py_DECREF(fn);
+        Py_INCREF(t);
+        return t;
+    }
+    PyObject *sn = PyObject_CallMethodNoArgs(fn, s_sequence_nr);
+    Py_DECREF(fn);
+    PyObject *cur = sn ? PyObject_CallNoArgs(self->get_seqnr) : NULL;
+    long long a = 0, b = 0;
+    int rc = (sn && cur && as_ll(sn, &a) == 0 && as_ll(cur, &b) == 0) ? 0 : -1;
+    Py_XDECREF(sn);
+    Py_XDECREF(cur);
+    if (rc < 0) return NULL;
+    if (a != b - 1) {
+        Py_INCREF(t);
+        return t;
+    }
+    PyObject *stack[2] = {self->state, t};
+    return PyObject_VectorcallMethod(s_fake_detach, stack, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* ------------------------------------------------------------------ type */
+
+static int Core_traverse(Core *self, visitproc visit, void *arg) {
+    Py_VISIT(self->state);
+    Py_VISIT(self->live);
+    Py_VISIT(self->fast);
+    Py_VISIT(self->fw_stack);
+    Py_VISIT(self->fw_lines);
+    Py_VISIT(self->unpacked);
+    Py_VISIT(self->internal_code);
+    Py_VISIT(self->line_ids);
+    Py_VISIT(self->sn_cache);
+    Py_VISIT(self->meta_ids);
+    Py_VISIT(self->opd);
+    Py_VISIT(self->outd);
+    Py_VISIT(self->in_tensor);
+    Py_VISIT(self->std);
+    Py_VISIT(self->in_frombytes);
+    Py_VISIT(self->out_frombytes);
+    Py_VISIT(self->op_frombytes);
+    Py_VISIT(self->tensor_type);
+    Py_VISIT(self->fake_type);
+    Py_VISIT(self->detach);
+    Py_VISIT(self->lift_fresh);
+    Py_VISIT(self->graph_task_id);
+    Py_VISIT(self->current_node);
+    Py_VISIT(self->get_seqnr);
+    Py_VISIT(self->param_new_code);
+    Py_VISIT(self->fake_detach);
+    Py_VISIT(self->disable_tf);
+    return 0;
+}
+
+static int Core_clear(Core *self) {
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->live);
+    Py_CLEAR(self->fast);
+    Py_CLEAR(self->fw_stack);
+    Py_CLEAR(self->fw_lines);
+    Py_CLEAR(self->unpacked);
+    Py_CLEAR(self->internal_code);
+    Py_CLEAR(self->line_ids);
+    Py_CLEAR(self->sn_cache);
+    Py_CLEAR(self->meta_ids);
+    Py_CLEAR(self->opd);
+    Py_CLEAR(self->outd);
+    Py_CLEAR(self->in_tensor);
+    Py_CLEAR(self->std);
+    Py_CLEAR(self->in_frombytes);
+    Py_CLEAR(self->out_frombytes);
+    Py_CLEAR(self->op_frombytes);
+    Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->fake_type);
+    Py_CLEAR(self->detach);
+    Py_CLEAR(self->lift_fresh);
+    Py_CLEAR(self->graph_task_id);
+    Py_CLEAR(self->current_node);
+    Py_CLEAR(self->get_seqnr);
+    Py_CLEAR(self->param_new_code);
+    Py_CLEAR(self->fake_detach);
+    Py_CLEAR(self->disable_tf);
+    return 0;
+}
+
+static void Core_dealloc(Core *self) {
+    PyObject_GC_UnTrack(self);
+    Core_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int take(PyObject *kw, const char *name, PyObject **slot) {
+    PyObject *v = PyDict_GetItemString(kw, name); /* borrowed */
+    if (!v) {
+        PyErr_Format(PyExc_TypeError, "fakeviz core: missing %s", name);
+        return -1;
+    }
+    Py_INCREF(v);
+    Py_XSETREF(*slot, v);
+    return 0;
+}
+
+static int take_ll(PyObject *kw, const char *name, long long *v) {
+    PyObject *o = PyDict_GetItemString(kw, name);
+    if (!o) {
+        PyErr_Format(PyExc_TypeError, "fakeviz core: missing %s", name);
+        return -1;
+    }
+    return as_ll(o, v);
+}
+
+static int Core_init(Core *self, PyObject *args, PyObject *kw) {
+    if (!kw || PyTuple_GET_SIZE(args)) {
+        PyErr_SetString(PyExc_TypeError, "Core(**parts): keyword arguments only");
+        return -1;
+    }
+    long long n_op, n_out, n_st, st_roles, every;
+    if (take(kw, "state", &self->state) || take(kw, "live", &self->live) || take(kw, "fast", &self->fast) ||
+        take(kw, "fw_stack", &self->fw_stack) || take(kw, "fw_lines", &self->fw_lines) ||
+        take(kw, "unpacked", &self->unpacked) || take(kw, "internal_code", &self->internal_code) ||
+        take(kw, "line_ids", &self->line_ids) || take(kw, "sn_cache", &self->sn_cache) ||
+        take(kw, "meta_ids", &self->meta_ids) || take(kw, "opd", &self->opd) || take(kw, "outd", &self->outd) ||
+        take(kw, "in_tensor", &self->in_tensor) || take(kw, "std", &self->std) ||
+        take(kw, "tensor_type", &self->tensor_type) || take(kw, "fake_type", &self->fake_type) ||
+        take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) ||
+        take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
+        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) ||
+        take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take_ll(kw, "n_op", &n_op) ||
+        take_ll(kw, "n_out", &n_out) || take_ll(kw, "n_st", &n_st) || take_ll(kw, "st_roles", &st_roles) ||
+        take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved))
+        return -1;
+    if (!PyDict_CheckExact(self->live) || !PyDict_CheckExact(self->fast) || !PyList_CheckExact(self->fw_stack) ||
+        !PyList_CheckExact(self->fw_lines) || !PyDict_CheckExact(self->unpacked) ||
+        !PyDict_CheckExact(self->internal_code) || !PyDict_CheckExact(self->line_ids) ||
+        !PyDict_CheckExact(self->sn_cache) || !PyDict_CheckExact(self->meta_ids) || !PyType_Check(self->tensor_type) ||
+        !PyType_Check(self->fake_type)) {
+        PyErr_SetString(PyExc_TypeError, "fakeviz core: unexpected container types");
+        return -1;
+    }
+    if (n_out > MAX_OUT_ROW || n_out != 8 || n_op != 9 || n_op <= 0 || every <= 0) {
+        PyErr_SetString(PyExc_ValueError, "fakeviz core: trace layout differs from this build");
+        return -1;
+    }
+    self->n_op = (Py_ssize_t)n_op;
+    self->n_out = (Py_ssize_t)n_out;
+    self->n_st = (Py_ssize_t)n_st;
+    self->st_roles = (Py_ssize_t)st_roles;
+    self->progress_every = (Py_ssize_t)every;
+    static const char *fb = "frombytes";
+    Py_XSETREF(self->in_frombytes, PyObject_GetAttrString(self->in_tensor, fb));
+    Py_XSETREF(self->out_frombytes, PyObject_GetAttrString(self->outd, fb));
+    Py_XSETREF(self->op_frombytes, PyObject_GetAttrString(self->opd, fb));
+    if (!self->in_frombytes || !self->out_frombytes || !self->op_frombytes) return -1;
+    return 0;
+}
+
+static PyMethodDef Core_methods[] = {
+    {"record", (PyCFunction)(void (*)(void))Core_record, METH_FASTCALL,
+     "record(func, args, kwargs, out, entry): _State.record in C"},
+    {"pack_saved", (PyCFunction)Core_pack_saved, METH_O, "pack_saved(t): _State.pack_saved in C"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "fakeviz._fvcore.Core",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The recorder's per-op path (Note: [recorder core in C]).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Core_init,
+    .tp_dealloc = (destructor)Core_dealloc,
+    .tp_traverse = (traverseproc)Core_traverse,
+    .tp_clear = (inquiry)Core_clear,
+    .tp_methods = Core_methods,
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_fvcore", "fakeviz recorder core", -1, NULL};
+
+#define INTERN(var, text)                                         \
+    do {                                                          \
+        if (!(var = PyUnicode_InternFromString(text))) return NULL; \
+    } while (0)
+
+PyMODINIT_FUNC PyInit__fvcore(void) {
+    INTERN(s_tid, "_fakeviz_tid");
+    INTERN(s_untyped_storage, "untyped_storage");
+    INTERN(s_cdata, "_cdata");
+    INTERN(s_sid, "sid");
+    INTERN(s_in_optimizer, "in_optimizer");
+    INTERN(s_seen_forward, "seen_forward");
+    INTERN(s_progress, "progress");
+    INTERN(s_bw_line, "bw_line");
+    INTERN(s_sequence_nr, "_sequence_nr");
+    INTERN(s_tensor_id, "tensor_id");
+    INTERN(s_new_storage, "_new_storage");
+    INTERN(s_is_internal, "_is_internal");
+    INTERN(s_line_id, "_line_id");
+    INTERN(s_record_full, "_record_full");
+    INTERN(s_bw_module, "_bw_module");
+    INTERN(s_report_progress, "_report_progress");
+    INTERN(s_output, "_output");
+    INTERN(s_next_tensor, "next_tensor");
+    INTERN(s_shape, "shape");
+    INTERN(s_stride, "stride");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_device, "device");
+    INTERN(s_nbytes, "nbytes");
+    INTERN(s_storage_offset, "storage_offset");
+    INTERN(s_active, "active");
+    INTERN(s_storage_id, "storage_id");
+    INTERN(s_grad_fn, "grad_fn");
+    INTERN(s_fake_detach, "_saved_alias");
+    INTERN(s_py_record, "_py_record");
+    if (PyType_Ready(&CoreType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
+        Py_DECREF(&CoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
