@@ -180,7 +180,9 @@ def test_no_compiler_falls_back_to_python(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     first, *log = proc.stdout.splitlines()
-    assert first.startswith("python | python (RuntimeError: compiling the recorder core failed (/bin/false exited with 1)"), first
+    assert first.startswith(
+        "python | python (RuntimeError: compiling the recorder core failed (/bin/false exited with 1)"
+    ), first
     assert [line.split(" = ")[1] for line in log] == [
         "aten.ones.default([3], device=cpu, pin_memory=False)",
         "aten.mul.Tensor($0, 2)",

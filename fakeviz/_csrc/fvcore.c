@@ -15,7 +15,6 @@
 #include <frameobject.h>
 #include <stdint.h>
 #include <string.h>
-#include <stdlib.h>
 
 enum { P_INIT = 0, P_FORWARD = 1, P_BACKWARD = 2, P_OPTIMIZER = 3, P_OTHER = 4 };
 #define MAX_OUT_ROW 16
@@ -25,7 +24,7 @@ static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *
     *s_progress, *s_bw_line, *s_sequence_nr, *s_tensor_id, *s_new_storage, *s_is_internal, *s_line_id,
     *s_record_full, *s_bw_module, *s_report_progress, *s_output, *s_next_tensor, *s_shape, *s_stride,
     *s_dtype, *s_device, *s_nbytes, *s_storage_offset, *s_active, *s_storage_id, *s_grad_fn,
-    *s_fake_detach, *s_py_record;
+    *s_fake_detach, *s_py_record, *s_key, *s_on_free;
 
 typedef struct {
     PyObject_HEAD
@@ -33,12 +32,12 @@ typedef struct {
     /* containers shared with the Python state (same objects) */
     PyObject *live, *fast, *fw_stack, *fw_lines, *unpacked, *internal_code, *line_ids, *sn_cache, *meta_ids;
     PyObject *opd, *outd, *in_tensor, *std;
-    PyObject *in_frombytes, *out_frombytes, *op_frombytes;
+    PyObject *in_frombytes, *out_frombytes, *op_frombytes, *std_frombytes;
     /* torch objects */
     PyObject *tensor_type, *fake_type, *detach, *lift_fresh, *graph_task_id, *current_node, *get_seqnr,
-        *param_new_code, *fake_detach, *disable_tf;
+        *param_new_code, *fake_detach, *disable_tf, *ref_type;
     long long tbase, ttop;
-    Py_ssize_t n_op, n_out, n_st, st_roles, progress_every;
+    Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
     long long role_saved, flag_dd;
 } Core;
 
@@ -131,6 +130,62 @@ static Py_ssize_t num_ops(Core *self) {
     return n < 0 ? -1 : n / self->n_op;
 }
 
+/* _State._new_storage: a new storage row, watched for its free */
+static int new_storage(Core *self, PyObject *st, PyObject *key, long long devid, long long seq, long long roles,
+                       long long *sid) {
+    Py_ssize_t n = PyObject_Size(self->std);
+    if (n < 0) return -1;
+    *sid = n / self->n_st;
+    long long nb = -1;
+    PyObject *nbo = PyObject_CallMethodNoArgs(st, s_nbytes);
+    if (nbo && PyLong_CheckExact(nbo)) {
+        nb = PyLong_AsLongLong(nbo);
+        if (nb == -1 && PyErr_Occurred()) PyErr_Clear();
+    } else {
+        PyErr_Clear(); /* unbacked symbolic size */
+    }
+    Py_XDECREF(nbo);
+    long long row[7] = {devid, nb, seq, -1, roles, -1, -1};
+    if (extend(self->std_frombytes, row, 7) < 0) return -1;
+    PyObject *cb = PyObject_GetAttr(self->state, s_on_free);
+    if (!cb) return -1;
+    PyObject *ref = PyObject_CallFunctionObjArgs(self->ref_type, st, cb, NULL);
+    Py_DECREF(cb);
+    if (!ref) return -1;
+    PyObject *sido = PyLong_FromLongLong(*sid);
+    int rc = (sido && PyObject_SetAttr(ref, s_key, key) == 0 && PyObject_SetAttr(ref, s_sid, sido) == 0 &&
+              PyDict_SetItem(self->live, key, ref) == 0)
+                 ? 0
+                 : -1;
+    Py_XDECREF(sido);
+    Py_DECREF(ref);
+    return rc;
+}
+
+/* _State._on_free: the weakref callback of a watched storage */
+static PyObject *Core_on_free(Core *self, PyObject *ref) {
+    long long sid;
+    PyObject *so = PyObject_GetAttr(ref, s_sid);
+    int rc = as_ll(so, &sid);
+    Py_XDECREF(so);
+    if (rc < 0) return NULL;
+    Py_ssize_t ops = num_ops(self);
+    if (ops < 0) return NULL;
+    PyObject *v = PyLong_FromSsize_t(ops);
+    if (!v) return NULL;
+    rc = PySequence_SetItem(self->std, (Py_ssize_t)sid * self->n_st + self->st_free, v);
+    Py_DECREF(v);
+    if (rc < 0) return NULL;
+    PyObject *key = PyObject_GetAttr(ref, s_key);
+    if (!key) return NULL;
+    PyObject *cur = PyDict_GetItemWithError(self->live, key); /* borrowed */
+    if (cur == ref) rc = PyDict_DelItem(self->live, key);
+    else if (!cur && PyErr_Occurred()) rc = -1;
+    Py_DECREF(key);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 /* storage id of an output's storage (-1 where it has none), registering it if new */
 static int output_storage(Core *self, PyObject *t, long long devid, long long *stor) {
     *stor = -1;
@@ -154,17 +209,7 @@ static int output_storage(Core *self, PyObject *t, long long devid, long long *s
         if (seq < 0) {
             rc = -1;
         } else {
-            PyObject *a_dev = PyLong_FromLongLong(devid), *a_seq = PyLong_FromSsize_t(seq),
-                     *a_zero = PyLong_FromLong(0);
-            if (!a_dev || !a_seq || !a_zero) {
-                rc = -1;
-            } else {
-                PyObject *args[5] = {st, key, a_dev, a_seq, a_zero};
-                rc = state_call_ll(self, s_new_storage, stor, args, 5);
-            }
-            Py_XDECREF(a_dev);
-            Py_XDECREF(a_seq);
-            Py_XDECREF(a_zero);
+            rc = new_storage(self, st, key, devid, seq, 0, stor);
         }
     }
     Py_DECREF(key);
@@ -408,7 +453,6 @@ static PyObject *py_record(Core *self, PyObject *const *args) {
  * 0.1 us. The recorder only reads metadata, so it turns torch function handling off
  * (torch._C.DisableTorchFunction) while it works on an op. */
 static PyObject *tf_off(Core *self) {
-    if (getenv("FV_NOTF")) { Py_INCREF(Py_None); return Py_None; }
     PyObject *g = PyObject_CallNoArgs(self->disable_tf);
     if (!g) return NULL;
     PyObject *r = PyObject_CallMethod(g, "__enter__", NULL);
@@ -423,7 +467,6 @@ static PyObject *tf_off(Core *self) {
 /* leave the DisableTorchFunction block g; keeps a pending exception (returns -1 if one is set) */
 static int tf_on(PyObject *g) {
     PyObject *et, *ev, *tb;
-    if (g == Py_None) { Py_DECREF(g); return PyErr_Occurred() ? -1 : 0; }
     PyErr_Fetch(&et, &ev, &tb);
     PyObject *r = PyObject_CallMethod(g, "__exit__", "OOO", Py_None, Py_None, Py_None);
     Py_DECREF(g);
@@ -753,6 +796,7 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->in_frombytes);
     Py_VISIT(self->out_frombytes);
     Py_VISIT(self->op_frombytes);
+    Py_VISIT(self->std_frombytes);
     Py_VISIT(self->tensor_type);
     Py_VISIT(self->fake_type);
     Py_VISIT(self->detach);
@@ -763,6 +807,7 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->param_new_code);
     Py_VISIT(self->fake_detach);
     Py_VISIT(self->disable_tf);
+    Py_VISIT(self->ref_type);
     return 0;
 }
 
@@ -784,6 +829,7 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->in_frombytes);
     Py_CLEAR(self->out_frombytes);
     Py_CLEAR(self->op_frombytes);
+    Py_CLEAR(self->std_frombytes);
     Py_CLEAR(self->tensor_type);
     Py_CLEAR(self->fake_type);
     Py_CLEAR(self->detach);
@@ -794,6 +840,7 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->param_new_code);
     Py_CLEAR(self->fake_detach);
     Py_CLEAR(self->disable_tf);
+    Py_CLEAR(self->ref_type);
     return 0;
 }
 
@@ -828,7 +875,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "Core(**parts): keyword arguments only");
         return -1;
     }
-    long long n_op, n_out, n_st, st_roles, every;
+    long long n_op, n_out, n_st, st_roles, st_free, every;
     if (take(kw, "state", &self->state) || take(kw, "live", &self->live) || take(kw, "fast", &self->fast) ||
         take(kw, "fw_stack", &self->fw_stack) || take(kw, "fw_lines", &self->fw_lines) ||
         take(kw, "unpacked", &self->unpacked) || take(kw, "internal_code", &self->internal_code) ||
@@ -838,9 +885,9 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "tensor_type", &self->tensor_type) || take(kw, "fake_type", &self->fake_type) ||
         take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) ||
         take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
-        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) ||
+        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) ||
         take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take_ll(kw, "n_op", &n_op) ||
-        take_ll(kw, "n_out", &n_out) || take_ll(kw, "n_st", &n_st) || take_ll(kw, "st_roles", &st_roles) ||
+        take_ll(kw, "n_out", &n_out) || take_ll(kw, "n_st", &n_st) || take_ll(kw, "st_roles", &st_roles) || take_ll(kw, "st_free", &st_free) ||
         take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved))
         return -1;
     if (!PyDict_CheckExact(self->live) || !PyDict_CheckExact(self->fast) || !PyList_CheckExact(self->fw_stack) ||
@@ -851,7 +898,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "fakeviz core: unexpected container types");
         return -1;
     }
-    if (n_out > MAX_OUT_ROW || n_out != 8 || n_op != 9 || n_op <= 0 || every <= 0) {
+    if (n_out > MAX_OUT_ROW || n_out != 8 || n_op != 9 || n_st != 7 || every <= 0) {
         PyErr_SetString(PyExc_ValueError, "fakeviz core: trace layout differs from this build");
         return -1;
     }
@@ -859,12 +906,14 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     self->n_out = (Py_ssize_t)n_out;
     self->n_st = (Py_ssize_t)n_st;
     self->st_roles = (Py_ssize_t)st_roles;
+    self->st_free = (Py_ssize_t)st_free;
     self->progress_every = (Py_ssize_t)every;
     static const char *fb = "frombytes";
     Py_XSETREF(self->in_frombytes, PyObject_GetAttrString(self->in_tensor, fb));
     Py_XSETREF(self->out_frombytes, PyObject_GetAttrString(self->outd, fb));
     Py_XSETREF(self->op_frombytes, PyObject_GetAttrString(self->opd, fb));
-    if (!self->in_frombytes || !self->out_frombytes || !self->op_frombytes) return -1;
+    Py_XSETREF(self->std_frombytes, PyObject_GetAttrString(self->std, fb));
+    if (!self->in_frombytes || !self->out_frombytes || !self->op_frombytes || !self->std_frombytes) return -1;
     return 0;
 }
 
@@ -872,6 +921,7 @@ static PyMethodDef Core_methods[] = {
     {"record", (PyCFunction)(void (*)(void))Core_record, METH_FASTCALL,
      "record(func, args, kwargs, out, entry): _State.record in C"},
     {"pack_saved", (PyCFunction)Core_pack_saved, METH_O, "pack_saved(t): _State.pack_saved in C"},
+    {"on_free", (PyCFunction)Core_on_free, METH_O, "on_free(ref): _State._on_free in C"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -925,6 +975,8 @@ PyMODINIT_FUNC PyInit__fvcore(void) {
     INTERN(s_grad_fn, "grad_fn");
     INTERN(s_fake_detach, "_saved_alias");
     INTERN(s_py_record, "_py_record");
+    INTERN(s_key, "key");
+    INTERN(s_on_free, "on_free");
     if (PyType_Ready(&CoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
