@@ -364,11 +364,12 @@ class _State:
                 std=b.std, tensor_type=_Tensor, fake_type=_FakeTensor, detach=_DETACH, lift_fresh=_LIFT_FRESH,
                 graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
                 param_new_code=_PARAM_NEW, disable_tf=torch._C.DisableTorchFunction, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
-                n_st=_N_ST, st_roles=_ST_ROLES, st_free=_ST_FREE, storage_ref=_StorageRef, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
+                n_st=_N_ST, st_roles=_ST_ROLES, st_free=_ST_FREE, storage_ref=_StorageRef, local=self.local, range_error=_DeviceRangeError, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
             )  # fmt: skip
             self.record = self.core.record  # type: ignore[method-assign]
             self.pack_saved = self.core.pack_saved  # type: ignore[method-assign]
             self.on_free = self.core.on_free
+            self.run_op = self.core.run_op  # type: ignore[method-assign]
 
     # ------------------------------------------------------------- interning
     def _op(self, func: Any) -> tuple[int, int]:
@@ -779,6 +780,17 @@ class _State:
             except Exception as exc:  # noqa: BLE001 - a recorder bug must never break the user's run
                 self.internal_error(func, exc)
         return out
+
+    def _op_failed(self, func: Any, exc: BaseException) -> None:
+        """The C core's run_op: the outermost op ``func`` raised ``exc``."""
+        new = self.on_error(func, exc)
+        if new is not exc:
+            raise new from exc
+        raise exc
+
+    def _range_failed(self, func: Any, exc: BaseException) -> None:
+        """The C core's run_op: recording ``func`` found a cuda index past the fake devices."""
+        raise self.on_error(func, exc) from None
 
     # --------------------------------------------------------------- errors
     def internal_error(self, func: Any, exc: BaseException) -> None:

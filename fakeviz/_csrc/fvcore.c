@@ -24,7 +24,8 @@ static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *
     *s_progress, *s_bw_line, *s_sequence_nr, *s_tensor_id, *s_new_storage, *s_is_internal, *s_line_id,
     *s_record_full, *s_bw_module, *s_report_progress, *s_output, *s_next_tensor, *s_shape, *s_stride,
     *s_dtype, *s_device, *s_nbytes, *s_storage_offset, *s_active, *s_storage_id, *s_grad_fn,
-    *s_fake_detach, *s_py_record, *s_key, *s_on_free;
+    *s_fake_detach, *s_py_record, *s_key, *s_on_free, *s_dict, *s_depth, *s_entry, *s_op_failed,
+    *s_range_failed, *s_internal_error, *s_record;
 
 typedef struct {
     PyObject_HEAD
@@ -35,7 +36,7 @@ typedef struct {
     PyObject *in_frombytes, *out_frombytes, *op_frombytes, *std_frombytes;
     /* torch objects */
     PyObject *tensor_type, *fake_type, *detach, *lift_fresh, *graph_task_id, *current_node, *get_seqnr,
-        *param_new_code, *fake_detach, *disable_tf, *ref_type;
+        *param_new_code, *fake_detach, *disable_tf, *ref_type, *local, *range_error;
     long long tbase, ttop;
     Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
     long long role_saved, flag_dd;
@@ -685,6 +686,113 @@ done:
     return res;
 }
 
+/* ------------------------------------------------------------------ run_op */
+
+/* call state.<name>(func, exc) with the pending exception (normalised, with its traceback) */
+static PyObject *call_with_pending(Core *self, PyObject *name, PyObject *func) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyErr_NormalizeException(&et, &ev, &tb);
+    if (tb && ev) PyException_SetTraceback(ev, tb);
+    PyObject *stack[3] = {self->state, func, ev ? ev : Py_None};
+    PyObject *r = PyObject_VectorcallMethod(name, stack, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_XDECREF(et);
+    Py_XDECREF(ev);
+    Py_XDECREF(tb);
+    return r;
+}
+
+/* _State.run_op(impl, mode, func, types, args, kwargs): run one op, record it if outermost */
+static PyObject *Core_run_op(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "run_op(impl, mode, func, types, args, kwargs)");
+        return NULL;
+    }
+    PyObject *func = args[2];
+    PyObject *d = PyObject_GetAttr(self->local, s_dict); /* this thread's dict */
+    if (!d) return NULL;
+    long long depth = 0;
+    PyObject *dep = PyDict_GetItemWithError(d, s_depth); /* borrowed */
+    if (dep) {
+        if (as_ll(dep, &depth) < 0) goto fail_d;
+    } else if (PyErr_Occurred()) {
+        goto fail_d;
+    }
+    PyObject *dep1 = PyLong_FromLongLong(depth + 1), *dep0 = PyLong_FromLongLong(depth);
+    if (!dep1 || !dep0 || PyDict_SetItem(d, s_depth, dep1) < 0 || (!depth && PyDict_SetItem(d, s_entry, Py_None) < 0)) {
+        Py_XDECREF(dep1);
+        Py_XDECREF(dep0);
+        goto fail_d;
+    }
+    Py_DECREF(dep1);
+    PyObject *out = PyObject_Vectorcall(args[0], args + 1, 5, NULL);
+    {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        int rc = PyDict_SetItem(d, s_depth, dep0);
+        Py_DECREF(dep0);
+        if (rc < 0) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(tb);
+            Py_XDECREF(out);
+            goto fail_d;
+        }
+        PyErr_Restore(et, ev, tb);
+    }
+    if (!out) {
+        Py_DECREF(d);
+        if (depth == 0 && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyObject *r = call_with_pending(self, s_op_failed, func); /* always raises */
+            Py_XDECREF(r);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "fakeviz core: _op_failed returned");
+        }
+        return NULL;
+    }
+    if (depth == 0) {
+        PyObject *e = PyDict_GetItemWithError(d, s_entry); /* borrowed: (func, entry) or None */
+        PyObject *entry = Py_None;
+        if (e && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 2 && PyTuple_GET_ITEM(e, 0) == func)
+            entry = PyTuple_GET_ITEM(e, 1);
+        Py_XINCREF(e);
+        PyObject *r = NULL;
+        if (!PyErr_Occurred()) {
+            /* through state.record (normally this core's record), so a wrapper set there sees every op */
+            PyObject *rargs[6] = {self->state, func, args[4], args[5], out, entry};
+            r = PyObject_VectorcallMethod(s_record, rargs, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        }
+        Py_XDECREF(e);
+        if (r) {
+            Py_DECREF(r);
+        } else if (PyErr_ExceptionMatches(self->range_error)) {
+            /* a bad input (a cuda index past the fake devices): name the op, module, line */
+            PyObject *x = call_with_pending(self, s_range_failed, func); /* always raises */
+            Py_XDECREF(x);
+            Py_DECREF(out);
+            Py_DECREF(d);
+            return NULL;
+        } else if (PyErr_ExceptionMatches(PyExc_Exception)) {
+            /* a recorder bug must never break the user's run */
+            PyObject *x = call_with_pending(self, s_internal_error, func);
+            if (!x) {
+                Py_DECREF(out);
+                Py_DECREF(d);
+                return NULL;
+            }
+            Py_DECREF(x);
+        } else {
+            Py_DECREF(out);
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    Py_DECREF(d);
+    return out;
+fail_d:
+    Py_DECREF(d);
+    return NULL;
+}
+
 /* --------------------------------------------------------------- pack_saved */
 
 /* Note: [saved tensors] -- _State.pack_saved */
@@ -808,6 +916,8 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->fake_detach);
     Py_VISIT(self->disable_tf);
     Py_VISIT(self->ref_type);
+    Py_VISIT(self->local);
+    Py_VISIT(self->range_error);
     return 0;
 }
 
@@ -841,6 +951,8 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->fake_detach);
     Py_CLEAR(self->disable_tf);
     Py_CLEAR(self->ref_type);
+    Py_CLEAR(self->local);
+    Py_CLEAR(self->range_error);
     return 0;
 }
 
@@ -885,7 +997,8 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "tensor_type", &self->tensor_type) || take(kw, "fake_type", &self->fake_type) ||
         take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) ||
         take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
-        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) ||
+        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) || take(kw, "local", &self->local) ||
+        take(kw, "range_error", &self->range_error) ||
         take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take_ll(kw, "n_op", &n_op) ||
         take_ll(kw, "n_out", &n_out) || take_ll(kw, "n_st", &n_st) || take_ll(kw, "st_roles", &st_roles) || take_ll(kw, "st_free", &st_free) ||
         take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved))
@@ -922,6 +1035,8 @@ static PyMethodDef Core_methods[] = {
      "record(func, args, kwargs, out, entry): _State.record in C"},
     {"pack_saved", (PyCFunction)Core_pack_saved, METH_O, "pack_saved(t): _State.pack_saved in C"},
     {"on_free", (PyCFunction)Core_on_free, METH_O, "on_free(ref): _State._on_free in C"},
+    {"run_op", (PyCFunction)(void (*)(void))Core_run_op, METH_FASTCALL,
+     "run_op(impl, mode, func, types, args, kwargs): _State.run_op in C"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -977,6 +1092,13 @@ PyMODINIT_FUNC PyInit__fvcore(void) {
     INTERN(s_py_record, "_py_record");
     INTERN(s_key, "key");
     INTERN(s_on_free, "on_free");
+    INTERN(s_dict, "__dict__");
+    INTERN(s_depth, "depth");
+    INTERN(s_record, "record");
+    INTERN(s_entry, "entry");
+    INTERN(s_op_failed, "_op_failed");
+    INTERN(s_range_failed, "_range_failed");
+    INTERN(s_internal_error, "internal_error");
     if (PyType_Ready(&CoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
