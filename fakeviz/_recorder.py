@@ -32,6 +32,7 @@ import os
 import sys
 import sysconfig
 import threading
+import types
 import weakref
 from types import CodeType
 from typing import Any
@@ -363,7 +364,8 @@ class _State:
                 sn_cache=self.sn_cache, meta_ids=self.meta_ids, opd=b.opd, outd=b.outd, in_tensor=b.in_tensor,
                 std=b.std, tensor_type=_Tensor, fake_type=_FakeTensor, detach=_DETACH, lift_fresh=_LIFT_FRESH,
                 graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
-                param_new_code=_PARAM_NEW, disable_tf=torch._C.DisableTorchFunction, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
+                param_new_code=_PARAM_NEW, fake_dispatch=_fake_dispatch, fast_dispatch=_fake_dispatch_fast,
+                output_from_cache_entry=_fake_output_from_entry, make_cache_entry=_fake_make_entry, disable_tf=torch._C.DisableTorchFunction, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
                 n_st=_N_ST, st_roles=_ST_ROLES, st_free=_ST_FREE, storage_ref=_StorageRef, local=self.local, range_error=_DeviceRangeError, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
             )  # fmt: skip
             self.record = self.core.record  # type: ignore[method-assign]
@@ -544,7 +546,7 @@ class _State:
         if self.in_optimizer:
             phase = P_OPTIMIZER
             module = -1
-            line = self.user_line(3)
+            line = self.user_line(2)
         elif _graph_task_id() >= 0:
             phase = P_BACKWARD
             line = self.bw_line
@@ -557,11 +559,11 @@ class _State:
             module = self.fw_stack[-1]
             line = self.fw_lines[-1]
             if line == -2:  # the module's own forward is user code: walk the frames
-                line = self.user_line(3)
+                line = self.user_line(2)
         else:
             phase = P_OTHER if self.seen_forward else P_INIT
             module = -1
-            line = self.user_line(3)
+            line = self.user_line(2)
         # inputs -> tensor ids
         in_ids = b.in_tensor
         base, top = self.tbase, self.ttop
@@ -820,7 +822,7 @@ class _State:
             mod_id = self.fw_stack[-1] if self.fw_stack else -1
         modules = self.b.tables["modules"].strings
         module = modules[mod_id] if mod_id >= 0 else None
-        line_id = self.bw_line if phase == "backward" else self.user_line(3)
+        line_id = self.bw_line if phase == "backward" else self.user_line(2)
         line = self.b.tables["lines"].strings[line_id] if line_id >= 0 else None
         where = f"op {op} (phase {phase}, module {module or '<top level>'}, at {line or '<unknown line>'})"
         self.trace.error = {
@@ -1240,6 +1242,30 @@ class _FakeRecordingMode(FakeTensorMode):
                 loc["entry"] = (func, entry)
 
 
+_HOOKS = ("__torch_dispatch__", "_output_from_cache_entry", "_make_cache_entry")
+_OWN_HOOKS = {name: _FakeRecordingMode.__dict__[name] for name in _HOOKS}
+
+
+def _install_core_hooks(mode: _FakeRecordingMode, state: _State) -> None:
+    """Note: [recorder core in C]: while ``state`` records, the mode's per-dispatch hooks are
+    the core's C methods, bound to the mode instance (a hook replaced on the class, by a
+    subclass or a test, is left to the class)."""
+    _remove_core_hooks(mode)
+    core = state.core
+    if core is None:
+        return
+    own = {"__torch_dispatch__": core.dispatch, "_output_from_cache_entry": core.output_from_cache_entry,
+           "_make_cache_entry": core.make_cache_entry}  # fmt: skip
+    for name in _HOOKS:
+        if getattr(type(mode), name) is _OWN_HOOKS[name]:
+            mode.__dict__[name] = types.MethodType(own[name], mode)
+
+
+def _remove_core_hooks(mode: _FakeRecordingMode) -> None:
+    for name in _HOOKS:
+        mode.__dict__.pop(name, None)
+
+
 _fake_dispatch = FakeTensorMode.__torch_dispatch__
 _fake_output_from_entry = FakeTensorMode._output_from_cache_entry
 _fake_make_entry = FakeTensorMode._make_cache_entry
@@ -1393,6 +1419,8 @@ class Recording:
                 else:
                     mode = new_fake_mode(symbolic=self.symbolic, cls=_FakeRecordingMode)
                 mode._fv_state = state
+                _install_core_hooks(mode, state)
+                stack.callback(_remove_core_hooks, mode)
             else:
                 # Note: [view replay in real runs]
                 # Autograd rebuilds the grad_fn of a view after an in-place op by replaying

@@ -25,7 +25,7 @@ static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *
     *s_record_full, *s_bw_module, *s_report_progress, *s_output, *s_next_tensor, *s_shape, *s_stride,
     *s_dtype, *s_device, *s_nbytes, *s_storage_offset, *s_active, *s_storage_id, *s_grad_fn,
     *s_fake_detach, *s_py_record, *s_key, *s_on_free, *s_dict, *s_depth, *s_entry, *s_op_failed,
-    *s_range_failed, *s_internal_error, *s_record;
+    *s_range_failed, *s_internal_error, *s_record, *s_namespace, *s_prim, *s_shape_env, *s_run_op;
 
 typedef struct {
     PyObject_HEAD
@@ -36,7 +36,8 @@ typedef struct {
     PyObject *in_frombytes, *out_frombytes, *op_frombytes, *std_frombytes;
     /* torch objects */
     PyObject *tensor_type, *fake_type, *detach, *lift_fresh, *graph_task_id, *current_node, *get_seqnr,
-        *param_new_code, *fake_detach, *disable_tf, *ref_type, *local, *range_error;
+        *param_new_code, *fake_detach, *disable_tf, *ref_type, *local, *range_error, *fake_dispatch,
+        *fast_dispatch, *orig_from_entry, *orig_make_entry, *kinds;
     long long tbase, ttop;
     Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
     long long role_saved, flag_dd;
@@ -793,6 +794,102 @@ fail_d:
     return NULL;
 }
 
+/* ---------------------------------------------------------- fake mode hooks */
+
+/* Note: [recorder fused into the fake mode], in C: the recording FakeTensorMode's
+ * __torch_dispatch__ (installed on the mode instance as a bound method while this core's
+ * recording is on). prim.* ops and an inactive recording go straight to FakeTensorMode. */
+static PyObject *Core_dispatch(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "dispatch(mode, func, types, args, kwargs=None)");
+        return NULL;
+    }
+    PyObject *mode = args[0], *func = args[1];
+    PyObject *kw = nargs == 5 ? args[4] : Py_None;
+    PyObject *full[5] = {mode, func, args[2], args[3], kw};
+    /* what to do with func, cached per op: 0 prim (not recorded), 1 record, 2 record with fast detach */
+    long kind;
+    PyObject *k = PyDict_GetItemWithError(self->kinds, func); /* borrowed */
+    if (k) {
+        kind = PyLong_AsLong(k);
+    } else {
+        if (PyErr_Occurred()) return NULL;
+        PyObject *ns = PyObject_GetAttr(func, s_namespace);
+        if (!ns) return NULL;
+        int is_prim = PyUnicode_Check(ns) && PyUnicode_Compare(ns, s_prim) == 0;
+        Py_DECREF(ns);
+        kind = is_prim ? 0 : (func == self->detach ? 2 : 1);
+        PyObject *v = PyLong_FromLong(kind);
+        if (!v || PyDict_SetItem(self->kinds, func, v) < 0) {
+            Py_XDECREF(v);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    if (kind) {
+        PyObject *act = PyObject_GetAttr(self->state, s_active);
+        if (!act) return NULL;
+        int on = PyObject_IsTrue(act);
+        Py_DECREF(act);
+        if (on < 0) return NULL;
+        if (!on) kind = 0;
+    }
+    if (!kind) return PyObject_Vectorcall(self->fake_dispatch, full, 5, NULL);
+    PyObject *stack[7] = {self->state, kind == 2 ? self->fast_dispatch : self->fake_dispatch, mode, func,
+                          args[2], args[3], kw};
+    /* through state.run_op (normally this core's), like the Python mode does */
+    return PyObject_VectorcallMethod(s_run_op, stack, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* _FakeRecordingMode._fv_entry: hand the outermost op's dispatch-cache entry to record */
+static int offer_entry(Core *self, PyObject *mode, PyObject *func, PyObject *entry) {
+    PyObject *se = PyObject_GetAttr(mode, s_shape_env);
+    if (!se) return -1;
+    int plain = se == Py_None;
+    Py_DECREF(se);
+    if (!plain) return 0;
+    PyObject *d = PyObject_GetAttr(self->local, s_dict);
+    if (!d) return -1;
+    int rc = 0;
+    PyObject *dep = PyDict_GetItemWithError(d, s_depth); /* borrowed */
+    if (dep && PyLong_Check(dep) && PyLong_AsLong(dep) == 1) {
+        PyObject *cur = PyDict_GetItemWithError(d, s_entry);
+        if (cur == Py_None || (!cur && !PyErr_Occurred())) {
+            PyObject *t = PyTuple_Pack(2, func, entry);
+            rc = t ? PyDict_SetItem(d, s_entry, t) : -1;
+            Py_XDECREF(t);
+        }
+    }
+    if (PyErr_Occurred()) rc = -1;
+    Py_DECREF(d);
+    return rc;
+}
+
+/* FakeTensorMode._output_from_cache_entry(mode, state, entry, key, func, args), offering entry first */
+static PyObject *Core_output_from_entry(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "output_from_cache_entry(mode, state, entry, key, func, args)");
+        return NULL;
+    }
+    if (offer_entry(self, args[0], args[4], args[2]) < 0) return NULL;
+    return PyObject_Vectorcall(self->orig_from_entry, args, 6, NULL);
+}
+
+/* FakeTensorMode._make_cache_entry(mode, state, key, func, args, kwargs, output), then offer it */
+static PyObject *Core_make_entry(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "make_cache_entry(mode, state, key, func, args, kwargs, output)");
+        return NULL;
+    }
+    PyObject *entry = PyObject_Vectorcall(self->orig_make_entry, args, 7, NULL);
+    if (!entry) return NULL;
+    if (offer_entry(self, args[0], args[3], entry) < 0) {
+        Py_DECREF(entry);
+        return NULL;
+    }
+    return entry;
+}
+
 /* --------------------------------------------------------------- pack_saved */
 
 /* Note: [saved tensors] -- _State.pack_saved */
@@ -918,6 +1015,11 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->ref_type);
     Py_VISIT(self->local);
     Py_VISIT(self->range_error);
+    Py_VISIT(self->kinds);
+    Py_VISIT(self->orig_make_entry);
+    Py_VISIT(self->orig_from_entry);
+    Py_VISIT(self->fast_dispatch);
+    Py_VISIT(self->fake_dispatch);
     return 0;
 }
 
@@ -953,6 +1055,11 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->ref_type);
     Py_CLEAR(self->local);
     Py_CLEAR(self->range_error);
+    Py_CLEAR(self->kinds);
+    Py_CLEAR(self->orig_make_entry);
+    Py_CLEAR(self->orig_from_entry);
+    Py_CLEAR(self->fast_dispatch);
+    Py_CLEAR(self->fake_dispatch);
     return 0;
 }
 
@@ -998,7 +1105,9 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) ||
         take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
         take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) || take(kw, "local", &self->local) ||
-        take(kw, "range_error", &self->range_error) ||
+        take(kw, "range_error", &self->range_error) || take(kw, "fake_dispatch", &self->fake_dispatch) ||
+        take(kw, "fast_dispatch", &self->fast_dispatch) || take(kw, "output_from_cache_entry", &self->orig_from_entry) ||
+        take(kw, "make_cache_entry", &self->orig_make_entry) ||
         take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take_ll(kw, "n_op", &n_op) ||
         take_ll(kw, "n_out", &n_out) || take_ll(kw, "n_st", &n_st) || take_ll(kw, "st_roles", &st_roles) || take_ll(kw, "st_free", &st_free) ||
         take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved))
@@ -1026,6 +1135,8 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     Py_XSETREF(self->out_frombytes, PyObject_GetAttrString(self->outd, fb));
     Py_XSETREF(self->op_frombytes, PyObject_GetAttrString(self->opd, fb));
     Py_XSETREF(self->std_frombytes, PyObject_GetAttrString(self->std, fb));
+    Py_XSETREF(self->kinds, PyDict_New());
+    if (!self->kinds) return -1;
     if (!self->in_frombytes || !self->out_frombytes || !self->op_frombytes || !self->std_frombytes) return -1;
     return 0;
 }
@@ -1035,6 +1146,12 @@ static PyMethodDef Core_methods[] = {
      "record(func, args, kwargs, out, entry): _State.record in C"},
     {"pack_saved", (PyCFunction)Core_pack_saved, METH_O, "pack_saved(t): _State.pack_saved in C"},
     {"on_free", (PyCFunction)Core_on_free, METH_O, "on_free(ref): _State._on_free in C"},
+    {"dispatch", (PyCFunction)(void (*)(void))Core_dispatch, METH_FASTCALL,
+     "dispatch(mode, func, types, args, kwargs=None): the recording mode's __torch_dispatch__"},
+    {"output_from_cache_entry", (PyCFunction)(void (*)(void))Core_output_from_entry, METH_FASTCALL,
+     "FakeTensorMode._output_from_cache_entry, handing the entry to record"},
+    {"make_cache_entry", (PyCFunction)(void (*)(void))Core_make_entry, METH_FASTCALL,
+     "FakeTensorMode._make_cache_entry, handing the entry to record"},
     {"run_op", (PyCFunction)(void (*)(void))Core_run_op, METH_FASTCALL,
      "run_op(impl, mode, func, types, args, kwargs): _State.run_op in C"},
     {NULL, NULL, 0, NULL},
@@ -1095,6 +1212,10 @@ PyMODINIT_FUNC PyInit__fvcore(void) {
     INTERN(s_dict, "__dict__");
     INTERN(s_depth, "depth");
     INTERN(s_record, "record");
+    INTERN(s_namespace, "_namespace");
+    INTERN(s_prim, "prim");
+    INTERN(s_shape_env, "shape_env");
+    INTERN(s_run_op, "run_op");
     INTERN(s_entry, "entry");
     INTERN(s_op_failed, "_op_failed");
     INTERN(s_range_failed, "_range_failed");
