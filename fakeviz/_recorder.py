@@ -364,8 +364,13 @@ class _State:
                 sn_cache=self.sn_cache, meta_ids=self.meta_ids, opd=b.opd, outd=b.outd, in_tensor=b.in_tensor,
                 std=b.std, tensor_type=_Tensor, fake_type=_FakeTensor, detach=_DETACH, lift_fresh=_LIFT_FRESH,
                 graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
-                param_new_code=_PARAM_NEW, fake_dispatch=_fake_dispatch, fast_dispatch=_fake_dispatch_fast,
-                output_from_cache_entry=_fake_output_from_entry, make_cache_entry=_fake_make_entry, disable_tf=torch._C.DisableTorchFunction, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
+                param_new_code=_PARAM_NEW, fake_dispatch=_fake_dispatch,
+                output_from_cache_entry=_fake_output_from_entry, make_cache_entry=_fake_make_entry,
+                meta_in_tls=_meta_in_tls, set_meta_in_tls=_set_meta_in_tls, disable_torch_dispatch=_DisableTorchDispatch,
+                preserve_dispatch_keys=_PreserveDispatchKeyGuard, detach_op=_DETACH_OP,
+                make_subclass=_Tensor._make_subclass, fake_config=_FakeTensorConfig,
+                warn_mutable_data_ptr=_warn_mutable_data_ptr, throw_mutable_data_ptr=_throw_mutable_data_ptr,
+                wrap_fake=_wrap_fake, disable_tf=torch._C.DisableTorchFunction, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
                 n_st=_N_ST, st_roles=_ST_ROLES, st_free=_ST_FREE, storage_ref=_StorageRef, local=self.local, range_error=_DeviceRangeError, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
             )  # fmt: skip
             self.record = self.core.record  # type: ignore[method-assign]

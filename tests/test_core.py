@@ -187,3 +187,27 @@ def test_no_compiler_falls_back_to_python(tmp_path: Path) -> None:
         "aten.ones.default([3], device=cpu, pin_memory=False)",
         "aten.mul.Tensor($0, 2)",
     ]
+
+
+@needs_core
+def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note: [fast fake detach] in C: no detach of a fake run takes the Python path, and the
+    Python wrap runs once per (mode, device) to make the prototype __dict__."""
+    import fakeviz._recorder as rec
+
+    calls = {"_fake_detach": 0, "_wrap_fake": 0}
+    for name in calls:
+        orig = getattr(rec, name)
+
+        def counted(*args: Any, _orig: Any = orig, _name: str = name, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _orig(*args, **kwargs)
+
+        monkeypatch.setattr(rec, name, counted)
+    trace, kind = _record(_llama_step, pure=False, monkeypatch=monkeypatch, device="cuda:0")
+    assert kind == "c"
+    assert calls == {"_fake_detach": 0, "_wrap_fake": 1}, calls
+    detaches = sum(
+        line.endswith("aten.detach.default") or "aten.detach.default(" in line for line in trace.oplog_lines()
+    )
+    assert detaches > 0

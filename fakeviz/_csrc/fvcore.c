@@ -25,7 +25,9 @@ static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *
     *s_record_full, *s_bw_module, *s_report_progress, *s_output, *s_next_tensor, *s_shape, *s_stride,
     *s_dtype, *s_device, *s_nbytes, *s_storage_offset, *s_active, *s_storage_id, *s_grad_fn,
     *s_fake_detach, *s_py_record, *s_key, *s_on_free, *s_dict, *s_depth, *s_entry, *s_op_failed,
-    *s_range_failed, *s_internal_error, *s_record, *s_namespace, *s_prim, *s_shape_env, *s_run_op;
+    *s_range_failed, *s_internal_error, *s_record, *s_namespace, *s_prim, *s_shape_env, *s_run_op,
+    *s_fake_mode, *s_constant, *s_real_tensor, *s_in_kernel, *s_protos, *s_debug, *s_requires_grad,
+    *s_allow_unsafe, *s_enter, *s_exit;
 
 typedef struct {
     PyObject_HEAD
@@ -37,7 +39,9 @@ typedef struct {
     /* torch objects */
     PyObject *tensor_type, *fake_type, *detach, *lift_fresh, *graph_task_id, *current_node, *get_seqnr,
         *param_new_code, *fake_detach, *disable_tf, *ref_type, *local, *range_error, *fake_dispatch,
-        *fast_dispatch, *orig_from_entry, *orig_make_entry, *kinds;
+        *orig_from_entry, *orig_make_entry, *kinds, *meta_in_tls, *set_meta_in_tls,
+        *disable_td, *preserve_keys, *detach_op, *make_subclass, *fake_config, *warn_mutable, *throw_mutable,
+        *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch;
     long long tbase, ttop;
     Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
     long long role_saved, flag_dd;
@@ -794,6 +798,170 @@ fail_d:
     return NULL;
 }
 
+/* ------------------------------------------------------------- fast detach */
+
+/* enter a C-implemented guard type; a new reference to the guard or NULL */
+static PyObject *guard_enter(PyObject *type) {
+    PyObject *g = PyObject_CallNoArgs(type);
+    if (!g) return NULL;
+    PyObject *r = PyObject_CallMethodNoArgs(g, s_enter);
+    if (!r) {
+        Py_DECREF(g);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return g;
+}
+
+/* leave guard g (steals it), keeping a pending exception; -1 if an error is (now) set */
+static int guard_exit(PyObject *g) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    PyObject *stack[4] = {g, Py_None, Py_None, Py_None};
+    PyObject *r = PyObject_VectorcallMethod(s_exit, stack, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    Py_DECREF(g);
+    if (et) {
+        Py_XDECREF(r);
+        PyErr_Restore(et, ev, tb);
+        return -1;
+    }
+    if (!r) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* the meta kernel of detach with fake dispatch off: in_kernel_invocation_manager(fmode), inlined */
+static PyObject *meta_detach(Core *self, PyObject *t, PyObject *fmode) {
+    PyObject *prev = PyObject_GetAttr(fmode, s_in_kernel);
+    if (!prev) return NULL;
+    PyObject *tls = PyObject_CallNoArgs(self->meta_in_tls);
+    int same = tls ? PyObject_RichCompareBool(tls, prev, Py_EQ) : -1;
+    Py_XDECREF(tls);
+    if (same <= 0) {
+        Py_DECREF(prev);
+        if (same == 0) PyErr_SetString(PyExc_RuntimeError, "meta TLS out of step with in_kernel_invocation");
+        return NULL;
+    }
+    PyObject *meta = NULL;
+    PyObject *g1 = guard_enter(self->disable_td);
+    if (g1) {
+        if (PyObject_SetAttr(fmode, s_in_kernel, Py_True) == 0) {
+            PyObject *g2 = guard_enter(self->preserve_keys);
+            if (g2) {
+                PyObject *r = PyObject_CallOneArg(self->set_meta_in_tls, Py_True);
+                if (r) {
+                    Py_DECREF(r);
+                    meta = PyObject_CallOneArg(self->detach_op, t);
+                }
+                PyObject *et, *ev, *tb;
+                PyErr_Fetch(&et, &ev, &tb);
+                int rc = PyObject_SetAttr(fmode, s_in_kernel, prev);
+                if (et) PyErr_Restore(et, ev, tb);
+                if (rc < 0) Py_CLEAR(meta);
+                if (guard_exit(g2) < 0) Py_CLEAR(meta);
+            }
+        }
+        if (guard_exit(g1) < 0) Py_CLEAR(meta);
+    }
+    Py_DECREF(prev);
+    return meta;
+}
+
+/* Note: [light FakeTensor wrap], in C where the prototype __dict__ exists */
+static PyObject *wrap_fake(Core *self, PyObject *fmode, PyObject *meta, PyObject *device) {
+    PyObject *md = PyObject_GenericGetDict(fmode, NULL);
+    if (!md) return NULL;
+    PyObject *protos = PyDict_GetItemWithError(md, s_protos); /* borrowed */
+    PyObject *proto = (protos && PyDict_Check(protos)) ? PyDict_GetItemWithError(protos, device) : NULL;
+    Py_XINCREF(proto);
+    Py_DECREF(md);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(proto);
+        return NULL;
+    }
+    int debug = 0;
+    if (proto) {
+        PyObject *dbg = PyObject_GetAttr(self->fake_config, s_debug);
+        debug = dbg ? PyObject_IsTrue(dbg) : -1;
+        Py_XDECREF(dbg);
+        if (debug < 0) {
+            Py_DECREF(proto);
+            return NULL;
+        }
+    }
+    if (!proto || debug) {
+        Py_XDECREF(proto);
+        PyObject *stack[3] = {fmode, meta, device};
+        return PyObject_Vectorcall(self->py_wrap_fake, stack, 3, NULL);
+    }
+    PyObject *rg = PyObject_GetAttr(meta, s_requires_grad);
+    if (!rg) {
+        Py_DECREF(proto);
+        return NULL;
+    }
+    PyObject *stack[5] = {self->fake_type, meta, rg, Py_True, device};
+    PyObject *out = PyObject_Vectorcall(self->make_subclass, stack, 3, self->make_subclass_kwnames);
+    Py_DECREF(rg);
+    if (!out) {
+        Py_DECREF(proto);
+        return NULL;
+    }
+    PyObject *unsafe = PyObject_GetAttr(fmode, s_allow_unsafe);
+    int u = unsafe ? PyObject_IsTrue(unsafe) : -1;
+    Py_XDECREF(unsafe);
+    PyObject *r = u < 0 ? NULL : PyObject_CallOneArg(u ? self->warn_mutable : self->throw_mutable, out);
+    PyObject *od = r ? PyObject_GenericGetDict(out, NULL) : NULL;
+    int rc = od ? PyDict_Update(od, proto) : -1;
+    Py_XDECREF(r);
+    Py_XDECREF(od);
+    Py_DECREF(proto);
+    if (rc < 0) Py_CLEAR(out);
+    return out;
+}
+
+/* Note: [fast fake detach]: _fake_detach(t, mode) -- a new reference, or None where the caller must take
+ * the ordinary path (not a plain FakeTensor of mode, a constant or real tensor attached, any failure) */
+static PyObject *fast_detach(Core *self, PyObject *t, PyObject *mode) {
+    if (!Py_IS_TYPE(t, (PyTypeObject *)self->fake_type)) Py_RETURN_NONE;
+    PyObject *fmode = PyObject_GetAttr(t, s_fake_mode);
+    PyObject *c = fmode ? PyObject_GetAttr(t, s_constant) : NULL;
+    PyObject *rt = c ? PyObject_GetAttr(t, s_real_tensor) : NULL;
+    PyObject *out = NULL;
+    if (rt && (mode == NULL || fmode == mode) && c == Py_None && rt == Py_None) {
+        PyObject *device = PyObject_GetAttr(t, s_device);
+        PyObject *meta = device ? meta_detach(self, t, fmode) : NULL;
+        if (meta) out = wrap_fake(self, fmode, meta, device);
+        Py_XDECREF(meta);
+        Py_XDECREF(device);
+    }
+    Py_XDECREF(fmode);
+    Py_XDECREF(c);
+    Py_XDECREF(rt);
+    if (!out) {
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+        PyErr_Clear(); /* the ordinary path */
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+/* _fake_dispatch_fast(mode, func, types, args, kwargs): FakeTensorMode's dispatch with the detach short-cut */
+static PyObject *Core_fast_dispatch(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "fast_dispatch(mode, func, types, args, kwargs)");
+        return NULL;
+    }
+    PyObject *fargs = args[3], *kw = args[4];
+    if (args[1] == self->detach && PyTuple_Check(fargs) && PyTuple_GET_SIZE(fargs) == 1 &&
+        (kw == Py_None || (PyDict_Check(kw) && !PyDict_GET_SIZE(kw)))) {
+        PyObject *out = fast_detach(self, PyTuple_GET_ITEM(fargs, 0), args[0]);
+        if (!out) return NULL;
+        if (out != Py_None) return out;
+        Py_DECREF(out);
+    }
+    return PyObject_Vectorcall(self->fake_dispatch, args, 5, NULL);
+}
+
 /* ---------------------------------------------------------- fake mode hooks */
 
 /* Note: [recorder fused into the fake mode], in C: the recording FakeTensorMode's
@@ -835,7 +1003,7 @@ static PyObject *Core_dispatch(Core *self, PyObject *const *args, Py_ssize_t nar
         if (!on) kind = 0;
     }
     if (!kind) return PyObject_Vectorcall(self->fake_dispatch, full, 5, NULL);
-    PyObject *stack[7] = {self->state, kind == 2 ? self->fast_dispatch : self->fake_dispatch, mode, func,
+    PyObject *stack[7] = {self->state, kind == 2 ? self->c_fast_dispatch : self->fake_dispatch, mode, func,
                           args[2], args[3], kw};
     /* through state.run_op (normally this core's), like the Python mode does */
     return PyObject_VectorcallMethod(s_run_op, stack, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -977,8 +1145,27 @@ static PyObject *pack_body(Core *self, PyObject *t) {
         Py_INCREF(t);
         return t;
     }
-    PyObject *stack[2] = {self->state, t};
-    return PyObject_VectorcallMethod(s_fake_detach, stack, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    PyObject *alias = fast_detach(self, t, NULL);
+    if (!alias) return NULL;
+    if (alias == Py_None) {
+        Py_DECREF(alias);
+        PyObject *stack[2] = {self->state, t};
+        return PyObject_VectorcallMethod(s_fake_detach, stack, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    /* the alias takes t's tensor id, so backward ops name the forward tensor */
+    PyObject *td = PyObject_GenericGetDict(t, NULL);
+    PyObject *tag = td ? PyDict_GetItemWithError(td, s_tid) : NULL;
+    rc = td ? 0 : -1;
+    if (tag) {
+        PyObject *ad = PyObject_GenericGetDict(alias, NULL);
+        rc = ad ? PyDict_SetItem(ad, s_tid, tag) : -1;
+        Py_XDECREF(ad);
+    } else if (PyErr_Occurred()) {
+        rc = -1;
+    }
+    Py_XDECREF(td);
+    if (rc < 0) Py_CLEAR(alias);
+    return alias;
 }
 
 /* ------------------------------------------------------------------ type */
@@ -1015,10 +1202,21 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->ref_type);
     Py_VISIT(self->local);
     Py_VISIT(self->range_error);
+    Py_VISIT(self->c_fast_dispatch);
+    Py_VISIT(self->make_subclass_kwnames);
+    Py_VISIT(self->py_wrap_fake);
+    Py_VISIT(self->throw_mutable);
+    Py_VISIT(self->warn_mutable);
+    Py_VISIT(self->fake_config);
+    Py_VISIT(self->make_subclass);
+    Py_VISIT(self->detach_op);
+    Py_VISIT(self->preserve_keys);
+    Py_VISIT(self->disable_td);
+    Py_VISIT(self->set_meta_in_tls);
+    Py_VISIT(self->meta_in_tls);
     Py_VISIT(self->kinds);
     Py_VISIT(self->orig_make_entry);
     Py_VISIT(self->orig_from_entry);
-    Py_VISIT(self->fast_dispatch);
     Py_VISIT(self->fake_dispatch);
     return 0;
 }
@@ -1055,10 +1253,21 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->ref_type);
     Py_CLEAR(self->local);
     Py_CLEAR(self->range_error);
+    Py_CLEAR(self->c_fast_dispatch);
+    Py_CLEAR(self->make_subclass_kwnames);
+    Py_CLEAR(self->py_wrap_fake);
+    Py_CLEAR(self->throw_mutable);
+    Py_CLEAR(self->warn_mutable);
+    Py_CLEAR(self->fake_config);
+    Py_CLEAR(self->make_subclass);
+    Py_CLEAR(self->detach_op);
+    Py_CLEAR(self->preserve_keys);
+    Py_CLEAR(self->disable_td);
+    Py_CLEAR(self->set_meta_in_tls);
+    Py_CLEAR(self->meta_in_tls);
     Py_CLEAR(self->kinds);
     Py_CLEAR(self->orig_make_entry);
     Py_CLEAR(self->orig_from_entry);
-    Py_CLEAR(self->fast_dispatch);
     Py_CLEAR(self->fake_dispatch);
     return 0;
 }
@@ -1106,8 +1315,13 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
         take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) || take(kw, "local", &self->local) ||
         take(kw, "range_error", &self->range_error) || take(kw, "fake_dispatch", &self->fake_dispatch) ||
-        take(kw, "fast_dispatch", &self->fast_dispatch) || take(kw, "output_from_cache_entry", &self->orig_from_entry) ||
-        take(kw, "make_cache_entry", &self->orig_make_entry) ||
+        take(kw, "output_from_cache_entry", &self->orig_from_entry) ||
+        take(kw, "make_cache_entry", &self->orig_make_entry) || take(kw, "meta_in_tls", &self->meta_in_tls) ||
+        take(kw, "set_meta_in_tls", &self->set_meta_in_tls) || take(kw, "disable_torch_dispatch", &self->disable_td) ||
+        take(kw, "preserve_dispatch_keys", &self->preserve_keys) || take(kw, "detach_op", &self->detach_op) ||
+        take(kw, "make_subclass", &self->make_subclass) || take(kw, "fake_config", &self->fake_config) ||
+        take(kw, "warn_mutable_data_ptr", &self->warn_mutable) ||
+        take(kw, "throw_mutable_data_ptr", &self->throw_mutable) || take(kw, "wrap_fake", &self->py_wrap_fake) ||
         take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take_ll(kw, "n_op", &n_op) ||
         take_ll(kw, "n_out", &n_out) || take_ll(kw, "n_st", &n_st) || take_ll(kw, "st_roles", &st_roles) || take_ll(kw, "st_free", &st_free) ||
         take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved))
@@ -1137,6 +1351,10 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     Py_XSETREF(self->std_frombytes, PyObject_GetAttrString(self->std, fb));
     Py_XSETREF(self->kinds, PyDict_New());
     if (!self->kinds) return -1;
+    Py_XSETREF(self->make_subclass_kwnames, Py_BuildValue("(ss)", "dispatch_device", "device_for_backend_keys"));
+    if (!self->make_subclass_kwnames) return -1;
+    Py_XSETREF(self->c_fast_dispatch, PyObject_GetAttrString((PyObject *)self, "fast_dispatch"));
+    if (!self->c_fast_dispatch) return -1;
     if (!self->in_frombytes || !self->out_frombytes || !self->op_frombytes || !self->std_frombytes) return -1;
     return 0;
 }
@@ -1146,6 +1364,8 @@ static PyMethodDef Core_methods[] = {
      "record(func, args, kwargs, out, entry): _State.record in C"},
     {"pack_saved", (PyCFunction)Core_pack_saved, METH_O, "pack_saved(t): _State.pack_saved in C"},
     {"on_free", (PyCFunction)Core_on_free, METH_O, "on_free(ref): _State._on_free in C"},
+    {"fast_dispatch", (PyCFunction)(void (*)(void))Core_fast_dispatch, METH_FASTCALL,
+     "fast_dispatch(mode, func, types, args, kwargs): _fake_dispatch_fast in C"},
     {"dispatch", (PyCFunction)(void (*)(void))Core_dispatch, METH_FASTCALL,
      "dispatch(mode, func, types, args, kwargs=None): the recording mode's __torch_dispatch__"},
     {"output_from_cache_entry", (PyCFunction)(void (*)(void))Core_output_from_entry, METH_FASTCALL,
@@ -1216,6 +1436,16 @@ PyMODINIT_FUNC PyInit__fvcore(void) {
     INTERN(s_prim, "prim");
     INTERN(s_shape_env, "shape_env");
     INTERN(s_run_op, "run_op");
+    INTERN(s_fake_mode, "fake_mode");
+    INTERN(s_constant, "constant");
+    INTERN(s_real_tensor, "real_tensor");
+    INTERN(s_in_kernel, "in_kernel_invocation");
+    INTERN(s_protos, "_fv_protos");
+    INTERN(s_debug, "debug");
+    INTERN(s_requires_grad, "requires_grad");
+    INTERN(s_allow_unsafe, "_allow_unsafe_data_ptr_access");
+    INTERN(s_enter, "__enter__");
+    INTERN(s_exit, "__exit__");
     INTERN(s_entry, "entry");
     INTERN(s_op_failed, "_op_failed");
     INTERN(s_range_failed, "_range_failed");
