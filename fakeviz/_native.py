@@ -1,13 +1,23 @@
 """The recorder's per-op path in C (``_csrc/fvcore.c``), built on first use.
 
 Note: [recorder core in C]
-Recording a fake Llama run costs about 10 us of Python per op on top of the fake
-kernel, most of it interpreter overhead of a few hundred bytecodes (attribute and
-dict lookups, tuple packing), not work. ``fvcore.c`` does the common path of
-``_State.record`` and ``_State.pack_saved`` with the CPython C API (no torch
-headers), and calls the Python methods for every uncommon one, so the Python
-implementation stays the single definition of what is recorded: the C core must
-give the same trace, which the tests check op for op.
+Recording a fake Llama run cost about 10 us of Python per op on top of the fake
+kernel, most of it interpreter overhead (attribute and dict lookups, tuple packing,
+frames), not work. ``fvcore.c`` does, with the CPython C API only (no torch headers),
+what these Python pieces do on their common paths:
+
+* the recording mode's ``__torch_dispatch__`` and its two dispatch-cache hooks
+  (bound to the mode instance while it records, see ``_install_core_hooks``),
+* ``_State.run_op``, ``_State.record``, ``_State.pack_saved``, new storages and
+  their free callbacks,
+* the fast fake detach (Note: [fast fake detach]) of saved-tensor aliases and of
+  autograd's unpack detaches.
+
+Every uncommon path (an op the recorded op cache has not seen, an unseen input
+tensor, a new code object or source line, lift_fresh, errors, ...) calls the Python
+method that handles it, so the Python implementation stays the single definition of
+what is recorded: the C core must give the same trace, which ``tests/test_core.py``
+checks column by column.
 
 It is compiled once with the system C compiler (under a second), cached next to
 the fake-cuda shim (``$FAKEVIZ_CACHE_DIR`` or ``~/.cache/fakeviz``) under a name

@@ -1,14 +1,13 @@
-/* fakeviz._fvcore: the recorder's per-op path in C (Note: [recorder core in C]).
+/* fakeviz._fvcore: the recorder's per-op path in C (Note: [recorder core in C] in
+ * fakeviz/_native.py).
  *
- * Core.record(func, args, kwargs, out, entry) does exactly what the Python
- * reference fakeviz._recorder._State.record does, and Core.pack_saved what
- * _State.pack_saved does, on the common paths; every uncommon path (an op the
- * recorded op cache has not seen, an unseen input tensor, a new storage, a new
- * code object or source line, lift_fresh, ...) calls the Python method that
- * handles it, so the two implementations share one source of truth for the
- * trace layout. Only the CPython C API is used (no torch headers): it builds
- * in well under a second with any C compiler, and fakeviz falls back to the
- * Python implementation where none exists.
+ * Core mirrors, method by method, the Python reference in fakeviz/_recorder.py:
+ *   dispatch / output_from_cache_entry / make_cache_entry  _FakeRecordingMode hooks
+ *   run_op, record, pack_saved, on_free                     _State methods
+ *   fast_dispatch                                            _fake_dispatch_fast
+ * on their common paths; every uncommon path calls the Python method that handles
+ * it. Only the CPython C API is used (no torch headers): it builds in under a second
+ * with any C compiler, and fakeviz records in Python where none exists.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -48,6 +47,16 @@ typedef struct {
 } Core;
 
 /* ------------------------------------------------------------------ helpers */
+
+/* a core the cyclic GC has cleared has no state: its methods raise (or, for the free
+ * callback, do nothing) instead of touching NULL */
+#define REQUIRE_STATE(self)                                                        \
+    do {                                                                           \
+        if (!(self)->state) {                                                      \
+            PyErr_SetString(PyExc_RuntimeError, "fakeviz core: recording is gone"); \
+            return NULL;                                                           \
+        }                                                                          \
+    } while (0)
 
 static int is_storage_error(void) {
     return PyErr_ExceptionMatches(PyExc_NotImplementedError) || PyErr_ExceptionMatches(PyExc_RuntimeError);
@@ -170,6 +179,7 @@ static int new_storage(Core *self, PyObject *st, PyObject *key, long long devid,
 
 /* _State._on_free: the weakref callback of a watched storage */
 static PyObject *Core_on_free(Core *self, PyObject *ref) {
+    if (!self->state) Py_RETURN_NONE;
     long long sid;
     PyObject *so = PyObject_GetAttr(ref, s_sid);
     int rc = as_ll(so, &sid);
@@ -489,6 +499,7 @@ static int tf_on(PyObject *g) {
 static PyObject *record_body(Core *self, PyObject *const *args);
 
 static PyObject *Core_record(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    REQUIRE_STATE(self);
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "record(func, args, kwargs, out, entry)");
         return NULL;
@@ -709,6 +720,7 @@ static PyObject *call_with_pending(Core *self, PyObject *name, PyObject *func) {
 
 /* _State.run_op(impl, mode, func, types, args, kwargs): run one op, record it if outermost */
 static PyObject *Core_run_op(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    REQUIRE_STATE(self);
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "run_op(impl, mode, func, types, args, kwargs)");
         return NULL;
@@ -947,6 +959,7 @@ static PyObject *fast_detach(Core *self, PyObject *t, PyObject *mode) {
 
 /* _fake_dispatch_fast(mode, func, types, args, kwargs): FakeTensorMode's dispatch with the detach short-cut */
 static PyObject *Core_fast_dispatch(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    REQUIRE_STATE(self);
     if (nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "fast_dispatch(mode, func, types, args, kwargs)");
         return NULL;
@@ -968,6 +981,7 @@ static PyObject *Core_fast_dispatch(Core *self, PyObject *const *args, Py_ssize_
  * __torch_dispatch__ (installed on the mode instance as a bound method while this core's
  * recording is on). prim.* ops and an inactive recording go straight to FakeTensorMode. */
 static PyObject *Core_dispatch(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    REQUIRE_STATE(self);
     if (nargs < 4 || nargs > 5) {
         PyErr_SetString(PyExc_TypeError, "dispatch(mode, func, types, args, kwargs=None)");
         return NULL;
@@ -1035,6 +1049,7 @@ static int offer_entry(Core *self, PyObject *mode, PyObject *func, PyObject *ent
 
 /* FakeTensorMode._output_from_cache_entry(mode, state, entry, key, func, args), offering entry first */
 static PyObject *Core_output_from_entry(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    REQUIRE_STATE(self);
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "output_from_cache_entry(mode, state, entry, key, func, args)");
         return NULL;
@@ -1045,6 +1060,7 @@ static PyObject *Core_output_from_entry(Core *self, PyObject *const *args, Py_ss
 
 /* FakeTensorMode._make_cache_entry(mode, state, key, func, args, kwargs, output), then offer it */
 static PyObject *Core_make_entry(Core *self, PyObject *const *args, Py_ssize_t nargs) {
+    REQUIRE_STATE(self);
     if (nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "make_cache_entry(mode, state, key, func, args, kwargs, output)");
         return NULL;
@@ -1064,6 +1080,7 @@ static PyObject *Core_make_entry(Core *self, PyObject *const *args, Py_ssize_t n
 static PyObject *pack_body(Core *self, PyObject *t);
 
 static PyObject *Core_pack_saved(Core *self, PyObject *t) {
+    REQUIRE_STATE(self);
     PyObject *g = tf_off(self);
     if (!g) return NULL;
     PyObject *r = pack_body(self, t);
