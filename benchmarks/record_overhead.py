@@ -7,10 +7,11 @@ so a slow drift of the machine's speed hits both alike):
     (target <= 1.10); also the median of the per-pair ratios and the ratio of the fastest runs,
   * recorded ops per second,
   * ratio of the same work under torch.distributed._tools.mem_tracker.MemTracker to fv.record,
+  * the record ratio for the Python recorder too (FAKEVIZ_PURE_PYTHON=1, as without a C compiler),
 and, each in a fresh subprocess, peak RSS of one recorded run for the 70B and 405B shapes
 (target < 1 GiB).
 
-    python benchmarks/record_overhead.py [--runs 9] [--layers N] [--skip-rss] [--no-pin]
+    python benchmarks/record_overhead.py [--runs 11] [--layers N] [--skip-rss] [--skip-python-core] [--no-pin]
 
 By default the process is pinned to one CPU (os.sched_setaffinity; threads it starts, such as
 autograd's device threads, inherit it): on the 2-core CI machine the spread of the ratio between
@@ -57,18 +58,31 @@ def run_bare(cfg, seq: int) -> float:  # noqa: ANN001
     return time.perf_counter() - t
 
 
-def run_record(cfg, seq: int) -> tuple[float, int]:  # noqa: ANN001
+def run_record(cfg, seq: int, *, python_core: bool = False) -> tuple[float, int]:  # noqa: ANN001
+    """One recorded run; ``python_core`` records with the Python implementation instead of the
+    C core (Note: [recorder core in C]), as on a machine without a C compiler."""
     import fakeviz as fv
 
-    t = time.perf_counter()
-    with fv.record(device="cuda:0") as trace:
-        _work(cfg, seq)
-    global _LAST_TRACE_NBYTES
+    old = os.environ.pop("FAKEVIZ_PURE_PYTHON", None)
+    if python_core:
+        os.environ["FAKEVIZ_PURE_PYTHON"] = "1"
+    try:
+        t = time.perf_counter()
+        with fv.record(device="cuda:0") as trace:
+            _work(cfg, seq)
+        dt = time.perf_counter() - t
+    finally:
+        os.environ.pop("FAKEVIZ_PURE_PYTHON", None)
+        if old is not None:
+            os.environ["FAKEVIZ_PURE_PYTHON"] = old
+    global _LAST_TRACE_NBYTES, _LAST_CORE
     _LAST_TRACE_NBYTES = trace.nbytes()
-    return time.perf_counter() - t, trace.num_ops
+    _LAST_CORE[python_core] = trace.meta.get("recorder_core", "?")
+    return dt, trace.num_ops
 
 
 _LAST_TRACE_NBYTES = 0
+_LAST_CORE: dict[bool, str] = {}
 
 
 def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
@@ -124,7 +138,8 @@ def rss(name: str, seq: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=9)
+    ap.add_argument("--runs", type=int, default=11)
+    ap.add_argument("--skip-python-core", action="store_true", help="do not also time the Python recorder")
     ap.add_argument("--no-pin", action="store_true", help="do not pin the process to one CPU")
     ap.add_argument("--layers", type=int, default=0, help="override layers (0 = the full 80)")
     ap.add_argument("--seq", type=int, default=2048)
@@ -143,17 +158,26 @@ def main() -> int:
     # warm-up (shim build, imports, caches)
     run_bare(cfg, args.seq)
     run_record(cfg, args.seq)
-    bare, rec, mt = [], [], []
-    n_ops = 0
+    if not args.skip_python_core:
+        run_record(cfg, args.seq, python_core=True)
+    bare: list[float] = []
+    rec: list[float] = []
+    rec_py: list[float] = []
+    mt: list[float] = []
+    ops: list[int] = []
     mt_peak: dict = {}
+
+    def recorded(into: list[float], python_core: bool) -> None:
+        t, n = run_record(cfg, args.seq, python_core=python_core)
+        into.append(t)
+        ops.append(n)
+
+    steps = [lambda: bare.append(run_bare(cfg, args.seq)), lambda: recorded(rec, False)]
+    if not args.skip_python_core:
+        steps.append(lambda: recorded(rec_py, True))
     for i in range(args.runs):
-        if i % 2 == 0:  # ABBA order
-            bare.append(run_bare(cfg, args.seq))
-            t, n_ops = run_record(cfg, args.seq)
-        else:
-            t, n_ops = run_record(cfg, args.seq)
-            bare.append(run_bare(cfg, args.seq))
-        rec.append(t)
+        for step in steps if i % 2 == 0 else steps[::-1]:  # ABBA order
+            step()
         if not args.skip_memtracker and len(mt) < args.memtracker_runs:
             try:
                 t_mt, mt_peak = run_memtracker(cfg, args.seq)
@@ -169,11 +193,17 @@ def main() -> int:
         "ratio_record_over_bare": statistics.median(rec) / statistics.median(bare),
         "ratio_paired_median": statistics.median(r / b for r, b in zip(rec, bare)),
         "ratio_fastest": min(rec) / min(bare),
-        "ops": n_ops,
-        "ops_per_s_recorded": n_ops / statistics.median(rec),
+        "recorder_core": _LAST_CORE.get(False),
+        "ops": ops[-1],
+        "ops_per_s_recorded": ops[-1] / statistics.median(rec),
         "trace_bytes": _LAST_TRACE_NBYTES,
-        "trace_bytes_per_op": _LAST_TRACE_NBYTES / max(n_ops, 1),
+        "trace_bytes_per_op": _LAST_TRACE_NBYTES / max(ops[-1], 1),
     }
+    assert len(set(ops)) == 1, f"runs recorded different op counts: {sorted(set(ops))}"
+    if rec_py:
+        res["python_core_record_s"] = rec_py
+        res["python_core_ratio_record_over_bare"] = statistics.median(rec_py) / statistics.median(bare)
+        res["python_core_ratio_paired_median"] = statistics.median(r / b for r, b in zip(rec_py, bare))
     if mt:
         res["memtracker_s"] = mt
         res["ratio_memtracker_over_record"] = statistics.median(mt) / statistics.median(rec)
