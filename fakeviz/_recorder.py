@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import itertools
+import math
 import os
 import sys
 import sysconfig
@@ -127,16 +128,26 @@ def _key_safe(a: Any) -> bool:
     return True
 
 
-def _template(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[str, bool]:
+def _template(
+    args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> tuple[str, bool, tuple[tuple[int, bool], ...] | None]:
     """The argument text of an op, ``{}`` for each tensor (in the order the recorder takes
-    their ids), and whether it is a function of FakeTensorMode's cache key (``_key_safe``)."""
+    their ids), whether it is a function of FakeTensorMode's cache key (``_key_safe``) once
+    the signs of the zeros in ``zeros`` are known, and ``zeros``: (position, negative) of
+    every positional argument that is a float zero, or None. ``normal_(w, 0.0, std)`` in
+    every layer's init shares one cache entry with ``normal_(w, -0.0, std)``: a cached
+    template is reused only for the same signs (Note: [recorded op cache])."""
     parts = []
     safe = True
-    for a in args:
+    zeros = None
+    for i, a in enumerate(args):
         if isinstance(a, _Tensor):
             parts.append("{}")
         elif type(a) is list and a and isinstance(a[0], _Tensor):
             parts.append("[" + ", ".join("{}" if isinstance(x, _Tensor) else _fmt_arg(x) for x in a) + "]")
+        elif type(a) is float and a == 0.0:
+            parts.append(repr(a))
+            zeros = (*(zeros or ()), (i, math.copysign(1.0, a) < 0))
         else:
             parts.append(_fmt_arg(a))
             safe = safe and _key_safe(a)
@@ -147,7 +158,18 @@ def _template(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[str
             else:
                 parts.append(k + "=" + _fmt_arg(v))
                 safe = safe and _key_safe(v)
-    return ", ".join(parts), safe
+    return ", ".join(parts), safe, zeros
+
+
+def _same_zeros(args: tuple[Any, ...], zeros: tuple[tuple[int, bool], ...] | None) -> bool:
+    """Whether the float zeros of ``args`` have the signs a cached template was made for."""
+    if zeros is None:
+        return True
+    for i, neg in zeros:
+        a = args[i] if i < len(args) else None
+        if type(a) is not float or a != 0.0 or (math.copysign(1.0, a) < 0) != neg:
+            return False
+    return True
 
 
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
@@ -589,8 +611,8 @@ class _State:
             # the same for every plain detach: cache that much under the op itself
             entry = _DETACH
         hit = self.fast.get(id(entry)) if entry is not None else None
-        if hit is not None and hit[0] is entry:  # Note: [recorded op cache]
-            _, op_id, flags, aid, flops, metas = hit
+        if hit is not None and hit[0] is entry and _same_zeros(args, hit[6]):  # Note: [recorded op cache]
+            _, op_id, flags, aid, flops, metas, _ = hit
             if metas is None:  # a detach: its output's metadata is looked up as usual
                 flags |= self._output(out)
             else:
@@ -611,7 +633,7 @@ class _State:
         if info is None:
             info = self._op(func)
         op_id, flags = info
-        tmpl, cacheable = _template(args, kwargs)
+        tmpl, cacheable, zeros = _template(args, kwargs)
         cacheable = cacheable and entry is not None
         t_args = self.t_args
         aid = t_args.ids.get(tmpl)
@@ -640,14 +662,14 @@ class _State:
         except Exception:  # noqa: BLE001 - a formula failing on odd arguments: no figure, not a lost op
             flops = -1
         if cacheable and entry is _DETACH:
-            self.fast[id(entry)] = (entry, op_id, flags & ~FLAG_DATA_DEPENDENT, aid, flops, None)
+            self.fast[id(entry)] = (entry, op_id, flags & ~FLAG_DATA_DEPENDENT, aid, flops, None, zeros)
         elif cacheable and not flags & FLAG_DATA_DEPENDENT:
             rows = b.outd[out_start:]
             metas = tuple(
                 (rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4], rows[i + 6], rows[i + 7])
                 for i in range(0, len(rows), _N_OUT)
             )
-            self.fast[id(entry)] = (entry, op_id, flags, aid, flops, metas)
+            self.fast[id(entry)] = (entry, op_id, flags, aid, flops, metas, zeros)
         return op_id, flags, aid, flops
 
     def _report_progress(self, phase: int, module: int) -> None:

@@ -14,6 +14,7 @@
 #include <frameobject.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
 enum { P_INIT = 0, P_FORWARD = 1, P_BACKWARD = 2, P_OPTIMIZER = 3, P_OTHER = 4 };
 #define MAX_OUT_ROW 16
@@ -456,6 +457,26 @@ static int push_input(Core *self, ibuf *ids, PyObject *a) {
     return ibuf_push(ids, tid);
 }
 
+/* _same_zeros: do the float zeros of args have the signs the cached template was made for? */
+static int same_zeros(PyObject *fargs, PyObject *zeros) {
+    if (zeros == Py_None) return 1;
+    if (!PyTuple_Check(zeros)) return 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(zeros); k++) {
+        PyObject *z = PyTuple_GET_ITEM(zeros, k);
+        if (!PyTuple_Check(z) || PyTuple_GET_SIZE(z) != 2) return 0;
+        Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(z, 0));
+        if (i < 0 || i >= PyTuple_GET_SIZE(fargs)) {
+            PyErr_Clear();
+            return 0;
+        }
+        PyObject *a = PyTuple_GET_ITEM(fargs, i);
+        if (!PyFloat_CheckExact(a)) return 0;
+        double v = PyFloat_AS_DOUBLE(a);
+        if (v != 0.0 || (signbit(v) != 0) != (PyTuple_GET_ITEM(z, 1) == Py_True)) return 0;
+    }
+    return 1;
+}
+
 static PyObject *py_record(Core *self, PyObject *const *args) {
     /* the Python reference implementation, for the rare paths it alone handles */
     PyObject *stack[6] = {self->state, args[0], args[1], args[2], args[3], args[4]};
@@ -626,7 +647,8 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
         if (!hit && PyErr_Occurred()) goto done;
     }
     long long op_id, flags, aid, flops;
-    if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 6 && PyTuple_GET_ITEM(hit, 0) == entry) {
+    if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 7 && PyTuple_GET_ITEM(hit, 0) == entry &&
+        same_zeros(fargs, PyTuple_GET_ITEM(hit, 6))) {
         /* Note: [recorded op cache] */
         Py_INCREF(hit);
         int rc = (as_ll(PyTuple_GET_ITEM(hit, 1), &op_id) < 0 || as_ll(PyTuple_GET_ITEM(hit, 2), &flags) < 0 ||
