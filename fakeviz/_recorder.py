@@ -161,6 +161,26 @@ def _template(
     return ", ".join(parts), safe, zeros
 
 
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+
+
+def _own_key(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...] | None:
+    """A recorded-op-cache key for ``aten._unsafe_view(t, size)``, which FakeTensorMode never
+    caches ("unsafe view") although its output metadata is a function of ``size`` and the
+    metadata of ``t`` (Note: [recorded op cache]); about 10 per transformer layer."""
+    if kwargs or len(args) != 2 or type(args[0]) is not _FakeTensor or type(args[1]) is not list:
+        return None
+    t, size = args
+    if not all(type(x) is int for x in size):
+        return None
+    try:
+        key = (tuple(size), t.shape, t.stride(), t.dtype, t.device, t.storage_offset())
+        hash(key)
+    except TypeError:  # symbolic sizes
+        return None
+    return key
+
+
 def _same_zeros(args: tuple[Any, ...], zeros: tuple[tuple[int, bool], ...] | None) -> bool:
     """Whether the float zeros of ``args`` have the signs a cached template was made for."""
     if zeros is None:
@@ -384,7 +404,7 @@ class _State:
                 state=self, live=self.live, fast=self.fast, fw_stack=self.fw_stack, fw_lines=self.fw_lines,
                 unpacked=self.unpacked, internal_code=self.internal_code, line_ids=self.line_ids,
                 sn_cache=self.sn_cache, meta_ids=self.meta_ids, opd=b.opd, outd=b.outd, in_tensor=b.in_tensor,
-                std=b.std, tensor_type=_Tensor, fake_type=_FakeTensor, detach=_DETACH, lift_fresh=_LIFT_FRESH,
+                std=b.std, tensor_type=_Tensor, fake_type=_FakeTensor, detach=_DETACH, lift_fresh=_LIFT_FRESH, unsafe_view=_UNSAFE_VIEW,
                 graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
                 param_new_code=_PARAM_NEW, fake_dispatch=_fake_dispatch,
                 output_from_cache_entry=_fake_output_from_entry, make_cache_entry=_fake_make_entry,
@@ -610,8 +630,13 @@ class _State:
             # no cache entry (Note: [fast fake detach]), but everything but the output's metadata is
             # the same for every plain detach: cache that much under the op itself
             entry = _DETACH
-        hit = self.fast.get(id(entry)) if entry is not None else None
-        if hit is not None and hit[0] is entry and _same_zeros(args, hit[6]):  # Note: [recorded op cache]
+        elif entry is None and func is _UNSAFE_VIEW:
+            entry = _own_key(args, kwargs)
+        if type(entry) is tuple:  # a key of our own (value equality), see _own_key
+            hit = self.fast.get(entry)
+        else:
+            hit = self.fast.get(id(entry)) if entry is not None else None
+        if hit is not None and (hit[0] is entry or type(entry) is tuple) and _same_zeros(args, hit[6]):
             _, op_id, flags, aid, flops, metas, _ = hit
             if metas is None:  # a detach: its output's metadata is looked up as usual
                 flags |= self._output(out)
@@ -669,7 +694,7 @@ class _State:
                 (rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4], rows[i + 6], rows[i + 7])
                 for i in range(0, len(rows), _N_OUT)
             )
-            self.fast[id(entry)] = (entry, op_id, flags, aid, flops, metas, zeros)
+            self.fast[entry if type(entry) is tuple else id(entry)] = (entry, op_id, flags, aid, flops, metas, zeros)
         return op_id, flags, aid, flops
 
     def _report_progress(self, phase: int, module: int) -> None:

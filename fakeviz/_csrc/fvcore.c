@@ -41,7 +41,7 @@ typedef struct {
         *param_new_code, *fake_detach, *disable_tf, *ref_type, *local, *range_error, *fake_dispatch,
         *orig_from_entry, *orig_make_entry, *kinds, *meta_in_tls, *set_meta_in_tls,
         *disable_td, *preserve_keys, *detach_op, *make_subclass, *fake_config, *warn_mutable, *throw_mutable,
-        *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch;
+        *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch, *unsafe_view;
     long long tbase, ttop;
     Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
     long long role_saved, flag_dd;
@@ -477,6 +477,32 @@ static int same_zeros(PyObject *fargs, PyObject *zeros) {
     return 1;
 }
 
+/* _own_key: the recorded-op-cache key of aten._unsafe_view(t, size); NULL without an error when it has none */
+static PyObject *own_key(Core *self, PyObject *fargs, PyObject *kwargs) {
+    if (kwargs != Py_None && (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs))) return NULL;
+    if (PyTuple_GET_SIZE(fargs) != 2) return NULL;
+    PyObject *t = PyTuple_GET_ITEM(fargs, 0), *size = PyTuple_GET_ITEM(fargs, 1);
+    if (!Py_IS_TYPE(t, (PyTypeObject *)self->fake_type) || !PyList_CheckExact(size)) return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(size); i++)
+        if (!PyLong_CheckExact(PyList_GET_ITEM(size, i))) return NULL;
+    PyObject *st = PyList_AsTuple(size);
+    PyObject *shape = st ? PyObject_GetAttr(t, s_shape) : NULL;
+    PyObject *stride = shape ? PyObject_CallMethodNoArgs(t, s_stride) : NULL;
+    PyObject *dt = stride ? PyObject_GetAttr(t, s_dtype) : NULL;
+    PyObject *dev = dt ? PyObject_GetAttr(t, s_device) : NULL;
+    PyObject *off = dev ? PyObject_CallMethodNoArgs(t, s_storage_offset) : NULL;
+    PyObject *key = off ? PyTuple_Pack(6, st, shape, stride, dt, dev, off) : NULL;
+    Py_XDECREF(st);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    Py_XDECREF(dt);
+    Py_XDECREF(dev);
+    Py_XDECREF(off);
+    if (key && PyObject_Hash(key) == -1) Py_CLEAR(key);
+    if (!key && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_TypeError)) PyErr_Clear(); /* symbolic sizes */
+    return key;
+}
+
 static PyObject *py_record(Core *self, PyObject *const *args) {
     /* the Python reference implementation, for the rare paths it alone handles */
     PyObject *stack[6] = {self->state, args[0], args[1], args[2], args[3], args[4]};
@@ -614,7 +640,7 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
     /* inputs -> tensor ids */
     ibuf ids = {NULL, 0, IN_STACK, {0}};
     ids.v = ids.stack;
-    PyObject *res = NULL, *entry_key = NULL;
+    PyObject *res = NULL, *entry_key = NULL, *own = NULL;
     PyTypeObject *tt = (PyTypeObject *)self->tensor_type;
     Py_ssize_t na = PyTuple_GET_SIZE(fargs);
     for (Py_ssize_t i = 0; i < na; i++) {
@@ -639,15 +665,24 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
     if (entry == Py_None && func == self->detach && Py_IS_TYPE(out, (PyTypeObject *)self->fake_type) && na == 1 &&
         (kwargs == Py_None || (PyDict_Check(kwargs) && !PyDict_GET_SIZE(kwargs))))
         entry = self->detach; /* Note: [fast fake detach]: cached under the op itself */
+    else if (entry == Py_None && func == self->unsafe_view) {
+        own = own_key(self, fargs, kwargs);
+        if (own) entry = own;
+        else if (PyErr_Occurred()) goto done;
+    }
     PyObject *hit = NULL;
     if (entry != Py_None) {
-        entry_key = PyLong_FromVoidPtr(entry);
-        if (!entry_key) goto done;
-        hit = PyDict_GetItemWithError(self->fast, entry_key); /* borrowed */
+        if (own) {
+            hit = PyDict_GetItemWithError(self->fast, own); /* borrowed; equal keys */
+        } else {
+            entry_key = PyLong_FromVoidPtr(entry);
+            if (!entry_key) goto done;
+            hit = PyDict_GetItemWithError(self->fast, entry_key); /* borrowed */
+        }
         if (!hit && PyErr_Occurred()) goto done;
     }
     long long op_id, flags, aid, flops;
-    if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 7 && PyTuple_GET_ITEM(hit, 0) == entry &&
+    if (hit && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 7 && (own || PyTuple_GET_ITEM(hit, 0) == entry) &&
         same_zeros(fargs, PyTuple_GET_ITEM(hit, 6))) {
         /* Note: [recorded op cache] */
         Py_INCREF(hit);
@@ -721,6 +756,7 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
 done:
     if (ids.v != ids.stack) PyMem_Free(ids.v);
     Py_XDECREF(entry_key);
+    Py_XDECREF(own);
     return res;
 }
 
@@ -1242,6 +1278,7 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->local);
     Py_VISIT(self->range_error);
     Py_VISIT(self->c_fast_dispatch);
+    Py_VISIT(self->unsafe_view);
     Py_VISIT(self->make_subclass_kwnames);
     Py_VISIT(self->py_wrap_fake);
     Py_VISIT(self->throw_mutable);
@@ -1293,6 +1330,7 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->local);
     Py_CLEAR(self->range_error);
     Py_CLEAR(self->c_fast_dispatch);
+    Py_CLEAR(self->unsafe_view);
     Py_CLEAR(self->make_subclass_kwnames);
     Py_CLEAR(self->py_wrap_fake);
     Py_CLEAR(self->throw_mutable);
@@ -1350,7 +1388,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "meta_ids", &self->meta_ids) || take(kw, "opd", &self->opd) || take(kw, "outd", &self->outd) ||
         take(kw, "in_tensor", &self->in_tensor) || take(kw, "std", &self->std) ||
         take(kw, "tensor_type", &self->tensor_type) || take(kw, "fake_type", &self->fake_type) ||
-        take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) ||
+        take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) || take(kw, "unsafe_view", &self->unsafe_view) ||
         take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
         take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) || take(kw, "local", &self->local) ||
         take(kw, "range_error", &self->range_error) || take(kw, "fake_dispatch", &self->fake_dispatch) ||
