@@ -412,7 +412,7 @@ class _State:
                 preserve_dispatch_keys=_PreserveDispatchKeyGuard, detach_op=_DETACH_OP,
                 make_subclass=_Tensor._make_subclass, fake_config=_FakeTensorConfig,
                 warn_mutable_data_ptr=_warn_mutable_data_ptr, throw_mutable_data_ptr=_throw_mutable_data_ptr,
-                wrap_fake=_wrap_fake, disable_tf=torch._C.DisableTorchFunction, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
+                wrap_fake=_wrap_fake, disable_tf=torch._C.DisableTorchFunction, torch_function_mode_enabled=torch._C._is_torch_function_mode_enabled, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
                 n_st=_N_ST, st_roles=_ST_ROLES, st_free=_ST_FREE, storage_ref=_StorageRef, local=self.local, range_error=_DeviceRangeError, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
             )  # fmt: skip
             self.record = self.core.record  # type: ignore[method-assign]

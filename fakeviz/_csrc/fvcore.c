@@ -41,7 +41,7 @@ typedef struct {
         *param_new_code, *fake_detach, *disable_tf, *ref_type, *local, *range_error, *fake_dispatch,
         *orig_from_entry, *orig_make_entry, *kinds, *meta_in_tls, *set_meta_in_tls,
         *disable_td, *preserve_keys, *detach_op, *make_subclass, *fake_config, *warn_mutable, *throw_mutable,
-        *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch, *unsafe_view;
+        *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch, *unsafe_view, *tf_mode_enabled;
     long long tbase, ttop;
     Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
     long long role_saved, flag_dd;
@@ -509,6 +509,9 @@ static PyObject *py_record(Core *self, PyObject *const *args) {
     return PyObject_VectorcallMethod(s_py_record, stack, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
+static PyObject *guard_enter(PyObject *type);
+static int guard_exit(PyObject *g);
+
 /* Note: [torch function off while recording]
  * Inside a ``torch.device(...)`` block (and any TorchFunctionMode) every tensor method
  * and property the recorder reads -- untyped_storage(), shape, stride(), device --
@@ -516,31 +519,27 @@ static PyObject *py_record(Core *self, PyObject *const *args) {
  * 0.1 us. The recorder only reads metadata, so it turns torch function handling off
  * (torch._C.DisableTorchFunction) while it works on an op. */
 static PyObject *tf_off(Core *self) {
-    PyObject *g = PyObject_CallNoArgs(self->disable_tf);
-    if (!g) return NULL;
-    PyObject *r = PyObject_CallMethod(g, "__enter__", NULL);
-    if (!r) {
-        Py_DECREF(g);
-        return NULL;
+    /* no torch function mode on this thread's stack (autograd's worker threads, plain runs): nothing to
+     * turn off, and no guard to make */
+    PyObject *on = PyObject_CallNoArgs(self->tf_mode_enabled);
+    if (!on) return NULL;
+    int enabled = PyObject_IsTrue(on);
+    Py_DECREF(on);
+    if (enabled < 0) return NULL;
+    if (!enabled) {
+        Py_INCREF(Py_None);
+        return Py_None;
     }
-    Py_DECREF(r);
-    return g;
+    return guard_enter(self->disable_tf);
 }
 
-/* leave the DisableTorchFunction block g; keeps a pending exception (returns -1 if one is set) */
+/* leave what tf_off entered; keeps a pending exception (returns -1 if one is set) */
 static int tf_on(PyObject *g) {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    PyObject *r = PyObject_CallMethod(g, "__exit__", "OOO", Py_None, Py_None, Py_None);
-    Py_DECREF(g);
-    if (et) {
-        Py_XDECREF(r);
-        PyErr_Restore(et, ev, tb);
-        return -1;
+    if (g == Py_None) {
+        Py_DECREF(g);
+        return PyErr_Occurred() ? -1 : 0;
     }
-    if (!r) return -1;
-    Py_DECREF(r);
-    return 0;
+    return guard_exit(g);
 }
 
 static PyObject *record_body(Core *self, PyObject *const *args);
@@ -1279,6 +1278,7 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->range_error);
     Py_VISIT(self->c_fast_dispatch);
     Py_VISIT(self->unsafe_view);
+    Py_VISIT(self->tf_mode_enabled);
     Py_VISIT(self->make_subclass_kwnames);
     Py_VISIT(self->py_wrap_fake);
     Py_VISIT(self->throw_mutable);
@@ -1331,6 +1331,7 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->range_error);
     Py_CLEAR(self->c_fast_dispatch);
     Py_CLEAR(self->unsafe_view);
+    Py_CLEAR(self->tf_mode_enabled);
     Py_CLEAR(self->make_subclass_kwnames);
     Py_CLEAR(self->py_wrap_fake);
     Py_CLEAR(self->throw_mutable);
@@ -1389,6 +1390,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "in_tensor", &self->in_tensor) || take(kw, "std", &self->std) ||
         take(kw, "tensor_type", &self->tensor_type) || take(kw, "fake_type", &self->fake_type) ||
         take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) || take(kw, "unsafe_view", &self->unsafe_view) ||
+        take(kw, "torch_function_mode_enabled", &self->tf_mode_enabled) ||
         take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
         take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) || take(kw, "local", &self->local) ||
         take(kw, "range_error", &self->range_error) || take(kw, "fake_dispatch", &self->fake_dispatch) ||
