@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import itertools
 import math
 import os
@@ -330,6 +331,22 @@ def _called_from_parameter_new() -> bool:
             return True
         f = f.f_back
     return False
+
+
+def _no_torch_function(fn: Any) -> Any:
+    """Run a recorder hook with torch function handling off (Note: [torch function off while
+    recording] in ``_csrc/fvcore.c``): inside ``torch.device(...)`` every tensor method the hook
+    calls would otherwise go through the mode's Python ``__torch_function__``."""
+
+    @functools.wraps(fn)
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        with _DisableTorchFunction():
+            return fn(*args, **kwargs)
+
+    return hook
+
+
+_DisableTorchFunction = torch._C.DisableTorchFunction
 
 
 class _State:
@@ -914,6 +931,7 @@ class _State:
         return "other" if self.seen_forward else "init"
 
     # -------------------------------------------------------------- modules
+    @_no_torch_function
     def module_id(self, mod: torch.nn.Module) -> int:
         key = id(mod)
         mid = self.mod_names.get(key)
@@ -1108,6 +1126,7 @@ class _State:
             stack.extend(n for n, _ in node.next_functions)
         return leaves
 
+    @_no_torch_function
     def backward_event(self, when: str, args: tuple[Any, ...], kwargs: dict[str, Any], is_grad: bool) -> None:
         """Called by the patched torch.autograd.backward/grad (see Note: [session patches])."""
         if not self.active:
@@ -1131,6 +1150,7 @@ class _State:
             tid = self.tensor_id(p)
             self.grad_of[tid] = self.add_roles(g, ROLE_GRAD, tid)
 
+    @_no_torch_function
     def opt_pre(self, opt: Any, *_: Any) -> None:
         self.in_optimizer += 1
         if self.active:
@@ -1139,6 +1159,7 @@ class _State:
                     for p in group["params"]:
                         self._mark_grad(p)
 
+    @_no_torch_function
     def opt_post(self, opt: Any, *_: Any) -> None:
         self.in_optimizer = max(0, self.in_optimizer - 1)
         if self.active:
@@ -1152,6 +1173,7 @@ class _State:
                 if isinstance(v, _Tensor):
                     self.add_roles(v, ROLE_OPT, owner)
 
+    @_no_torch_function
     def finish(self) -> None:
         """At the end of the block: name modules built but never run, fill the parameter table."""
         for ref in list(self.optimizers.values()):
@@ -1201,11 +1223,13 @@ class _State:
             del self.fw_lines[i]
         self._mark()
 
+    @_no_torch_function
     def param_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
         if self.active and t is not None and isinstance(t, _Tensor):
             self.built[id(mod)] = weakref.ref(mod)
             self.storage_id(t, self.b.num_ops(), ROLE_PARAM)
 
+    @_no_torch_function
     def buffer_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
         if self.active and t is not None and isinstance(t, _Tensor):
             self.built[id(mod)] = weakref.ref(mod)
