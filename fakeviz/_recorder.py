@@ -1343,8 +1343,8 @@ def _remove_core_hooks(mode: _FakeRecordingMode) -> None:
 
 
 _fake_dispatch = FakeTensorMode.__torch_dispatch__
-_fake_output_from_entry = FakeTensorMode._output_from_cache_entry
-_fake_make_entry = FakeTensorMode._make_cache_entry
+_fake_output_from_entry = getattr(FakeTensorMode, "_output_from_cache_entry", None)  # private: may be renamed
+_fake_make_entry = getattr(FakeTensorMode, "_make_cache_entry", None)
 
 
 def _fake_dispatch_fast(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
