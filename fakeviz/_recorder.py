@@ -417,25 +417,40 @@ class _State:
         self.core = None
         mod = _native.core()
         if mod is not None:  # Note: [recorder core in C]
-            self.core = mod.Core(
-                state=self, live=self.live, fast=self.fast, fw_stack=self.fw_stack, fw_lines=self.fw_lines,
-                unpacked=self.unpacked, internal_code=self.internal_code, line_ids=self.line_ids,
-                sn_cache=self.sn_cache, meta_ids=self.meta_ids, opd=b.opd, outd=b.outd, in_tensor=b.in_tensor,
-                std=b.std, tensor_type=_Tensor, fake_type=_FakeTensor, detach=_DETACH, lift_fresh=_LIFT_FRESH, unsafe_view=_UNSAFE_VIEW,
-                graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
-                param_new_code=_PARAM_NEW, fake_dispatch=_fake_dispatch,
-                output_from_cache_entry=_fake_output_from_entry, make_cache_entry=_fake_make_entry,
-                meta_in_tls=_meta_in_tls, set_meta_in_tls=_set_meta_in_tls, disable_torch_dispatch=_DisableTorchDispatch,
-                preserve_dispatch_keys=_PreserveDispatchKeyGuard, detach_op=_DETACH_OP,
-                make_subclass=_Tensor._make_subclass, fake_config=_FakeTensorConfig,
-                warn_mutable_data_ptr=_warn_mutable_data_ptr, throw_mutable_data_ptr=_throw_mutable_data_ptr,
-                wrap_fake=_wrap_fake, disable_tf=torch._C.DisableTorchFunction, torch_function_mode_enabled=torch._C._is_torch_function_mode_enabled, tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT,
-                n_st=_N_ST, st_roles=_ST_ROLES, st_free=_ST_FREE, storage_ref=_StorageRef, local=self.local, range_error=_DeviceRangeError, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
-            )  # fmt: skip
+            try:
+                self.core = self._make_core(mod)
+            except Exception as exc:  # noqa: BLE001 - a core that does not fit this build: record in Python
+                trace.meta["recorder_core_error"] = f"{type(exc).__name__}: {exc}"[:500]
+        if self.core is not None:
             self.record = self.core.record  # type: ignore[method-assign]
             self.pack_saved = self.core.pack_saved  # type: ignore[method-assign]
             self.on_free = self.core.on_free
             self.run_op = self.core.run_op  # type: ignore[method-assign]
+
+    def _make_core(self, mod: Any) -> Any:
+        """The C core (Note: [recorder core in C]) over this state's containers and trace arrays."""
+        b = self.b
+        return mod.Core(
+            # the state and the containers it shares with the core (mutated in place, never rebound)
+            state=self, live=self.live, fast=self.fast, fw_stack=self.fw_stack, fw_lines=self.fw_lines,
+            unpacked=self.unpacked, internal_code=self.internal_code, line_ids=self.line_ids,
+            sn_cache=self.sn_cache, meta_ids=self.meta_ids, local=self.local,
+            opd=b.opd, outd=b.outd, in_tensor=b.in_tensor, std=b.std,
+            # trace layout
+            tbase=self.tbase, ttop=self.ttop, n_op=_N_OP, n_out=_N_OUT, n_st=_N_ST, st_roles=_ST_ROLES,
+            st_free=_ST_FREE, progress_every=_PROGRESS_EVERY, role_saved=ROLE_SAVED,
+            # Python types, ops and functions it compares with or calls
+            tensor_type=_Tensor, fake_type=_FakeTensor, storage_ref=_StorageRef, range_error=_DeviceRangeError,
+            detach=_DETACH, lift_fresh=_LIFT_FRESH, unsafe_view=_UNSAFE_VIEW, param_new_code=_PARAM_NEW,
+            graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
+            fake_dispatch=_fake_dispatch, output_from_cache_entry=_fake_output_from_entry,
+            make_cache_entry=_fake_make_entry, wrap_fake=_wrap_fake,
+            meta_in_tls=_meta_in_tls, set_meta_in_tls=_set_meta_in_tls, disable_torch_dispatch=_DisableTorchDispatch,
+            preserve_dispatch_keys=_PreserveDispatchKeyGuard, detach_op=_DETACH_OP,
+            make_subclass=_Tensor._make_subclass, fake_config=_FakeTensorConfig,
+            warn_mutable_data_ptr=_warn_mutable_data_ptr, throw_mutable_data_ptr=_throw_mutable_data_ptr,
+            disable_tf=_DisableTorchFunction, torch_function_mode_enabled=torch._C._is_torch_function_mode_enabled,
+        )  # fmt: skip
 
     # ------------------------------------------------------------- interning
     def _op(self, func: Any) -> tuple[int, int]:

@@ -211,3 +211,21 @@ def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPa
         line.endswith("aten.detach.default") or "aten.detach.default(" in line for line in trace.oplog_lines()
     )
     assert detaches > 0
+
+
+@needs_core
+def test_core_that_does_not_fit_falls_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core whose init refuses this build (here: a trace layout it was not written for) leaves
+    the recording to Python, says why in the trace, and records the same ops."""
+    import fakeviz._recorder as rec
+
+    def work() -> None:
+        torch.ones(3).mul(2).sum()
+
+    c, _ = _record(work, pure=False, monkeypatch=monkeypatch)
+    monkeypatch.setattr(rec, "_PROGRESS_EVERY", 0)  # the core checks its layout constants
+    with fv.record() as py:
+        work()
+    assert py.meta["recorder_core"] == "python"
+    assert "trace layout differs" in py.meta["recorder_core_error"]
+    assert py.oplog_lines() == c.oplog_lines()
