@@ -12,19 +12,17 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
-#include <stdint.h>
 #include <string.h>
 #include <math.h>
 
 enum { P_INIT = 0, P_FORWARD = 1, P_BACKWARD = 2, P_OPTIMIZER = 3, P_OTHER = 4 };
-#define MAX_OUT_ROW 16
 #define PARAM_NEW_FRAMES 9
 
 static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *s_seen_forward,
-    *s_progress, *s_bw_line, *s_sequence_nr, *s_tensor_id, *s_new_storage, *s_is_internal, *s_line_id,
+    *s_progress, *s_bw_line, *s_sequence_nr, *s_tensor_id, *s_is_internal, *s_line_id,
     *s_record_full, *s_bw_module, *s_report_progress, *s_output, *s_next_tensor, *s_shape, *s_stride,
     *s_dtype, *s_device, *s_nbytes, *s_storage_offset, *s_active, *s_storage_id, *s_grad_fn,
-    *s_fake_detach, *s_py_record, *s_key, *s_on_free, *s_dict, *s_depth, *s_entry, *s_op_failed,
+    *s_saved_alias, *s_py_record, *s_key, *s_on_free, *s_dict, *s_depth, *s_entry, *s_op_failed,
     *s_range_failed, *s_internal_error, *s_record, *s_namespace, *s_prim, *s_shape_env, *s_run_op,
     *s_fake_mode, *s_constant, *s_real_tensor, *s_in_kernel, *s_protos, *s_debug, *s_requires_grad,
     *s_allow_unsafe, *s_enter, *s_exit;
@@ -38,13 +36,13 @@ typedef struct {
     PyObject *in_frombytes, *out_frombytes, *op_frombytes, *std_frombytes;
     /* torch objects */
     PyObject *tensor_type, *fake_type, *detach, *lift_fresh, *graph_task_id, *current_node, *get_seqnr,
-        *param_new_code, *fake_detach, *disable_tf, *ref_type, *local, *range_error, *fake_dispatch,
+        *param_new_code, *disable_tf, *ref_type, *local, *range_error, *fake_dispatch,
         *orig_from_entry, *orig_make_entry, *kinds, *meta_in_tls, *set_meta_in_tls,
         *disable_td, *preserve_keys, *detach_op, *make_subclass, *fake_config, *warn_mutable, *throw_mutable,
         *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch, *unsafe_view, *tf_mode_enabled;
     long long tbase, ttop;
     Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
-    long long role_saved, flag_dd;
+    long long role_saved;
 } Core;
 
 /* ------------------------------------------------------------------ helpers */
@@ -1224,7 +1222,7 @@ static PyObject *pack_body(Core *self, PyObject *t) {
     if (alias == Py_None) {
         Py_DECREF(alias);
         PyObject *stack[2] = {self->state, t};
-        return PyObject_VectorcallMethod(s_fake_detach, stack, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        return PyObject_VectorcallMethod(s_saved_alias, stack, 2 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
     }
     /* the alias takes t's tensor id, so backward ops name the forward tensor */
     PyObject *td = PyObject_GenericGetDict(t, NULL);
@@ -1271,7 +1269,6 @@ static int Core_traverse(Core *self, visitproc visit, void *arg) {
     Py_VISIT(self->current_node);
     Py_VISIT(self->get_seqnr);
     Py_VISIT(self->param_new_code);
-    Py_VISIT(self->fake_detach);
     Py_VISIT(self->disable_tf);
     Py_VISIT(self->ref_type);
     Py_VISIT(self->local);
@@ -1324,7 +1321,6 @@ static int Core_clear(Core *self) {
     Py_CLEAR(self->current_node);
     Py_CLEAR(self->get_seqnr);
     Py_CLEAR(self->param_new_code);
-    Py_CLEAR(self->fake_detach);
     Py_CLEAR(self->disable_tf);
     Py_CLEAR(self->ref_type);
     Py_CLEAR(self->local);
@@ -1413,7 +1409,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "fakeviz core: unexpected container types");
         return -1;
     }
-    if (n_out > MAX_OUT_ROW || n_out != 8 || n_op != 9 || n_st != 7 || every <= 0) {
+    if (n_out != 8 || n_op != 9 || n_st != 7 || every <= 0) {
         PyErr_SetString(PyExc_ValueError, "fakeviz core: trace layout differs from this build");
         return -1;
     }
@@ -1487,7 +1483,6 @@ PyMODINIT_FUNC PyInit__fvcore(void) {
     INTERN(s_bw_line, "bw_line");
     INTERN(s_sequence_nr, "_sequence_nr");
     INTERN(s_tensor_id, "tensor_id");
-    INTERN(s_new_storage, "_new_storage");
     INTERN(s_is_internal, "_is_internal");
     INTERN(s_line_id, "_line_id");
     INTERN(s_record_full, "_record_full");
@@ -1504,7 +1499,7 @@ PyMODINIT_FUNC PyInit__fvcore(void) {
     INTERN(s_active, "active");
     INTERN(s_storage_id, "storage_id");
     INTERN(s_grad_fn, "grad_fn");
-    INTERN(s_fake_detach, "_saved_alias");
+    INTERN(s_saved_alias, "_saved_alias");
     INTERN(s_py_record, "_py_record");
     INTERN(s_key, "key");
     INTERN(s_on_free, "on_free");
