@@ -154,10 +154,22 @@ def test_core_symbolic_and_data_dependent_like_python(monkeypatch: pytest.Monkey
 
 @needs_core
 def test_core_device_range_error_names_the_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    def bad() -> None:
+        torch.ones(2).mul(3)
+        torch.empty(2, device="cuda:99")
+
+    partial = []
     for pure in (False, True):
         with pytest.raises(fv.FakeVizError, match=r"cuda:99") as info:
-            _record(lambda: torch.empty(2, device="cuda:99"), pure=pure, monkeypatch=monkeypatch)
+            _record(bad, pure=pure, monkeypatch=monkeypatch)
         assert "raised by op aten.empty" in "\n".join(getattr(info.value, "__notes__", [])), info.value
+        assert torch._guards.detect_fake_mode() is None  # no fake mode left active
+        partial.append(info.value.fakeviz_trace.oplog_lines())  # the partial record is kept
+    assert partial[0] == partial[1]
+    assert [line.split(" = ")[1] for line in partial[0][:2]] == [
+        "aten.ones.default([2], device=cpu, pin_memory=False)",
+        "aten.mul.Tensor($0, 3)",
+    ]
 
 
 def test_no_compiler_falls_back_to_python(tmp_path: Path) -> None:
