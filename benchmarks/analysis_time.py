@@ -74,7 +74,7 @@ def main() -> None:
         "fidelity": lambda: trace.fidelity(),
         "flop_coverage": lambda: trace.flop_coverage(),
     }
-    trace._cache.clear()
+    trace.clear_memo()
     times: dict[str, float] = {}
     sizes: dict[str, int] = {}
     t_all = time.perf_counter()

@@ -87,9 +87,9 @@ def _state_bytes(widget: Any) -> dict[str, Any]:
 
 
 def _explorer_build(trace: Any, t_record: float) -> tuple[Any, dict[str, Any]]:
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
-    trace._cache.clear()
+    trace.clear_memo()
     gc.collect()
     t0 = time.perf_counter()
     w = Explorer.from_trace(trace, "H100")

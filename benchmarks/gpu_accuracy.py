@@ -7,7 +7,7 @@ AdamW; ``conv_large``: convolutions with cuDNN workspaces), for real on
 optimizer step) inside
 ``fv.record(fake=False, device="cuda:0")``, and compares the peaks that
 ``torch.cuda.memory_stats()`` reports with the ones the model
-(``fakeviz._allocator.simulate_trace``) computes from the recorded trace:
+(``fakeviz._analysis.allocator.simulate_trace``) computes from the recorded trace:
 
 * ``requested_bytes.all.peak``: raw bytes asked for; checks the *record*
   (which storages exist when), independently of the allocator model;
@@ -129,7 +129,7 @@ def run_case(name: str, step: Callable[[], Any], *, history: bool) -> dict[str, 
     import torch
 
     import fakeviz as fv
-    from fakeviz._allocator import simulate_trace
+    from fakeviz._analysis.allocator import simulate_trace
 
     with torch.device("cuda:0"):
         kept = step()  # warm-up, not recorded

@@ -3,7 +3,7 @@
 Reports, all measured in the same process and interleaved run by run (bare, record, record, bare, ...
 so a slow drift of the machine's speed hits both alike):
   * ratio = median time under fv.record / median time under a bare FakeTensorMode (fv.fake_mode), both
-    running the same attention kernels (record()'s default attention="auto", fakeviz._attention)
+    running the same attention kernels (record()'s default attention="auto", fakeviz._engine.attention)
     (target <= 1.10); also the median of the per-pair ratios and the ratio of the fastest runs,
   * recorded ops per second,
   * ratio of the same work under torch.distributed._tools.mem_tracker.MemTracker to fv.record,
@@ -49,7 +49,7 @@ def _work(cfg, seq: int):  # noqa: ANN001, ANN202
 
 def run_bare(cfg, seq: int) -> float:  # noqa: ANN001
     import fakeviz as fv
-    from fakeviz._attention import attention_patch
+    from fakeviz._engine.attention import attention_patch
 
     t = time.perf_counter()
     # the same attention kernels as record()'s default (attention="auto"), so both runs do the same ops
@@ -91,7 +91,7 @@ def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
 
     import fakeviz as fv
     from fakeviz import models
-    from fakeviz._attention import attention_patch
+    from fakeviz._engine.attention import attention_patch
 
     t = time.perf_counter()
     with fv.fake_mode(device="cuda:0"), attention_patch("auto"):

@@ -8,14 +8,16 @@ record: ops, storages, memory per device.
 >>> with fv.record(device="cuda:0") as trace:   # doctest: +SKIP
 ...     model = build_model(); model(ids).sum().backward()
 >>> trace.ops                                    # doctest: +SKIP
+
+This module is the thin public facade; CONTRIBUTING.md maps the layers behind it.
 """
 
 from __future__ import annotations
 
-from . import _cuda_shim
-from ._errors import DataDependentError, FakeVizError, FakeVizWarning, RecordError, TraceFormatError
-from ._recorder import FakeSession, Recording, record
-from ._session import fake_mode, fakeify, is_fake, meta_like
+from ._api import FakeSession, Recording, explore, fake_cuda_status, record
+from ._core.errors import DataDependentError, FakeVizError, FakeVizWarning, RecordError, TraceFormatError
+from ._engine import cuda_shim as _cuda_shim
+from ._engine.session import fake_mode, fakeify, is_fake, meta_like
 from ._trace import CATEGORIES, PHASES, ROLES, Trace, load
 
 __version__ = "0.1.0"
@@ -43,41 +45,18 @@ __all__ = [
 ]
 
 
-def load_ipython_extension(ip):  # noqa: ANN001, ANN201 - IPython's extension hook
+def load_ipython_extension(ip):
     """``%load_ext fakeviz``: register ``%%fake`` and ``%fake_reset`` (imports IPython only now)."""
-    from ._magic import load_ipython_extension as _load
+    from ._frontends.magic import load_ipython_extension as _load
 
     _load(ip)
 
 
-def unload_ipython_extension(ip):  # noqa: ANN001, ANN201 - IPython's extension hook
+def unload_ipython_extension(ip):
     """``%unload_ext fakeviz``: remove the magics."""
-    from ._magic import unload_ipython_extension as _unload
+    from ._frontends.magic import unload_ipython_extension as _unload
 
     _unload(ip)
-
-
-def explore(trace_or_model, capacity=None, **selection):  # noqa: ANN001, ANN201 - Trace | nn.Module -> Explorer
-    """The explorer widget for a :class:`Trace`, or for a (fake or real) model's structure.
-
-    A model is explored without running it: its parameters and buffers are
-    registered in an empty recording, which gives the layer tree and the bytes per
-    device and dtype (no activations: record a forward for those).
-    """
-    if isinstance(trace_or_model, Trace):
-        return trace_or_model.explore(capacity, **selection)
-    import torch
-
-    if not isinstance(trace_or_model, torch.nn.Module):
-        raise TypeError(f"explore() takes a fakeviz.Trace or a torch.nn.Module, not {type(trace_or_model).__name__}")
-    with record(modules=[trace_or_model]) as trace:
-        pass
-    return trace.explore(capacity, **selection)
-
-
-def fake_cuda_status() -> _cuda_shim.ShimStatus:
-    """How fake cuda devices are provided in this process (native, shim or unavailable)."""
-    return _cuda_shim.ensure_fake_cuda()
 
 
 # Load the fake-cuda shim as early as possible: before any real backward runs,

@@ -1,6 +1,6 @@
 """The CUDA caching allocator model and the memory-snapshot exporter.
 
-* Hand-computed sequences pin every rule of ``fakeviz._allocator`` (rounding,
+* Hand-computed sequences pin every rule of ``fakeviz._analysis.allocator`` (rounding,
   pools, segment sizes, best fit, splitting, merging, capacity release and OOM).
 * A slow, literal port of ``DeviceCachingAllocator`` (Block objects with
   prev/next links, a pool searched in ``BlockComparatorSize`` order) replays
@@ -32,8 +32,8 @@ import pytest
 import torch
 
 import fakeviz as fv
-from fakeviz import _allocator as A
-from fakeviz._snapshot import export_memory_snapshot
+from fakeviz._analysis import allocator as A
+from fakeviz._analysis.snapshot import export_memory_snapshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402

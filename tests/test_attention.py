@@ -1,4 +1,4 @@
-"""Tests for fakeviz._attention: the CUDA SDPA backend choice and its simulation on fake cuda."""
+"""Tests for fakeviz._engine.attention: the CUDA SDPA backend choice and its simulation on fake cuda."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fakeviz as fv
-from fakeviz._attention import (
+from fakeviz._engine.attention import (
     BACKENDS,
     DEFAULT_CAPABILITY,
     DEFAULT_CUDNN_VERSION,

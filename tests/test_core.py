@@ -1,6 +1,6 @@
 """The recorder core in C records exactly what the Python implementation records.
 
-Note: [recorder core in C] (``fakeviz/_native.py``): ``_csrc/fvcore.c`` takes the common
+Note: [recorder core in C] (``fakeviz/_engine/native.py``): ``csrc/fvcore.c`` takes the common
 path of ``_State.record`` and ``_State.pack_saved``; ``FAKEVIZ_PURE_PYTHON=1`` makes the
 Python methods record instead. Every column and every string table of the two traces
 must be equal, for fake and real runs of every zoo model, a Llama step with the recorded
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import fakeviz as fv
-from fakeviz import _native
+from fakeviz._engine import native as _native
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402
@@ -56,13 +56,13 @@ def _record(fn: Any, *, pure: bool, monkeypatch: pytest.MonkeyPatch, **kw: Any) 
 def _assert_same_trace(c: fv.Trace, py: fv.Trace) -> None:
     assert c.num_ops == py.num_ops
     assert c.oplog_lines() == py.oplog_lines()
-    for name in sorted(py._cols):
+    for name in sorted(py.columns()):
         a, b = c.col(name), py.col(name)
         if not np.array_equal(a, b):
             i = int(np.flatnonzero(a != b)[0]) if a.shape == b.shape else -1
             pytest.fail(f"column {name} differs (first at row {i}): c={a[i] if i >= 0 else a.shape} "
                         f"python={b[i] if i >= 0 else b.shape}")  # fmt: skip
-    for table in sorted(py._strings):
+    for table in sorted(py.string_tables()):
         assert c.strings(table) == py.strings(table), table
     assert c.error == py.error
 
@@ -178,7 +178,7 @@ def test_no_compiler_falls_back_to_python(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """
         import torch, fakeviz as fv
-        from fakeviz import _native
+        from fakeviz._engine import native as _native
         with fv.record() as t:
             torch.ones(3).mul(2)
         print(t.meta["recorder_core"], "|", _native.status())
@@ -205,7 +205,7 @@ def test_no_compiler_falls_back_to_python(tmp_path: Path) -> None:
 def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """Note: [fast fake detach] in C: no detach of a fake run takes the Python path, and the
     Python wrap runs once per (mode, device) to make the prototype __dict__."""
-    import fakeviz._recorder as rec
+    import fakeviz._engine.recorder as rec
 
     calls = {"_fake_detach": 0, "_wrap_fake": 0}
     for name in calls:
@@ -229,7 +229,7 @@ def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPa
 def test_core_that_does_not_fit_falls_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
     """A core whose init refuses this build (here: a trace layout it was not written for) leaves
     the recording to Python, says why in the trace, and records the same ops."""
-    import fakeviz._recorder as rec
+    import fakeviz._engine.recorder as rec
 
     def work() -> None:
         torch.ones(3).mul(2).sum()

@@ -393,7 +393,7 @@ def test_cli_report(tmp_path):
 
 
 def test_cli_demo_writes_the_explorer(tmp_path):
-    from fakeviz._report import _STATIC
+    from fakeviz._views.report import _STATIC
 
     out = tmp_path / "d.fvz"
     proc = run_py(
@@ -503,7 +503,7 @@ def test_fast_fake_detach_matches_the_fake_mode():
     """Note: [fast fake detach]: the recorder's detach short-cut gives what FakeTensorMode gives
     (same storage, view metadata, fake device and mode, shared version counter, no grad),
     and leaves tensors carrying a constant to the mode (so their values stay known)."""
-    from fakeviz._recorder import _fake_detach
+    from fakeviz._engine.recorder import _fake_detach
 
     with fv.record(device="cuda:0") as trace:
         x = torch.randn(4, 6, requires_grad=True) * 2  # not a leaf: its views may be written
@@ -532,7 +532,7 @@ def test_light_fake_wrap_matches_the_constructor():
     without FakeTensor.__new__; they must be indistinguishable from constructed ones."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from fakeviz._recorder import _fake_detach
+    from fakeviz._engine.recorder import _fake_detach
 
     with fv.fake_mode(device="cuda:5"):
         x = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True) * 2
@@ -563,7 +563,7 @@ def _llama_step_trace(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> tuple
     """A fake Llama (3 layers) fwd+bwd+AdamW; with or without Note: [recorded op cache]."""
     import gc
 
-    import fakeviz._recorder as rec
+    import fakeviz._engine.recorder as rec
     from fakeviz import models
 
     hits = [0]

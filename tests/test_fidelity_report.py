@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fakeviz as fv
-from fakeviz._fidelity import op_rule
+from fakeviz._analysis.fidelity import op_rule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -1,4 +1,4 @@
-"""Per-op FLOPs (``fakeviz._flops``) against ``torch.utils.flop_counter.FlopCounterMode``.
+"""Per-op FLOPs (``fakeviz._engine.flops``) against ``torch.utils.flop_counter.FlopCounterMode``.
 
 Models run on real CPU tensors under ``_FlopMode``, a TorchDispatchMode that
 calls ``op_flops`` on every outermost op (the ops the recorder records), with
@@ -25,8 +25,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 import fakeviz as fv
-from fakeviz import _flops
-from fakeviz._flops import FLOP_KINDS, _first_tensor, coverage, flop_kind, op_flops, resolve_op
+from fakeviz._engine import flops as _flops
+from fakeviz._analysis.flops import coverage
+from fakeviz._engine.flops import FLOP_KINDS, _first_tensor, flop_kind, op_flops, resolve_op
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402

@@ -10,7 +10,7 @@ import fakeviz as fv
 IPython = pytest.importorskip("IPython")
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
-from fakeviz._magic import FakeCellError, FakeMagics  # noqa: E402
+from fakeviz._frontends.magic import FakeCellError, FakeMagics  # noqa: E402
 
 
 @pytest.fixture
@@ -176,6 +176,6 @@ def test_engine_imports_no_ipython():
     import subprocess
     import sys
 
-    code = "import sys, fakeviz, fakeviz.models; import fakeviz._recorder; print(any(m.startswith(('IPython', 'ipywidgets')) for m in sys.modules))"
+    code = "import sys, fakeviz, fakeviz.models; import fakeviz._engine.recorder; print(any(m.startswith(('IPython', 'ipywidgets')) for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

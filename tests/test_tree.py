@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fakeviz as fv
-from fakeviz._tree import FIGURES
+from fakeviz._analysis.tree import FIGURES
 
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 

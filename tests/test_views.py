@@ -19,8 +19,8 @@ import torch
 
 import fakeviz as fv
 from fakeviz import views as V
-from fakeviz._gpus import GPUS, parse_capacity
-from fakeviz._tree import FIGURES
+from fakeviz._core.gpus import GPUS, parse_capacity
+from fakeviz._analysis.tree import FIGURES
 
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 

@@ -1,4 +1,4 @@
-"""The explorer panel (fakeviz._widget.Explorer): its state, its data against the trace, its size, its build.
+"""The explorer panel (fakeviz._views.explorer.Explorer): its state, its data against the trace, its size, its build.
 
 The browser side has its own unit tests (vitest, ``js/test``); ``test_vitest`` runs them.
 Tests that need the JavaScript bundle build it with npm first (``js/``: ``npm ci``,
@@ -76,7 +76,7 @@ def gpt2_trace():
 
 @pytest.fixture(scope="module")
 def explorer(bundle, gpt2_trace):
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     return Explorer.from_trace(gpt2_trace, "24GB", max_points=64, alias_nodes=40)
 
@@ -92,7 +92,7 @@ def _wire(state: dict) -> tuple[dict, int]:
 
 # ------------------------------------------------------------------------ the state
 def test_esm_is_the_built_bundle(bundle, explorer):
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     text = bundle.read_text()
     assert str(Explorer._esm) == text
@@ -104,7 +104,7 @@ def test_esm_is_the_built_bundle(bundle, explorer):
 def test_state_round_trip(bundle, gpt2_trace):
     from ipywidgets.widgets.widget import _put_buffers
 
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     explorer = Explorer.from_trace(gpt2_trace, "24GB", max_points=64, alias_nodes=40)
     explorer.selected_module = "GPT2LMHeadModel.transformer.h.0-1.attn"
@@ -147,7 +147,7 @@ def test_selection_traits_are_validated(explorer):
 
 
 def test_missing_bundle_is_explained(monkeypatch, bundle):
-    from fakeviz import _widget
+    from fakeviz._views import explorer as _widget
 
     monkeypatch.setattr(_widget, "_BUNDLE", Path("/nonexistent/explorer.js"))
     with pytest.raises(FileNotFoundError, match="npm run build"):
@@ -254,7 +254,8 @@ def test_alias_graph_is_bounded_and_consistent(explorer, gpt2_trace):
     assert 0 < n <= meta["max_nodes"] == 40
     assert meta["truncated"] and meta["total_nodes"] > n
     assert a["edge_src"].max() < n and a["edge_dst"].max() < n
-    from fakeviz._widget import _aliased_storages, _fit
+    from fakeviz._analysis.selection import aliased_storages as _aliased_storages
+    from fakeviz._analysis.selection import fit_storages as _fit
 
     focus = _fit(gpt2_trace, _aliased_storages(gpt2_trace), 40)
     nodes, _ = gpt2_trace.alias_graph(("storages", focus), max_nodes=meta["budget"])
@@ -272,7 +273,7 @@ def test_alias_graph_is_bounded_and_consistent(explorer, gpt2_trace):
 
 def test_default_alias_focus_is_the_most_aliased(gpt2_trace):
     """With nothing selected the graph starts at the tied embedding, then the storages most tensors alias."""
-    from fakeviz._widget import _aliased_storages
+    from fakeviz._analysis.selection import aliased_storages as _aliased_storages
 
     tt = gpt2_trace.tensors
     tt = tt[tt.storage >= 0]
@@ -285,7 +286,7 @@ def test_default_alias_focus_is_the_most_aliased(gpt2_trace):
 
 
 def test_module_ids_resolve_folded_paths(gpt2_trace):
-    from fakeviz._widget import module_ids
+    from fakeviz._analysis.selection import module_ids
 
     modules = list(gpt2_trace.strings("modules"))
     ids = module_ids(gpt2_trace, "GPT2LMHeadModel.transformer.h.1.mlp")
@@ -300,7 +301,7 @@ def test_module_ids_resolve_folded_paths(gpt2_trace):
 def test_selecting_a_module_redraws_the_alias_graph_around_it(gpt2_trace):
     """A selection (from the browser or Python) redraws the neighbourhood: the module's
     parameters, their gradients, and its largest activations; clearing it goes back."""
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     w = Explorer.from_trace(gpt2_trace, alias_nodes=60)
     default = w.alias
@@ -339,7 +340,7 @@ def test_summary_has_peaks_capacity_and_verdict(explorer, gpt2_trace):
 
 def test_ops_window_when_over_max_ops(bundle, gpt2_trace):
     """Above max_ops, the table gets the max_ops consecutive ops around the highest peak; the rest stays whole."""
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     w = Explorer.from_trace(gpt2_trace, max_ops=100, max_points=50)
     meta, a, _ = w.decoded("ops")
@@ -353,7 +354,7 @@ def test_ops_window_when_over_max_ops(bundle, gpt2_trace):
 
 
 def test_empty_and_cpu_only_traces(bundle):
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     with fv.record() as empty:
         pass
@@ -371,7 +372,7 @@ def test_empty_and_cpu_only_traces(bundle):
 
 
 def test_pack_encodings_round_trip():
-    from fakeviz._widget import pack, unpack
+    from fakeviz._views.explorer import pack, unpack
 
     arrays = {
         "range": np.arange(5, 105),
@@ -397,7 +398,7 @@ def test_pack_encodings_round_trip():
 
 
 def test_decimation_rule():
-    from fakeviz._widget import decimate_minmax
+    from fakeviz._views.explorer import decimate_minmax
 
     rng = np.random.default_rng(0)
     v = np.cumsum(rng.integers(-5, 6, 50_000))
@@ -410,7 +411,7 @@ def test_decimation_rule():
 @needs_npm
 def test_js_decoder_reads_python_packs(explorer, tmp_path):
     """js/src/decode.js, run by node on the packs Python wrote, gives the same arrays."""
-    from fakeviz._widget import SIZE_BY
+    from fakeviz._views.explorer import SIZE_BY
 
     script = tmp_path / "dump.mjs"
     script.write_text(
@@ -449,7 +450,7 @@ def test_js_decoder_reads_python_packs(explorer, tmp_path):
 def test_state_size_llama3_70b(bundle):
     """The whole explorer of a Llama-3-70B fwd+bwd trace (seq 2048, fake cuda:0) saves in well under 2 MB."""
     from fakeviz import models
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     cfg = models.config("llama3-70b")
     with fv.record(device="cuda:0") as trace:
@@ -506,7 +507,7 @@ def test_wheel_contains_bundle(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         js = zf.read("fakeviz/static/explorer.js").decode()
-    assert {"fakeviz/static/explorer.js", "fakeviz/static/explorer.css", "fakeviz/_widget.py"} <= names
+    assert {"fakeviz/static/explorer.js", "fakeviz/static/explorer.css", "fakeviz/_views/explorer.py"} <= names
     assert not any("node_modules" in n or n.startswith("js/") for n in names)
     assert "render" in js and len(js) > 10_000
 
@@ -515,7 +516,7 @@ def test_tree_colour_keys_follow_the_parameters(bundle):
     """The tree's colour keys name the device / dtype holding most of each module's parameter
     bytes, as the plotly layer tree colours them."""
     from fakeviz import views
-    from fakeviz._widget import Explorer
+    from fakeviz._views.explorer import Explorer
 
     class Hybrid(torch.nn.Module):
         def __init__(self) -> None:

@@ -4,7 +4,7 @@
  * Row indices of `values` that keep its shape with at most about `maxPoints` rows:
  * `values` is cut into equal buckets; each keeps the row of its minimum and of its maximum
  * (the first such row), plus the first and last rows, the first global maximum (the peak)
- * and every index in `keep`. The same rule as fakeviz._widget.decimate_minmax.
+ * and every index in `keep`. The same rule as fakeviz._views.explorer.decimate_minmax.
  */
 export function minmaxIndices(values, maxPoints, keep = []) {
   const n = values.length;

@@ -1,4 +1,4 @@
-// Reader of the FVPK packs that fakeviz/_widget.py writes (the format is described there).
+// Reader of the FVPK packs that fakeviz/_views/explorer.py writes (the format is described there).
 //
 //   bytes 0..3 "FVPK", bytes 4..7 uint32 LE header length H, then H bytes of UTF-8 JSON
 //   {v, meta, strings, arrays}, zero padding to a multiple of 8, then the data section.

@@ -1,4 +1,4 @@
-// anywidget entry point of the fakeviz explorer panel (fakeviz._widget.Explorer).
+// anywidget entry point of the fakeviz explorer panel (fakeviz._views.explorer.Explorer).
 import { mountExplorer } from "./app.js";
 import { h } from "./dom.js";
 

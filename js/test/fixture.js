@@ -1,4 +1,4 @@
-// A small but complete widget state, shaped like what fakeviz._widget.build_state sends:
+// A small but complete widget state, shaped like what fakeviz._views.explorer.build_state sends:
 // a root module with a folded pair of blocks, a head, and a module whose name is markup.
 import { pack } from "./pack.js";
 

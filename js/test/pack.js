@@ -1,5 +1,5 @@
 // Test helper: write FVPK packs from JavaScript (the writer the panel uses is Python's
-// fakeviz._widget.pack; this one mirrors its format so tests can build small inputs).
+// fakeviz._views.explorer.pack; this one mirrors its format so tests can build small inputs).
 
 const TYPED = { i1: Int8Array, u1: Uint8Array, i2: Int16Array, u2: Uint16Array, i4: Int32Array, u4: Uint32Array, f4: Float32Array, f8: Float64Array };
 

@@ -1,4 +1,4 @@
-"""The recorder's per-op path in C (``_csrc/fvcore.c``), built on first use.
+"""The recorder's per-op path in C (``csrc/fvcore.c``), built on first use.
 
 Note: [recorder core in C]
 Recording a fake Llama run cost about 10 us of Python per op on top of the fake
@@ -41,11 +41,11 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from ._cuda_shim import _cache_dir
+from .cuda_shim import cache_dir
 
 __all__ = ["core", "status"]
 
-_SRC = Path(__file__).with_name("_csrc") / "fvcore.c"
+_SRC = Path(__file__).with_name("csrc") / "fvcore.c"
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -53,7 +53,7 @@ _state: dict[str, object] = {}
 def _library_path() -> Path:
     key = hashlib.sha256(_SRC.read_bytes() + sys.version.encode() + sys.executable.encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return _cache_dir() / f"fvcore_{key.hexdigest()[:16]}{suffix}"
+    return cache_dir() / f"fvcore_{key.hexdigest()[:16]}{suffix}"
 
 
 def _compile(target: Path) -> None:

@@ -15,11 +15,12 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import Bool, Float, Unicode
 
-from ._errors import FakeVizError
-from ._gpus import gpu_capability, parse_capacity
-from ._recorder import FakeSession, record
-from ._session import is_fake
-from ._trace import Trace
+from .._api import record
+from .._core.errors import FakeVizError
+from .._core.gpus import gpu_capability, parse_capacity
+from .._engine.recorder import FakeSession
+from .._engine.session import is_fake
+from .._trace import Trace
 
 __all__ = ["FakeCellError", "FakeMagics", "load_ipython_extension", "unload_ipython_extension"]
 

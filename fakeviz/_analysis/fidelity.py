@@ -30,7 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from ._trace import FLAG_DATA_DEPENDENT
+from .._core.record import Record
+
+from .._core.schema import FLAG_DATA_DEPENDENT
+from .tables import ops_table
 
 __all__ = ["fidelity_report", "op_rule"]
 
@@ -46,7 +49,7 @@ def op_rule(name: str) -> str:
     from torch._decomp import decomposition_table, meta_table
     from torch._subclasses import fake_impls
 
-    from ._flops import resolve_op
+    from .._engine.flops import resolve_op
 
     func = resolve_op(name)
     if func is not None and not torch._C._dispatch_has_kernel(func.name()):
@@ -92,7 +95,7 @@ def _torch_decomp(func: Any) -> bool:
         return True
 
 
-def fidelity_report(trace: Any) -> dict[str, Any]:
+def fidelity_report(trace: Record) -> dict[str, Any]:
     """How each op of ``trace`` was faked, and what limited fidelity at run time.
 
     Returns a dict with
@@ -110,7 +113,7 @@ def fidelity_report(trace: Any) -> dict[str, Any]:
     """
     import pandas as pd
 
-    ops = trace.ops
+    ops = ops_table(trace)
     n = len(ops)
     flags = trace.col("flags")
     dd = (flags & FLAG_DATA_DEPENDENT) != 0

@@ -1,6 +1,6 @@
 """Fake CUDA devices on a CPU-only build of PyTorch.
 
-See Note: [fake cuda on a CPU-only build] in ``_csrc/fake_cuda.cpp``.
+See Note: [fake cuda on a CPU-only build] in ``csrc/fake_cuda.cpp``.
 
 The shim is compiled once with the system C++ compiler against the headers of
 the installed torch wheel (about 2 s), cached under ``$FAKEVIZ_CACHE_DIR`` (or
@@ -38,11 +38,11 @@ from pathlib import Path
 
 import torch
 
-from ._errors import FakeVizWarning
+from .._core.errors import FakeVizWarning
 
 __all__ = ["ShimStatus", "ensure_fake_cuda", "status"]
 
-_SRC = Path(__file__).with_name("_csrc") / "fake_cuda.cpp"
+_SRC = Path(__file__).with_name("csrc") / "fake_cuda.cpp"
 _lock = threading.Lock()
 
 
@@ -70,7 +70,7 @@ def status() -> ShimStatus:
     return _status
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
     root = os.environ.get("FAKEVIZ_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fakeviz"
     )
@@ -81,7 +81,7 @@ def _library_path() -> Path:
     src = _SRC.read_bytes()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     key = hashlib.sha256(src + torch.__version__.encode() + str(abi).encode() + torch.__file__.encode())
-    return _cache_dir() / f"fake_cuda_{key.hexdigest()[:16]}.so"
+    return cache_dir() / f"fake_cuda_{key.hexdigest()[:16]}.so"
 
 
 def _compile(target: Path) -> None:

@@ -52,7 +52,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ._allocator import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, AllocatorRun, simulate_trace
+from .._core.gpus import Capacity
+from .allocator import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, AllocatorRun, simulate_trace
+from .tables import ops_table, storages_table
 
 __all__ = ["export_memory_snapshot"]
 
@@ -75,7 +77,7 @@ class _Frames:
     """Frame lists per op index, built once and shared (pickle stores a shared list once)."""
 
     def __init__(self, trace: Any) -> None:
-        ops = trace.ops
+        ops = ops_table(trace)
         self.n = len(ops)
         self.op = ops["op"].astype(object).tolist()
         self.module = ops["module"].astype(object).tolist()
@@ -192,12 +194,8 @@ def export_memory_snapshot(
     Raises:
         ValueError: if the trace has no cuda device.
     """
-    cap = None
-    if capacity is not None:
-        from ._gpus import parse_capacity
-
-        cap = parse_capacity(capacity)
-    st = trace.storages
+    cap = Capacity.parse(capacity).bytes if capacity is not None else None
+    st = storages_table(trace)
     names = sorted({str(d) for d in st["device"].astype(object).dropna().unique()})
     devices = {name: _cuda_index(name) for name in names}
     devices = {name: idx for name, idx in devices.items() if idx is not None}

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ._trace import Trace
+from typing import Any
 
 __all__ = ["DataDependentError", "FakeVizError", "FakeVizWarning", "RecordError", "TraceFormatError"]
 
@@ -27,7 +24,7 @@ class RecordError(FakeVizError):
 
     Attributes: ``op`` (the aten overload name), ``module`` (module path at the
     time), ``user_line`` ("file:line" of the user's code), ``trace`` (the partial
-    :class:`~fakeviz.Trace`, recorded up to the failing op).
+    :class:`~fakeviz.Trace`, recorded up to the failing op; a plain record when the engine is used alone).
     """
 
     def __init__(
@@ -37,7 +34,7 @@ class RecordError(FakeVizError):
         op: str | None,
         module: str | None,
         user_line: str | None,
-        trace: Trace | None = None,
+        trace: Any = None,
     ) -> None:
         super().__init__(message)
         self.op = op

@@ -68,12 +68,27 @@ import numpy as np
 import traitlets
 from ipywidgets.widgets.trait_types import bytes_serialization
 
-from ._memory import decimate_minmax
-from ._trace import _DTYPE_ABBR, CATEGORIES, PHASES, ROLE_BUFFER, ROLE_GRAD, ROLE_OPT, ROLE_PARAM
+from .._analysis.alias import tensor_table
+from .._analysis.memory import decimate_minmax, memory_timeline
+from .._analysis.memory import peaks as peaks_of
+from .._analysis.selection import (
+    alias_universe,
+    aliased_storages,
+    bounded_alias_graph,
+    fit_storages,
+    module_ids,
+    module_storages,
+    storage_modules,
+)
+from .._analysis.tables import ops_table, storages_table
+from .._analysis.tree import folded_modules
+from .._analysis.verdict import verdict as verdict_of
+from .._core.record import Record
+from .._core.schema import CATEGORIES, PHASES, ROLE_BUFFER, ROLE_GRAD, ROLE_OPT, ROLE_PARAM, dtype_abbr
 
 __all__ = ["STATIC", "Explorer", "decimate_minmax", "pack", "unpack"]
 
-STATIC = Path(__file__).resolve().parent / "static"
+STATIC = Path(__file__).resolve().parent.parent / "static"
 _BUNDLE = STATIC / "explorer.js"
 _STYLES = STATIC / "explorer.css"
 
@@ -279,7 +294,7 @@ class Explorer(anywidget.AnyWidget):
         selected = kwargs.pop("selected_module", "")
         widget = cls(**build_state(trace, capacity, max_points=max_points, alias_nodes=alias_nodes, around=around,
                                    max_ops=max_ops), **kwargs)  # fmt: skip
-        widget._alias_source = (trace, _storage_modules(trace), alias_nodes, around)
+        widget._alias_source = (trace, storage_modules(trace), alias_nodes, around)
         widget.selected_module = selected  # draws the alias graph around it
         return widget
 
@@ -291,19 +306,18 @@ class Explorer(anywidget.AnyWidget):
 
 
 # ---------------------------------------------------------------------- the state
-def build_state(trace: Any, capacity: Any = None, *, max_points: int = 4000, alias_nodes: int = 200,
+def build_state(trace: Record, capacity: Any = None, *, max_points: int = 4000, alias_nodes: int = 200,
                 around: Any = None, max_ops: int = 1_000_000) -> dict[str, Any]:  # fmt: skip
     """The data traits of :class:`Explorer` for ``trace`` (see the module docstring)."""
-    from ._gpus import parse_capacity
+    from .._core.gpus import parse_capacity
 
-    trace._freeze()
     devices = list(trace.strings("devices"))
     modules = list(trace.strings("modules"))
-    peaks = trace.peak()
+    peaks = peaks_of(trace)
     cap_spec = capacity if capacity is not None else trace.meta.get("capacity")
     cap = parse_capacity(cap_spec) if cap_spec is not None else None
-    verdict = trace.verdict(cap) if cap is not None else None
-    storage_module = _storage_modules(trace)
+    verdict = verdict_of(trace, cap) if cap is not None else None
+    storage_module = storage_modules(trace)
     summary = {
         "devices": devices,
         "categories": list(CATEGORIES),
@@ -326,7 +340,7 @@ def build_state(trace: Any, capacity: Any = None, *, max_points: int = 4000, ali
     }
 
 
-def _capacity_spec(trace: Any, capacity: Any) -> str | None:
+def _capacity_spec(trace: Record, capacity: Any) -> str | None:
     """How the capacity was asked for ("H100", "80GB"), for the panel's label."""
     if capacity is not None:
         return str(capacity)
@@ -347,42 +361,8 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
 
 
-def _storage_modules(trace: Any) -> np.ndarray:
-    """The module each storage belongs to (module id, -1 none): what a selection in the tree owns.
-
-    Parameters and buffers belong to the module that holds them (the first name
-    of a tied tensor), gradients and optimizer state to their parameter's module,
-    everything else to the module of the op that created it.
-    """
-    if "storage_modules" in trace._cache:
-        return trace._cache["storage_modules"]
-    c = trace._cols
-    n_st = len(c["st_device"])
-    n_ops = len(c["op"])
-    out = np.full(n_st, -1, np.int64)
-    alloc = c["st_alloc"]
-    made = (alloc >= 0) & (alloc < n_ops)
-    out[made] = c["module"][alloc[made]]
-    # gradient / optimizer state: the owner parameter's module (first name row of that tensor)
-    p_tensor, p_module, p_storage = c["p_tensor"], c["p_module"].astype(np.int64), c["p_storage"]
-    if len(p_tensor):
-        t_sorted, first = np.unique(p_tensor, return_index=True)
-        owner = c["st_owner"]
-        has = owner >= 0
-        pos = np.searchsorted(t_sorted, owner[has])
-        ok = (pos < len(t_sorted)) & (t_sorted[np.minimum(pos, len(t_sorted) - 1)] == owner[has])
-        idx = np.flatnonzero(has)[ok]
-        out[idx] = p_module[first[pos[ok]]]
-        # parameters and buffers: their own module (first row wins for tied/shared storages)
-        s_sorted, s_first = np.unique(p_storage, return_index=True)
-        sel = (s_sorted >= 0) & (s_sorted < n_st)
-        out[s_sorted[sel]] = p_module[s_first[sel]]
-    trace._cache["storage_modules"] = out
-    return out
-
-
-def _tree_pack(trace: Any, modules: list[str]) -> tuple[bytes, np.ndarray]:
-    folded = trace.folded_modules()
+def _tree_pack(trace: Record, modules: list[str]) -> tuple[bytes, np.ndarray]:
+    folded = folded_modules(trace)
     n = len(folded)
     module_node = np.full(len(modules), -1, np.int64)
     mod_id = {p: i for i, p in enumerate(modules)}
@@ -411,7 +391,7 @@ def _tree_pack(trace: Any, modules: list[str]) -> tuple[bytes, np.ndarray]:
         "class": folded["class"].astype(str).tolist() if n else [],
     }
     # colour keys: the device and the dtype holding most of each module's parameter bytes
-    from .views import _color_keys, _param_split
+    from .figures import _color_keys, _param_split
 
     split = _param_split(trace, folded.reset_index(drop=True), True) if n else None
     for color in ("device", "dtype"):
@@ -423,8 +403,8 @@ def _tree_pack(trace: Any, modules: list[str]) -> tuple[bytes, np.ndarray]:
     return pack(arrays, strings=strings, meta=meta), module_node
 
 
-def _memory_pack(trace: Any, peaks: dict[str, Any], storage_module: np.ndarray, max_points: int) -> bytes:
-    mem = trace.memory()
+def _memory_pack(trace: Record, peaks: dict[str, Any], storage_module: np.ndarray, max_points: int) -> bytes:
+    mem = memory_timeline(trace)
     n_ops = int(trace.num_ops)
     arrays: dict[str, Any] = {}
     meta_devices = []
@@ -437,7 +417,7 @@ def _memory_pack(trace: Any, peaks: dict[str, Any], storage_module: np.ndarray, 
         arrays.update({"phase_runs/phase": phase[starts], "phase_runs/start": starts, "phase_runs/stop": stops})
     else:
         arrays.update({k: np.zeros(0, np.int64) for k in ("phase_runs/phase", "phase_runs/start", "phase_runs/stop")})
-    st = trace.storages
+    st = storages_table(trace)
     cats = st["category"].cat.codes.to_numpy().astype(np.int64)
     nbytes = st["nbytes"].to_numpy()
     alloc, free = st["alloc_seq"].to_numpy(), st["free_seq"].to_numpy()
@@ -483,9 +463,9 @@ def _ops_window(n: int, peaks: dict[str, Any], max_ops: int) -> tuple[int, int]:
     return start, start + max_ops
 
 
-def _ops_pack(trace: Any, modules: list[str], module_node: np.ndarray, peaks: dict[str, Any],
+def _ops_pack(trace: Record, modules: list[str], module_node: np.ndarray, peaks: dict[str, Any],
               max_ops: int) -> bytes:  # fmt: skip
-    c = trace._cols
+    c = trace.columns()
     n = int(trace.num_ops)
     start, stop = _ops_window(n, peaks, max_ops)
     out_end = c["out_end"]
@@ -498,7 +478,7 @@ def _ops_pack(trace: Any, modules: list[str], module_node: np.ndarray, peaks: di
             return np.full(n, -1, np.int64)
         return np.where(has, col[np.minimum(out_start, len(col) - 1)], -1)
 
-    nbytes = trace.ops["nbytes"].to_numpy() if n else np.zeros(0, np.int64)
+    nbytes = ops_table(trace)["nbytes"].to_numpy() if n else np.zeros(0, np.int64)
     sl = slice(start, stop)
     arrays = {
         "seq": np.arange(start, stop, dtype=np.int64),
@@ -517,33 +497,33 @@ def _ops_pack(trace: Any, modules: list[str], module_node: np.ndarray, peaks: di
         "modules": modules,
         "lines": list(trace.strings("lines")),
         "shapes": list(trace.strings("shapes")),
-        "dtypes": [_DTYPE_ABBR.get(d, d.replace("torch.", "")) for d in trace.strings("dtypes")],
+        "dtypes": [dtype_abbr(d, strip=True) for d in trace.strings("dtypes")],
         "devices": list(trace.strings("devices")),
     }
     meta = {"n_ops": n, "start": start, "stop": stop, "truncated": stop - start < n, "phases": list(PHASES)}
     return pack(arrays, strings=strings, meta=meta)
 
 
-def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: Any, *,
+def _alias_pack(trace: Record, storage_module: np.ndarray, max_nodes: int, around: Any, *,
                 module: str | None = None) -> bytes:  # fmt: skip
     """The alias-graph pack: around ``around`` if given, else around ``module``'s storages
-    (:func:`module_ids`), else around the most aliased storages (:func:`_aliased_storages`)."""
+    (:func:`module_ids`), else around the most aliased storages (:func:`~fakeviz._analysis.selection.aliased_storages`)."""
     if around is not None:
         focus, around_label = around, str(around)
     else:
         ids = module_ids(trace, module) if module else None
         if ids is not None and len(ids):
-            sids = _fit(trace, _module_storages(trace, storage_module, ids), max_nodes)
+            sids = fit_storages(trace, module_storages(trace, storage_module, ids), max_nodes)
             focus, around_label = ("storages", sids), f"{module} ({len(sids)} storages: parameters, gradients, "
             around_label += "optimizer state, largest activations)"
         else:
-            sids = _fit(trace, _aliased_storages(trace), max_nodes)
+            sids = fit_storages(trace, aliased_storages(trace), max_nodes)
             focus, around_label = ("storages", sids), "the most aliased storages (tied first)"
             if module:
                 around_label = f"the most aliased storages ({module} owns none)"
-    nodes, edges, budget = _bounded_alias_graph(trace, max_nodes, focus)
+    nodes, edges, budget = bounded_alias_graph(trace, max_nodes, focus)
     # out of how many: the caller's neighbourhood, or the whole trace for a chosen focus
-    total_nodes = _alias_universe(trace, around)
+    total_nodes = alias_universe(trace, around)
     n_shown = int((nodes["kind"] != "name").sum())
     truncated = n_shown < total_nodes
     if len(nodes) > max_nodes:  # still over after shrinking the budget: drop the tail (names last)
@@ -554,12 +534,12 @@ def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: 
     truncated = truncated or not bool(ok.all())
     edges = edges[ok]
     # module of each node, for linking with the tree
-    c = trace._cols
+    c = trace.columns()
     name_module: dict[str, int] = {}
     names_table = trace.strings("names")
     for nid, m in zip(c["p_name"].tolist(), c["p_module"].tolist()):
         name_module.setdefault(names_table[nid], m)
-    tt = trace.tensors
+    tt = tensor_table(trace)
     t_seq = dict(zip(tt["tensor"].tolist(), tt["seq"].tolist()))
     op_module = c["module"]
     kinds = nodes["kind"].tolist()
@@ -606,96 +586,3 @@ def _alias_pack(trace: Any, storage_module: np.ndarray, max_nodes: int, around: 
         "around": around_label,
     }
     return pack(arrays, strings=strings, meta=meta)
-
-
-def module_ids(trace: Any, path: str) -> np.ndarray:
-    """Ids of the modules at or under ``path``: a module path of the trace, or a folded
-    tree path (``layers.0-79.mlp``: its first member, ``layers.0.mlp``)."""
-    if not path:
-        return np.zeros(0, np.int64)
-    folded = trace.folded_modules()
-    row = folded.index[folded["path"].astype(str) == path] if len(folded) else []
-    if len(row):
-        path = str(folded["members"].loc[row[0]]).split("|")[0]
-    pre = path + "."
-    return np.array([i for i, m in enumerate(trace.strings("modules")) if m == path or m.startswith(pre)], np.int64)
-
-
-def _module_storages(trace: Any, storage_module: np.ndarray, ids: np.ndarray, limit: int = 40) -> list[int]:
-    """Storages a module owns, most telling first: parameters and buffers, their gradients and
-    optimizer state, then the largest storages its ops made; at most ``limit``."""
-    c = trace._cols
-    own = np.flatnonzero(np.isin(storage_module, ids))
-    if not len(own):
-        return []
-    roles = c["st_roles"][own]
-    nbytes = c["st_nbytes"][own].astype(np.float64)
-    rank = np.where(roles & (ROLE_PARAM | ROLE_BUFFER), 0, np.where(roles & (ROLE_GRAD | ROLE_OPT), 1, 2))
-    order = np.lexsort((-nbytes, rank))
-    return own[order[:limit]].tolist()
-
-
-def _fit(trace: Any, sids: list[int], max_nodes: int) -> list[int]:
-    """The first storages of ``sids`` (in their order of importance) whose graph nodes
-    (the storage, its tensors and their names) fit in ``max_nodes``; at least one."""
-    from ._alias import tensor_table
-
-    if "alias_cost" not in trace._cache:
-        tt = tensor_table(trace)
-        tt = tt[tt.storage >= 0]
-        n_names = tt.names.astype(str).map(lambda x: len(x.split("|")) if x else 0).to_numpy()
-        cost = (tt.assign(_c=1 + n_names).groupby("storage")._c.sum() + 1).to_dict()
-        trace._cache["alias_cost"] = cost
-    cost = trace._cache["alias_cost"]
-    out, used = [], 0
-    for s in sids:
-        c = cost.get(s, 1)
-        if out and used + c > max_nodes:
-            continue  # a smaller storage further down may still fit
-        out.append(s)
-        used += c
-    return out
-
-
-def _aliased_storages(trace: Any, limit: int = 40) -> list[int]:
-    """The storages with the most aliasing: tied parameters first, then most tensors and writes."""
-    if "aliased_storages" in trace._cache:
-        return trace._cache["aliased_storages"][:limit]
-    from ._alias import tensor_table
-
-    tt = tensor_table(trace)
-    tt = tt[tt.storage >= 0]
-    if tt.empty:
-        return []
-    tied = tt.names.astype(str).str.contains("|", regex=False).to_numpy()
-    df = tt.assign(_tied=tied.astype(np.int64), _n=1)[["storage", "_tied", "_n", "writes"]]
-    g = df.groupby("storage", sort=True).sum()
-    score = g._tied.to_numpy() * 1_000_000 + g.writes.to_numpy() * 10 + g._n.to_numpy()
-    order = np.lexsort((g.index.to_numpy(), -score))
-    ranked = g.index.to_numpy()[order].tolist()
-    trace._cache["aliased_storages"] = ranked
-    return ranked[:limit]
-
-
-def _alias_universe(trace: Any, around: Any) -> int:
-    """Storage and tensor nodes the unbounded alias graph would have (what ``max_nodes`` cuts)."""
-    from ._alias import graph_tensors
-
-    tt = graph_tensors(trace, around)
-    return int(len(tt) + tt.storage.nunique())
-
-
-def _bounded_alias_graph(trace: Any, max_nodes: int, around: Any) -> tuple[Any, Any, int]:
-    """``trace.alias_graph`` with at most ``max_nodes`` nodes in all (its bound leaves out name nodes).
-
-    The storage/tensor budget passed to ``alias_graph`` shrinks in proportion
-    until the name nodes fit too (a few calls at most).
-    """
-    budget = max(2, int(max_nodes))
-    nodes, edges = trace.alias_graph(around, max_nodes=budget)
-    for _ in range(8):
-        if len(nodes) <= max_nodes or budget <= 2:
-            break
-        budget = max(2, budget * max_nodes // len(nodes) - 1)
-        nodes, edges = trace.alias_graph(around, max_nodes=budget)
-    return nodes, edges, budget

@@ -17,9 +17,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .explorer import build_state
+from .text import summary_html
+
 __all__ = ["report_html", "to_html"]
 
-_STATIC = Path(__file__).resolve().parent / "static"
+_STATIC = Path(__file__).resolve().parent.parent / "static"
 
 _SHIM = """
 const state = JSON.parse(document.getElementById("fv-state").textContent);
@@ -75,7 +78,6 @@ def _script_safe(text: str) -> str:
 
 def report_html(trace: Any, capacity: Any = None, *, title: str | None = None, **kwargs: Any) -> str:
     """The report page as a string (see :func:`to_html`)."""
-    from ._widget import build_state
 
     esm, css = _bundle()
     traits = build_state(trace, capacity, **kwargs)
@@ -88,7 +90,7 @@ def report_html(trace: Any, capacity: Any = None, *, title: str | None = None, *
     # every "<" in the JSON as \u003c: no "</script", "<!--" or "<script" can reach the HTML parser
     state = json.dumps(payload).replace("<", "\\u003c")
     title = title or f"fakeviz report: {trace.num_ops:,} ops"
-    summary = trace._repr_html_()
+    summary = summary_html(trace)
     return (
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title>\n<style>{_script_safe(css)}</style></head>\n"

@@ -95,6 +95,10 @@ from typing import Any
 
 import numpy as np
 
+from .._core.gpus import Capacity
+from .._core.record import Record
+from .tables import storages_table
+
 __all__ = [
     "K_LARGE_BUFFER",
     "K_MIN_BLOCK_SIZE",
@@ -533,23 +537,21 @@ def _final_segments(
     return out
 
 
-def simulate_trace(trace: Any, device: str, *, capacity: int | str | None = None) -> AllocatorRun:
-    """Run :func:`simulate` over the storages of one device of a :class:`fakeviz.Trace`.
+def simulate_trace(trace: Record, device: str, *, capacity: int | str | None = None) -> AllocatorRun:
+    """Run :func:`simulate` over the storages of one device of a record.
 
     Args:
         trace: the recorded trace.
         device: device string as in ``trace.storages["device"]`` (e.g. ``"cuda:0"``).
         capacity: bytes, a size like ``"80GB"`` or a GPU name (see
-            :func:`fakeviz._gpus.parse_capacity`); see :func:`simulate`.
+            :meth:`fakeviz._core.gpus.Capacity.parse`); see :func:`simulate`.
 
     Returns:
         The :class:`AllocatorRun`; ``storage`` holds the trace's storage ids.
     """
-    if isinstance(capacity, str):
-        from ._gpus import parse_capacity
-
-        capacity = parse_capacity(capacity)
-    st = trace.storages
+    if capacity is not None:
+        capacity = Capacity.parse(capacity).bytes
+    st = storages_table(trace)
     sel = (st["device"].astype(object) == device).to_numpy(dtype=bool)
     return simulate(
         st["nbytes"].to_numpy()[sel],

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensor, FakeTensorMode
 
-from . import _cuda_shim
-from ._errors import FakeVizError
+from . import cuda_shim as _cuda_shim
+from .._core.errors import FakeVizError
 
 __all__ = ["check_device", "fake_mode", "fakeify", "is_fake", "meta_like", "session_patches"]
 

@@ -50,12 +50,14 @@ from torch._subclasses.fake_tensor import FakeTensorConfig as _FakeTensorConfig
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _cuda_shim, _native
-from . import _trace as _trace_mod
-from ._errors import DataDependentError, FakeVizError, RecordError
-from ._flops import op_flops as _op_flops
-from ._session import check_device, new_fake_mode, session_patches
-from ._trace import (
+from .._core import schema as _schema
+from .._core.errors import DataDependentError, FakeVizError, RecordError
+from .._core.record import Record
+from . import cuda_shim as _cuda_shim
+from . import native as _native
+from .flops import op_flops as _op_flops
+from .session import check_device, new_fake_mode, session_patches
+from .._core.schema import (
     FLAG_DATA_DEPENDENT,
     FLAG_INPLACE,
     FLAG_VIEW,
@@ -67,7 +69,6 @@ from ._trace import (
     ROLE_PARAM,
     ROLE_SAVED,
     TID_BITS,
-    Trace,
 )
 
 __all__ = ["FakeSession", "Recording", "record"]
@@ -77,7 +78,7 @@ P_INIT, P_FORWARD, P_BACKWARD, P_OPTIMIZER, P_OTHER = range(len(PHASES))
 _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_FAKEVIZ_DIR = os.path.dirname(__file__) + os.sep
+_FAKEVIZ_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the fakeviz package, every layer
 _STDLIB_DIRS = tuple(
     {os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()["stdlib"], os.path.dirname(os.__file__))}
 )
@@ -196,18 +197,18 @@ def _same_zeros(args: tuple[Any, ...], zeros: tuple[tuple[int, bool], ...] | Non
 _get_sequence_nr = torch._C._autograd._get_sequence_nr
 _get_ident = threading.get_ident
 _current_node = torch._C._current_autograd_node
-_N_OP = len(_trace_mod._OP_COLS)
+_N_OP = len(_schema.OP_COLS)
 _PROGRESS_EVERY = 1024 * _N_OP  # opd grows by _N_OP per op: report every 1024 ops
-_N_ST = len(_trace_mod._ST_COLS)
-_N_OUT = len(_trace_mod._OUT_COLS)
-_ST_FREE = tuple(_trace_mod._ST_COLS).index("st_free")
-_ST_ROLES = tuple(_trace_mod._ST_COLS).index("st_roles")
-_ST_NAME = tuple(_trace_mod._ST_COLS).index("st_name")
-_ST_OWNER = tuple(_trace_mod._ST_COLS).index("st_owner")
-_OP_IN_END = tuple(_trace_mod._OP_COLS).index("in_end")
-_OP_OUT_END = tuple(_trace_mod._OP_COLS).index("out_end")
-_P_GRAD = tuple(_trace_mod._P_COLS).index("p_grad")
-_P_TENSOR = tuple(_trace_mod._P_COLS).index("p_tensor")
+_N_ST = len(_schema.ST_COLS)
+_N_OUT = len(_schema.OUT_COLS)
+_ST_FREE = tuple(_schema.ST_COLS).index("st_free")
+_ST_ROLES = tuple(_schema.ST_COLS).index("st_roles")
+_ST_NAME = tuple(_schema.ST_COLS).index("st_name")
+_ST_OWNER = tuple(_schema.ST_COLS).index("st_owner")
+_OP_IN_END = tuple(_schema.OP_COLS).index("in_end")
+_OP_OUT_END = tuple(_schema.OP_COLS).index("out_end")
+_P_GRAD = tuple(_schema.P_COLS).index("p_grad")
+_P_TENSOR = tuple(_schema.P_COLS).index("p_tensor")
 
 
 class _StorageRef(weakref.ref):
@@ -335,7 +336,7 @@ def _called_from_parameter_new() -> bool:
 
 def _no_torch_function(fn: Any) -> Any:
     """Run a recorder hook with torch function handling off (Note: [torch function off while
-    recording] in ``_csrc/fvcore.c``): inside ``torch.device(...)`` every tensor method the hook
+    recording] in ``csrc/fvcore.c``): inside ``torch.device(...)`` every tensor method the hook
     calls would otherwise go through the mode's Python ``__torch_function__``."""
 
     @functools.wraps(fn)
@@ -352,9 +353,9 @@ _DisableTorchFunction = torch._C.DisableTorchFunction
 class _State:
     """Recording state shared by the fused fake mode and the real-run mode."""
 
-    def __init__(self, trace: Trace, *, exclude: tuple[str, ...] = ()) -> None:
+    def __init__(self, trace: Record, *, exclude: tuple[str, ...] = ()) -> None:
         self.trace = trace
-        b = trace._b
+        b = trace.builder
         assert b is not None
         self.b = b
         # Note: [tensor tags]
@@ -1427,17 +1428,17 @@ class Recording:
         progress: Any = None,
         attention: str = "auto",
         gpu: str | None = None,
+        record_cls: type[Record] = Record,
     ) -> None:
-        from ._attention import SETTINGS
-        from ._gpus import gpu_capability, parse_capacity
+        from .._core.gpus import Capacity
+        from .attention import SETTINGS
 
         if attention not in (*SETTINGS, "native"):
             raise ValueError(f"attention={attention!r}: use one of {', '.join((*SETTINGS, 'native'))}")
         self.attention = attention
         self.capability = (9, 0)
         if gpu is not None:
-            cap = gpu_capability(gpu)
-            parse_capacity(gpu)  # a clear error for an unknown name
+            cap = Capacity.parse(gpu).capability  # a clear error for an unknown name
             if cap is not None:
                 self.capability = cap
         self.gpu = gpu
@@ -1451,7 +1452,7 @@ class Recording:
         self.symbolic = symbolic
         self.exclude = exclude
         self.modules = modules
-        self.trace = Trace(
+        self.trace = record_cls(
             meta={
                 "fake": fake,
                 "device": str(self.device) if self.device else None,
@@ -1468,7 +1469,7 @@ class Recording:
         self._state: _State | None = None
         self._saved_dtype: torch.dtype | None = None
 
-    def __enter__(self) -> Trace:
+    def __enter__(self) -> Record:
         shim = _cuda_shim.ensure_fake_cuda()
         self.trace.meta["fake_cuda"] = shim.mode
         check_device(self.device)
@@ -1529,7 +1530,7 @@ class Recording:
                            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[self.attention]  # fmt: skip
                 stack.enter_context(sdpa_kernel([backend]))
             if self.fake and self.attention != "native":
-                from ._attention import attention_patch
+                from .attention import attention_patch
 
                 stack.enter_context(
                     attention_patch(
@@ -1565,7 +1566,7 @@ class Recording:
         try:
             self._stack.close()  # exits the device context, the mode, the hooks: never leaves a mode active
         finally:
-            self.trace._finish()
+            self.trace.finish()
             if exc is not None:
                 if isinstance(exc, RecordError):
                     exc.trace = self.trace
@@ -1600,12 +1601,14 @@ def record(
     progress: Any = None,
     attention: str = "auto",
     gpu: str | None = None,
+    record_cls: type[Record] = Record,
 ) -> Recording:
     """Record every dispatched aten op of the code in the ``with`` block.
 
     ``with fv.record(device="cuda:0") as trace:`` runs the block under fake
     tensors (``fake=True``, the default) or real ones (``fake=False``) and fills
-    ``trace`` (a :class:`~fakeviz.Trace`).
+    ``trace`` (a ``record_cls``, :class:`~fakeviz._core.record.Record` by default; ``fakeviz.record`` makes a
+    :class:`~fakeviz.Trace`).
 
     Args:
         device: default device inside the block (``"cuda:3"`` works on CPU-only torch).
@@ -1646,4 +1649,5 @@ def record(
         progress=progress,
         attention=attention,
         gpu=gpu,
+        record_cls=record_cls,
     )

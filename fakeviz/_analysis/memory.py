@@ -1,39 +1,10 @@
 """Memory analysis: categories, the per-device timeline and peak attribution.
 
-Pure functions of a :class:`~fakeviz.Trace` (NumPy and pandas only). Storages,
+Pure functions of a :class:`~fakeviz._core.record.Record` (NumPy and pandas only). Storages,
 never tensors, are the unit: a storage counts from the op that produced it until
-the op after which it was freed (``Trace.live_bytes``).
+the op after which it was freed (:func:`live_bytes`).
 
-Categories
-----------
-Each storage gets exactly one category, from what the recorder saw it used as
-(``ROLES``) and the phase of the op that created it, in this order:
-
-==================  ==========================================================
-Parameter           a parameter of a module seen in the run
-Buffer              a registered buffer
-Gradient            the ``.grad`` of a leaf after a backward (or at an optimizer step)
-Optimizer state     a tensor in ``optimizer.state`` after a step
-Input               an argument of a top-level module call (not a parameter)
-Activation          saved for backward, as autograd's saved-tensor hooks report it
-Temporary           anything else created once the run started: in forward,
-                    backward or optimizer ops, or at top level after the first
-                    forward (the loss, its ``ones_like`` seed)
-Other               anything else (created at init, before the first forward,
-                    or before recording)
-==================  ==========================================================
-
-The category holds for the storage's whole life. This is where we differ from
-PyTorch's MemTracker on purpose: MemTracker labels a tensor when it first sees
-it, so a gradient produced by a backward op is counted as "Temp" until the
-AccumulateGrad that makes it ``.grad``, and stays "Temp" in the snapshot at the
-backward peak. The bytes are the same storage before and after; we call them
-Gradient all along (``tests/test_memory.py`` shows it on GPT-2).
-
-Activations are the storages autograd saved for backward (MemTracker's "Act"
-is every tensor created in a module's forward). A view of a parameter saved for
-backward stays a Parameter; checkpointed regions save nothing, so their
-recomputed tensors are Temporary.
+Categories: see :mod:`fakeviz._analysis.categories`.
 """
 
 from __future__ import annotations
@@ -44,52 +15,44 @@ from typing import Any
 
 import numpy as np
 
-from ._trace import (
-    CATEGORIES,
-    PHASES,
-    ROLE_BUFFER,
-    ROLE_GRAD,
-    ROLE_INPUT,
-    ROLE_OPT,
-    ROLE_PARAM,
-    ROLE_SAVED,
-)
+from .._core.devices import uses_caching_allocator
+from .._core.fmt import format_bytes
+from .._core.gpus import capacity_of
+from .._core.record import Record
+from .._core.schema import CATEGORIES, PHASES
+from .categories import storage_categories
+from .tables import storages_table
 
-__all__ = ["Peak", "allocator_run", "decimate_minmax", "live_curve", "memory_timeline", "peaks", "storage_categories"]
+__all__ = [
+    "Peak", "allocator_run", "decimate_minmax", "live_bytes", "live_curve", "memory_timeline", "peak_bytes", "peaks",
+]  # fmt: skip
 
-C_PARAM, C_BUFFER, C_GRAD, C_OPT, C_ACT, C_TEMP, C_INPUT, C_OTHER = range(len(CATEGORIES))
-_P_FORWARD, _P_BACKWARD, _P_OPTIMIZER, _P_OTHER = (
-    PHASES.index(p) for p in ("forward", "backward", "optimizer", "other")
-)
-# (role bit, category) in priority order
-_ROLE_ORDER = (
-    (ROLE_PARAM, C_PARAM),
-    (ROLE_BUFFER, C_BUFFER),
-    (ROLE_GRAD, C_GRAD),
-    (ROLE_OPT, C_OPT),
-    (ROLE_INPUT, C_INPUT),
-    (ROLE_SAVED, C_ACT),
-)
+def live_bytes(trace: Record) -> dict[str, np.ndarray]:
+    """Live storage bytes per device after each op (index = op seq).
+
+    Storages count from the op that first produced them (or from the start
+    if they existed before recording) until the op after which they were
+    freed. Symbolic-size storages are not counted.
+    """
+    dev_col = trace.col("st_device")
+    devices = trace.strings("devices")
+    return {devices[d]: live_curve(trace, dev_col == d) for d in np.unique(dev_col).tolist()}
 
 
-def storage_categories(trace: Any) -> np.ndarray:
-    """One category code (index into :data:`CATEGORIES`) per storage."""
-    roles = trace.col("st_roles").astype(np.int64)
-    alloc = trace.col("st_alloc")
-    phase_col = trace.col("phase")
-    n_ops = len(phase_col)
-    made = (alloc >= 0) & (alloc < n_ops)
-    phase = np.full(len(alloc), -1, np.int64)
-    if n_ops:
-        phase[made] = phase_col[alloc[made]]
-    in_run = (phase == _P_FORWARD) | (phase == _P_BACKWARD) | (phase == _P_OPTIMIZER) | (phase == _P_OTHER)
-    cat = np.where(in_run, C_TEMP, C_OTHER).astype(np.int8)
-    for bit, code in reversed(_ROLE_ORDER):  # highest priority written last
-        cat[(roles & bit) != 0] = code
-    return cat
+def peak_bytes(trace: Record) -> dict[str, dict[str, Any]]:
+    """Per device: peak live storage bytes and the op seq where it was first reached."""
+    out = {}
+    ops = trace.strings("ops")
+    op_col = trace.col("op")
+    for dev, curve in live_bytes(trace).items():
+        if len(curve) == 0:
+            continue
+        seq = int(np.argmax(curve))
+        out[dev] = {"bytes": int(curve[seq]), "seq": seq, "op": ops[int(op_col[seq])]}
+    return out
 
 
-def live_curve(trace: Any, sel: np.ndarray) -> np.ndarray:
+def live_curve(trace: Record, sel: np.ndarray) -> np.ndarray:
     """Live bytes of the selected storages after each op (symbolic and empty storages count 0)."""
     n = len(trace.col("op"))
     nb = trace.col("st_nbytes")[sel]
@@ -104,9 +67,8 @@ def live_curve(trace: Any, sel: np.ndarray) -> np.ndarray:
     return np.cumsum(delta)[:n]
 
 
-def category_curves(trace: Any) -> dict[str, np.ndarray]:
+def category_curves(trace: Record) -> dict[str, np.ndarray]:
     """Per device: an (n_ops, n_categories) int64 array of live bytes after each op."""
-    trace._freeze()
     n = trace.num_ops
     cats = storage_categories(trace)
     dev = trace.col("st_device")
@@ -121,7 +83,7 @@ def category_curves(trace: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def memory_timeline(trace: Any, *, device: str | None = None, allocator: bool = True) -> Any:
+def memory_timeline(trace: Record, *, device: str | None = None, allocator: bool = True) -> Any:
     """Live bytes per device and category after every op (a long pandas DataFrame).
 
     One row per (device, op): ``device, seq, phase, <one column per category>,
@@ -145,7 +107,7 @@ def memory_timeline(trace: Any, *, device: str | None = None, allocator: bool = 
         for i, name in enumerate(CATEGORIES):
             cols[name] = arr[:, i]
         cols["total"] = arr.sum(axis=1)
-        if allocator and dev.startswith("cuda"):
+        if allocator and uses_caching_allocator(dev):
             run = _allocator_run(trace, dev)
             cols["allocated"] = run.allocated
             cols["reserved"] = run.reserved
@@ -158,26 +120,17 @@ def memory_timeline(trace: Any, *, device: str | None = None, allocator: bool = 
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
-def allocator_run(trace: Any, dev: str, capacity: int | None = None) -> Any:
+def allocator_run(trace: Record, dev: str, capacity: int | None = None) -> Any:
     """The caching-allocator model of device ``dev`` with ``capacity`` bytes (None: no limit), cached."""
-    key = ("allocator", dev, capacity)
-    run = trace._cache.get(key)
-    if run is None:
-        from ._allocator import simulate_trace
+    from .allocator import simulate_trace
 
-        run = trace._cache[key] = simulate_trace(trace, dev, capacity=capacity)
-    return run
+    return trace.cached(("allocator", dev, capacity), lambda: simulate_trace(trace, dev, capacity=capacity))
 
 
-def _allocator_run(trace: Any, dev: str) -> Any:
+def _allocator_run(trace: Record, dev: str) -> Any:
     """The allocator model with the trace's own capacity (``meta["capacity"]``), as the views show it."""
-    capacity = trace.meta.get("capacity")
-    cap = None
-    if capacity:
-        from ._gpus import parse_capacity
-
-        cap = parse_capacity(capacity)
-    return allocator_run(trace, dev, cap)
+    cap = capacity_of(trace.meta)
+    return allocator_run(trace, dev, cap.bytes if cap is not None else None)
 
 
 def decimate_minmax(values: np.ndarray, max_points: int, keep: Iterable[int] = ()) -> np.ndarray:
@@ -241,24 +194,22 @@ class Peak:
     def _repr_html_(self) -> str:
         import html
 
-        from ._trace import _fmt_bytes
-
-        cats = ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in self.by_category.items() if v)
+        cats = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_category.items() if v)
         return (
-            f"<div class='fv-peak'><b>{html.escape(self.device)}</b> peaks at {_fmt_bytes(self.bytes)} "
+            f"<div class='fv-peak'><b>{html.escape(self.device)}</b> peaks at {format_bytes(self.bytes)} "
             f"in {html.escape(self.phase)} at op {self.seq} {html.escape(self.op)} "
             f"({html.escape(self.module or '<top level>')}, {html.escape(self.user_line or '<unknown line>')})"
             f"<br>{html.escape(cats)}{self.top.to_html(index=False)}</div>"
         )
 
 
-def peaks(trace: Any, *, top: int = 10) -> dict[str, Peak]:
+def peaks(trace: Record, *, top: int = 10) -> dict[str, Peak]:
     """Per device: the peak live bytes, the op/module/line that set it, and what was alive."""
     curves = category_curves(trace)
     n = trace.num_ops
     if n == 0:
         return {}
-    st = trace.storages
+    st = storages_table(trace)
     strings = trace.strings
     ops, mods, lines = strings("ops"), strings("modules"), strings("lines")
     op_col, mod_col, line_col, phase_col = (trace.col(k) for k in ("op", "module", "line", "phase"))
@@ -288,7 +239,7 @@ def peaks(trace: Any, *, top: int = 10) -> dict[str, Peak]:
             by_category={name: int(arr[seq, i]) for i, name in enumerate(CATEGORIES)},
             top=live.reset_index(drop=True),
         )
-        if dev.startswith("cuda"):
+        if uses_caching_allocator(dev):
             run = _allocator_run(trace, dev)
             pk.allocated, pk.allocated_seq = int(run.peak_allocated), int(run.peak_allocated_seq)
             pk.reserved, pk.reserved_seq = int(run.peak_reserved), int(run.peak_reserved_seq)

@@ -2,8 +2,8 @@
 
 ``op_flops(func, args, kwargs, out)`` gives the FLOPs of one op call as a
 TorchDispatchMode sees it at the outermost dispatch (real or fake tensors),
-``flop_kind(func)`` says where the number comes from, and ``coverage(names)``
-lists, for the op names of a trace, which ops have a formula and which do not.
+and ``flop_kind(func)`` says where the number comes from; ``fakeviz._analysis.flops.coverage(names)``
+lists, for the op names of a record, which ops have a formula and which do not.
 
 Kinds
 -----
@@ -113,18 +113,15 @@ returning a constant.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._ops import OpOverload
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils import flop_counter as _fc
 
-if TYPE_CHECKING:
-    import pandas as pd
-
-__all__ = ["FLOP_KINDS", "coverage", "flop_kind", "op_flops", "resolve_op"]
+__all__ = ["FLOP_KINDS", "flop_kind", "op_flops", "resolve_op"]
 
 REGISTRY, ADDED, ZERO, UNKNOWN = "registry", "added", "zero", "unknown"
 #: The kinds ``flop_kind`` returns, in the order ``coverage`` sorts them (unknown first).
@@ -889,45 +886,3 @@ def flop_kind(func: Any) -> str:
         _classify(func)
         kind = _KIND[func]
     return kind
-
-
-def coverage(op_names: Iterable[str], counts: Iterable[int] | None = None) -> pd.DataFrame:
-    """One row per distinct op: its name, flop kind and number of calls.
-
-    ``coverage(trace.ops["op"])`` tallies the calls of a trace; with
-    ``counts`` (same length as ``op_names``), ``counts[i]`` calls are added for
-    ``op_names[i]``. Rows are sorted unknown first (the ops a FLOP total leaves
-    out), then added, registry and zero, each by decreasing count.
-
-    Args:
-        op_names: op names as recorded (``"aten.mm.default"``); custom or
-            unresolvable names are ``"unknown"``.
-        counts: calls per name, or ``None`` for one call per name.
-
-    Returns:
-        A DataFrame with columns ``op`` (str), ``kind`` (str), ``count`` (int64).
-    """
-    import pandas as pd
-
-    tally: dict[str, int] = {}
-    if counts is None:
-        for name in op_names:
-            tally[name] = tally.get(name, 0) + 1
-    else:
-        names, numbers = list(op_names), list(counts)
-        if len(names) != len(numbers):
-            raise ValueError(f"coverage: {len(names)} op names but {len(numbers)} counts")
-        for name, n in zip(names, numbers):
-            tally[name] = tally.get(name, 0) + int(n)
-    order = {k: i for i, k in enumerate(FLOP_KINDS)}
-    rows = sorted(
-        ((str(name), flop_kind(str(name)), n) for name, n in tally.items()),
-        key=lambda r: (order[r[1]], -r[2], r[0]),
-    )
-    return pd.DataFrame(
-        {
-            "op": pd.Series([r[0] for r in rows], dtype=object),
-            "kind": pd.Series([r[1] for r in rows], dtype=object),
-            "count": pd.Series([r[2] for r in rows], dtype="int64"),
-        }
-    )

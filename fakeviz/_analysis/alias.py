@@ -20,12 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from ._trace import _DTYPE_ABBR, FLAG_INPLACE, FLAG_VIEW, TID_MASK
+from .._core.record import Record
+from .._core.schema import FLAG_INPLACE, FLAG_VIEW, TID_MASK, dtype_abbr
+from .tables import ops_table, outputs_table, storages_table
 
 __all__ = ["alias_graph", "aliases", "graph_tensors", "tensor_table"]
 
 
-def tensor_table(trace: Any) -> Any:
+def tensor_table(trace: Record) -> Any:
     """One row per tensor id: where it lives, what made it, and what it views.
 
     Columns: tensor, storage, seq (creating op, -1 made before recording), op,
@@ -33,12 +35,14 @@ def tensor_table(trace: Any) -> Any:
     base (the tensor it is a view of, -1), names (parameter/buffer names of
     this tensor, ``|``-joined), writes (number of in-place ops that wrote it).
     """
-    if "tensors" in trace._cache:
-        return trace._cache["tensors"]
+    return trace.cached("tensors", lambda: _tensor_table(trace))
+
+
+def _tensor_table(trace: Record) -> Any:
     import pandas as pd
 
-    out = trace.outputs
-    c, s = trace._cols, trace._strings
+    out = outputs_table(trace)
+    c, s = trace.columns(), trace.string_tables()
     flags = c["flags"]
     n_ops = len(flags)
     out_end = c["out_end"]
@@ -59,7 +63,7 @@ def tensor_table(trace: Any) -> Any:
     # writes: in-place ops' outputs that already existed
     inplace_rows = np.repeat((flags & FLAG_INPLACE) != 0, out_end - out_start) if n_ops else np.zeros(0, bool)
     writes = pd.Series(tids[inplace_rows]).value_counts()
-    ops = trace.ops
+    ops = ops_table(trace)
     made["op"] = ops.op.to_numpy()[seqs] if len(seqs) else []
     made["module"] = ops.module.to_numpy()[seqs] if len(seqs) else []
     made["user_line"] = ops.user_line.to_numpy()[seqs] if len(seqs) else []
@@ -93,11 +97,10 @@ def tensor_table(trace: Any) -> Any:
     cols = ["tensor", "storage", "seq", "op", "module", "user_line", "shape", "stride", "dtype", "device",
             "storage_offset", "nbytes", "base", "names", "writes"]  # fmt: skip
     df = df[cols]
-    trace._cache["tensors"] = df
     return df
 
 
-def _resolve(trace: Any, x: Any) -> tuple[str, int]:
+def _resolve(trace: Record, x: Any) -> tuple[str, int]:
     """``x`` as ("tensor", id) or ("storage", id)."""
     if isinstance(x, str):
         key = x.lstrip("$")
@@ -119,7 +122,7 @@ def _resolve(trace: Any, x: Any) -> tuple[str, int]:
     )
 
 
-def aliases(trace: Any, x: Any) -> Any:
+def aliases(trace: Record, x: Any) -> Any:
     """Every tensor that shares storage with ``x`` (itself included), in creation order.
 
     ``x`` is a tensor id (``12`` or ``"$12"``), a parameter/buffer name (full or a
@@ -137,7 +140,7 @@ def aliases(trace: Any, x: Any) -> Any:
     return tt[tt.storage == sid].sort_values(["seq", "tensor"]).reset_index(drop=True)
 
 
-def graph_tensors(trace: Any, around: Any = None) -> Any:
+def graph_tensors(trace: Record, around: Any = None) -> Any:
     """The tensors the unbounded alias graph draws: all of them, or those aliasing ``around``."""
     tt = tensor_table(trace)
     if around is not None:
@@ -151,7 +154,7 @@ def graph_tensors(trace: Any, around: Any = None) -> Any:
     return tt[tt.storage >= 0]
 
 
-def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tuple[Any, Any]:
+def alias_graph(trace: Record, around: Any = None, *, max_nodes: int = 400) -> tuple[Any, Any]:
     """The aliasing graph as ``(nodes, edges)`` DataFrames.
 
     ``nodes``: id (``"s12"`` for storage 12, ``"t34"`` for tensor $34), kind
@@ -168,7 +171,7 @@ def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tupl
     """
     import pandas as pd
 
-    st = trace.storages
+    st = storages_table(trace)
     tt = graph_tensors(trace, around)
     if max_nodes and len(tt) + tt.storage.nunique() > max_nodes:
         # keep named tensors, written tensors and view roots first, then the earliest
@@ -203,7 +206,7 @@ def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tupl
             "kind": "tensor",
             "ref": tt.tensor.to_numpy(),
             "label": [
-                f"${t}: {_DTYPE_ABBR.get(dt, dt)}[{sh}]" + (f" = {op}" if isinstance(op, str) else "")
+                f"${t}: {dtype_abbr(dt)}[{sh}]" + (f" = {op}" if isinstance(op, str) else "")
                 for t, dt, sh, op in zip(tt.tensor.tolist(), tt.dtype.astype(str), tt["shape"].astype(str), tt.op)
             ],
             "nbytes": tt.nbytes.to_numpy(),
@@ -219,13 +222,13 @@ def alias_graph(trace: Any, around: Any = None, *, max_nodes: int = 400) -> tupl
         if b >= 0 and b != t and b in present:
             edges.append((f"t{b}", f"t{t}", "view", op, seq))
     # in-place writes, with the op that wrote
-    c = trace._cols
+    c = trace.columns()
     flags = c["flags"]
     if len(flags):
-        out = trace.outputs
+        out = outputs_table(trace)
         rows = out[np.repeat((flags & FLAG_INPLACE) != 0, np.diff(np.concatenate([[0], c["out_end"]])))]
         rows = rows[rows.tensor.isin(present)]
-        ops = trace.ops.op.to_numpy()
+        ops = ops_table(trace).op.to_numpy()
         for t, sid, seq in zip(rows.tensor.tolist(), rows.storage.tolist(), rows.seq.tolist()):
             edges.append((f"t{t}", f"s{sid}", "write", ops[seq], seq))
     # parameter names: one node per name; a tensor with several names is tied

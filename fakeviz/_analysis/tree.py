@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from ._memory import C_ACT, storage_categories
-from ._trace import PHASES
+from .._core.record import Record
+from .._core.schema import PHASES, dtype_abbr
+from .categories import C_ACT, storage_categories
 
-__all__ = ["FIGURES", "fold_modules", "module_table"]
+__all__ = ["FIGURES", "fold_modules", "folded_modules", "module_table", "modules"]
 
 FIGURES = (
     "params",
@@ -63,7 +64,7 @@ FIGURES = (
 _FWD, _BWD = PHASES.index("forward"), PHASES.index("backward")
 
 
-def _structure(trace: Any) -> tuple[list[str], list[int], list[list[int]]]:
+def _structure(trace: Record) -> tuple[list[str], list[int], list[list[int]]]:
     """Module paths, parent ids (-1 root) and children ids, in table order."""
     paths = trace.strings("modules")
     ids = {p: i for i, p in enumerate(paths)}
@@ -92,16 +93,15 @@ def _ancestors(parent: list[int]) -> list[list[int]]:
     return out
 
 
-def module_table(trace: Any) -> Any:
+def module_table(trace: Record) -> Any:
     """The layer tree as a pandas DataFrame, one row per module (see the module docstring)."""
     import pandas as pd
 
-    trace._freeze()
     paths, parent, children = _structure(trace)
     n = len(paths)
     anc = _ancestors(parent)
-    c = trace._cols
-    s = trace._strings
+    c = trace.columns()
+    s = trace.string_tables()
     classes = s["classes"]
     mod_class = c["mod_class"].tolist()
     cats = storage_categories(trace)
@@ -225,15 +225,13 @@ def module_table(trace: Any) -> Any:
 
 
 def _short_dtype(dt: str) -> str:
-    from ._trace import _DTYPE_ABBR
-
-    return _DTYPE_ABBR.get(dt, dt.replace("torch.", ""))
+    return dtype_abbr(dt, strip=True)
 
 
 # ------------------------------------------------------------------ folding
-def _signatures(trace: Any, children: list[list[int]], paths: list[str]) -> list[str]:
+def _signatures(trace: Record, children: list[list[int]], paths: list[str]) -> list[str]:
     """A structural signature per module (class, parameters, children), bottom-up."""
-    c, s = trace._cols, trace._strings
+    c, s = trace.columns(), trace.string_tables()
     classes = s["classes"]
     mod_class = c["mod_class"].tolist()
     names, shapes, dtypes = s["names"], s["shapes"], s["dtypes"]
@@ -269,7 +267,7 @@ def _ranges(nums: list[int]) -> str:
     return ",".join(out)
 
 
-def fold_modules(trace: Any, table: Any = None) -> Any:
+def fold_modules(trace: Record, table: Any = None) -> Any:
     """The layer tree with repeated numbered siblings folded (see the module docstring).
 
     One row per folded node: ``path`` (e.g. ``Llama.model.layers.0-79``), ``name``
@@ -331,3 +329,13 @@ def fold_modules(trace: Any, table: Any = None) -> Any:
         if parent[i] < 0:
             emit([i], p, p, None, 0, False)
     return pd.DataFrame(rows)
+
+
+def modules(trace: Record) -> Any:
+    """:func:`module_table`, kept in the record's memo."""
+    return trace.cached("modules", lambda: module_table(trace))
+
+
+def folded_modules(trace: Record) -> Any:
+    """:func:`fold_modules` of :func:`modules`, kept in the record's memo."""
+    return trace.cached("folded", lambda: fold_modules(trace, modules(trace)))

@@ -1,0 +1,122 @@
+"""A catalog of GPUs by name, and capacities parsed once into one type, for "fits / does not fit" verdicts.
+
+Capacities are the total device memory the driver reports (``nvidia-smi`` MiB,
+``torch.cuda.get_device_properties(i).total_memory``), which is a little below
+the marketing number (an "80GB" H100 reports 81559 MiB).
+
+Every capacity a user gives (``gpu="H100"``, ``capacity="80GB"``, ``--gpu A100-40GB``, a number of
+bytes) goes through :meth:`Capacity.parse`; a record keeps what was asked in ``meta["capacity"]``
+and :func:`capacity_of` reads it back (also from ``.fvz`` files written before this type existed).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .fmt import format_bytes
+
+__all__ = ["CAPABILITY", "GPUS", "Capacity", "capacity_of", "gpu_capability", "parse_capacity"]
+
+_MIB = 2**20
+GPUS: dict[str, int] = {
+    "H100": 81559 * _MIB,  # H100 SXM/PCIe 80GB
+    "H100 80GB": 81559 * _MIB,
+    "H100 NVL": 95830 * _MIB,
+    "H200": 143771 * _MIB,
+    "B200": 183359 * _MIB,
+    "A100 80GB": 81251 * _MIB,
+    "A100 40GB": 40536 * _MIB,
+    "A100": 81251 * _MIB,
+    "L40S": 46068 * _MIB,
+    "L4": 23034 * _MIB,
+    "A10G": 23028 * _MIB,
+    "T4": 15360 * _MIB,
+    "V100 32GB": 32510 * _MIB,
+    "V100 16GB": 16160 * _MIB,
+    "RTX 4090": 24564 * _MIB,
+    "RTX 3090": 24576 * _MIB,
+    "MI300X": 196592 * _MIB,
+    "MI250X": 65520 * _MIB,
+}
+
+# CUDA compute capability, for the attention backend rules (fakeviz._engine.attention); AMD GPUs have none
+CAPABILITY: dict[str, tuple[int, int]] = {
+    "H100": (9, 0), "H100 80GB": (9, 0), "H100 NVL": (9, 0), "H200": (9, 0), "B200": (10, 0),
+    "A100 80GB": (8, 0), "A100 40GB": (8, 0), "A100": (8, 0), "L40S": (8, 9), "L4": (8, 9), "A10G": (8, 6),
+    "T4": (7, 5), "V100 32GB": (7, 0), "V100 16GB": (7, 0), "RTX 4090": (8, 9), "RTX 3090": (8, 6),
+}  # fmt: skip
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # fmt: skip
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", name.strip().upper())
+
+
+_BY_NORM = {_norm(k): k for k in GPUS}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """One device's memory: ``bytes``, the catalog ``gpu`` name when one was given, and the ``spec`` as written."""
+
+    bytes: int
+    gpu: str | None = None
+    spec: str | int | float | None = None
+
+    @classmethod
+    def parse(cls, value: str | int | float | Capacity) -> Capacity:
+        """From a GPU name ("H100", "a100-40gb"), a size ("80GB", "80 GiB", "24e9") or bytes (8e10)."""
+        if isinstance(value, Capacity):
+            return value
+        if isinstance(value, bool):
+            raise ValueError(f"unknown GPU or capacity {value!r}")
+        if isinstance(value, (int, float)):
+            if value <= 0:
+                raise ValueError(f"capacity must be positive, got {value}")
+            return cls(int(value), None, value)
+        text = str(value).strip()
+        name = _BY_NORM.get(_norm(text))
+        if name is not None:
+            return cls(GPUS[name], name, value)
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)", text)
+        if m and m.group(2).upper() in _UNITS:
+            n = float(m.group(1)) * _UNITS[m.group(2).upper()]
+            if n <= 0:
+                raise ValueError(f"capacity must be positive, got {value!r}")
+            return cls(int(n), None, value)
+        raise ValueError(
+            f"unknown GPU or capacity {value!r}; use a size like '80GB' / '80GiB' or one of: {', '.join(GPUS)}"
+        )
+
+    @property
+    def label(self) -> str:
+        """``"H100 (79.6 GiB)"`` for a GPU name, else the size: ``"80.0 GiB"``."""
+        return f"{self.gpu} ({format_bytes(self.bytes)})" if self.gpu else format_bytes(self.bytes)
+
+    @property
+    def capability(self) -> tuple[int, int] | None:
+        """The CUDA compute capability of the named GPU (None: no name, or not an NVIDIA GPU)."""
+        return CAPABILITY.get(self.gpu) if self.gpu else None
+
+
+def parse_capacity(value: str | int | float | Capacity) -> int:
+    """Bytes from a GPU name ("H100", "a100-40gb") or a size ("80GB", "80 GiB", "24e9", 8e10)."""
+    return Capacity.parse(value).bytes
+
+
+def capacity_of(meta: dict[str, Any], override: Any = None) -> Capacity | None:
+    """The capacity ``override`` names, else the one a record was made with (``meta["capacity"]``), else None."""
+    spec = override if override is not None else meta.get("capacity")
+    if spec is None or spec == "":
+        return None
+    return Capacity.parse(spec)
+
+
+def gpu_capability(name: str) -> tuple[int, int] | None:
+    """The compute capability of a GPU named in the catalog (None: not an NVIDIA GPU or not a name)."""
+    gpu = _BY_NORM.get(_norm(str(name)))
+    return CAPABILITY.get(gpu) if gpu else None

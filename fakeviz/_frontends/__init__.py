@@ -1,0 +1,1 @@
+"""Layer 5, front ends: the ``%%fake`` magics and the ``fakeviz`` command line."""

@@ -1,0 +1,100 @@
+"""Text and compact HTML summaries of a record: its ``repr``, the notebook summary, the CLI report."""
+
+from __future__ import annotations
+
+import html
+
+from .._analysis.fidelity import fidelity_report
+from .._analysis.flops import flop_coverage, flops_by_phase
+from .._analysis.memory import peak_bytes, peaks
+from .._analysis.tables import phase_counts
+from .._analysis.tree import folded_modules
+from .._analysis.verdict import verdict
+from .._core.fmt import format_bytes
+from .._core.record import Record
+
+__all__ = ["summary", "summary_html", "trace_repr"]
+
+# Above this many ops the repr skips what needs a pass over the whole record.
+_REPR_LIMIT = 2_000_000
+
+
+def trace_repr(rec: Record) -> str:
+    """``<fakeviz.Trace 818 ops, done, devices=['cuda:0', 'cpu'], fits: ...>``."""
+    n = len(rec)
+    state = "recording" if rec.recording else "done"
+    err = f", error={rec.error['type']}" if rec.error else ""
+    devs = rec.strings("devices") if n < _REPR_LIMIT else []
+    text = ""
+    if rec.meta.get("capacity") and n < _REPR_LIMIT:
+        text = f", {verdict(rec, rec.meta['capacity'])['text']}"
+    return f"<fakeviz.Trace {n} ops, {state}, devices={devs}{err}{text}>"
+
+
+def summary_html(rec: Record) -> str:
+    """A compact HTML summary: ops per phase, the error if any, the verdict, the peak per device."""
+    rows = []
+    for dev, pk in peak_bytes(rec).items():
+        rows.append(
+            f"<tr><td>{html.escape(dev)}</td><td>{format_bytes(pk['bytes'])}</td>"
+            f"<td>{html.escape(pk['op'])}</td></tr>"
+        )
+    phases = ", ".join(f"{k} {v}" for k, v in phase_counts(rec).items() if v)
+    err = ""
+    if rec.error:
+        err = (
+            f"<p class='fv-error'><b>Stopped by an error</b> in {html.escape(str(rec.error.get('op')))}: "
+            f"{html.escape(str(rec.error.get('message'))[:500])}</p>"
+        )
+    text = ""
+    if rec.meta.get("capacity"):
+        v = verdict(rec, rec.meta["capacity"])
+        cls = "fv-fits" if v["fits"] else "fv-over"
+        spec = html.escape(str(rec.meta.get("capacity_spec") or ""))
+        text = f"<p class='{cls}'><b>{html.escape(v['text'])}</b> {spec}</p>"
+    return (
+        f"<div class='fv-trace'><b>fakeviz trace</b>: {len(rec)} ops ({html.escape(phases)}){err}{text}"
+        "<table><tr><th>device</th><th>peak live</th><th>at op</th></tr>" + "".join(rows) + "</table></div>"
+    )
+
+
+def summary(trace: Record) -> str:
+    """Plain-text summary: per-device peak by category and what set it, FLOPs, top modules, fidelity."""
+    lines = [f"{trace.num_ops:,} ops recorded"]
+    lines.append("ops per phase: " + ", ".join(f"{k} {v:,}" for k, v in phase_counts(trace).items() if v))
+    lines.append("peak memory per device:")
+    for dev, pk in peaks(trace).items():
+        alloc = ""
+        if pk.allocated is not None:
+            alloc = f"; allocator model: {format_bytes(pk.allocated)} allocated, {format_bytes(pk.reserved)} reserved"
+        lines.append(f"  {dev:>8}: {format_bytes(pk.bytes)} of tensors{alloc}")
+        lines.append(f"            at op #{pk.seq} {pk.op} ({pk.phase}, {pk.module or '<top level>'})")
+        if pk.user_line:
+            lines.append(f"            {pk.user_line}")
+        cats = ", ".join(f"{k} {format_bytes(v)}" for k, v in pk.by_category.items() if v)
+        lines.append(f"            {cats}")
+    if trace.meta.get("capacity"):
+        lines.append(f"verdict for {trace.meta.get('capacity_spec') or trace.meta['capacity']}: "
+                     + verdict(trace, trace.meta["capacity"])["text"])  # fmt: skip
+    flops = {k: v for k, v in flops_by_phase(trace).items() if v}
+    if flops:
+        lines.append("FLOPs: " + ", ".join(f"{k} {v / 1e12:,.1f} T" for k, v in flops.items()))
+        unknown = flop_coverage(trace).query("kind == 'unknown'")
+        if len(unknown):
+            lines.append(f"  ops without a FLOP formula (not counted): {', '.join(unknown.op.head(8))}")
+    mt = folded_modules(trace)
+    if len(mt):
+        top = mt[mt.depth <= 3].sort_values("params", ascending=False).head(6)
+        lines.append("largest modules (folded):")
+        for _, r in top.iterrows():
+            lines.append(f"  {r.path:<48} {r.params / 1e9:8.3f} B params  x{r['count']}")
+    fid = fidelity_report(trace)
+    if len(fid["without_meta"]) or len(fid["data_dependent"]):
+        lines.append(f"fidelity: {len(fid['without_meta'])} ops without a meta kernel, "
+                     f"{len(fid['data_dependent'])} data-dependent calls")  # fmt: skip
+    att = fid["attention"]
+    if len(att):
+        lines.append("attention: " + ", ".join(f"{b} x{n}" for b, n in att.backend.value_counts().items()))
+    if trace.error:
+        lines.append(f"stopped by {trace.error.get('type')}: {trace.error.get('message', '')[:300]}")
+    return "\n".join(lines)
