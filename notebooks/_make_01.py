@@ -1,4 +1,6 @@
-"""Regenerate notebooks/01_fake_magic.ipynb (outputs stripped): python notebooks/_make_01.py"""
+"""Regenerate notebooks/01_fake_magic.ipynb (outputs stripped): python notebooks/_make_01.py [OUT.ipynb]"""
+
+import sys
 
 import nbformat as nbf
 
@@ -50,6 +52,8 @@ cells = [
     code("%%fake -o t_cfg\nw = torch.empty(4)\nprint(w.device)"),
     code("%unload_ext fakeviz"),
 ]  # fmt: skip
+for i, cell in enumerate(cells):
+    cell.id = f"cell-{i:02d}"  # fixed ids: the script reproduces the committed notebook byte for byte
 nb = nbf.v4.new_notebook(cells=cells)
 nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, __file__.replace("_make_01.py", "01_fake_magic.ipynb"))
+nbf.write(nb, sys.argv[1] if len(sys.argv) > 1 else __file__.replace("_make_01.py", "01_fake_magic.ipynb"))

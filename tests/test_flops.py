@@ -25,9 +25,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 import fakeviz as fv
-from fakeviz._engine import flops as _flops
 from fakeviz._analysis.flops import coverage
-from fakeviz._engine.flops import FLOP_KINDS, _first_tensor, flop_kind, op_flops, resolve_op
+from fakeviz._engine.flops import FLOP_KINDS, flop_kind, op_flops, resolve_op
+from fakeviz._engine.flops import classify as _classify
+from fakeviz._engine.flops.formulas import ADDED_FORMULAS, first_tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import zoo  # noqa: E402
@@ -71,8 +72,8 @@ class _FlopMode(TorchDispatchMode):
             torch_flops = fc.get_total_flops()
         else:
             out = func(*args, **(kwargs or {}))
-        first_out = _first_tensor(out)
-        first_in = _first_tensor(args)
+        first_out = first_tensor(out)
+        first_in = first_tensor(args)
         self.rows.append(
             _Row(
                 func,
@@ -390,18 +391,18 @@ def test_custom_and_unresolvable_ops_are_unknown() -> None:
 
 def test_added_tables_resolve_on_this_torch() -> None:
     """Every op the tables name exists here, and every overload builds its formula."""
-    for name in _flops._ADDED:
+    for name in ADDED_FORMULAS:
         packet = getattr(aten, name)
         for overload in packet.overloads():
             assert flop_kind(getattr(packet, overload)) == "added", f"aten.{name}.{overload}"
-    for name in _flops._ELEMENTWISE:
+    for name in _classify._ELEMENTWISE:
         packet = getattr(aten, name)
         for overload in packet.overloads():
             op = getattr(packet, overload)
             takes_tensors = any("Tensor" in str(a.type) for a in op._schema.arguments)
             assert flop_kind(op) == ("added" if takes_tensors else "zero"), f"aten.{name}.{overload}"
-    assert not [n for n in _flops._ZERO_NAMES if not hasattr(aten, n)]
-    for name in _flops._ZERO_NAMES:
+    assert not [n for n in _classify._ZERO_NAMES if not hasattr(aten, n)]
+    for name in _classify._ZERO_NAMES:
         packet = getattr(aten, name)
         for overload in packet.overloads():
             assert flop_kind(getattr(packet, overload)) == "zero", f"aten.{name}.{overload}"

@@ -23,6 +23,26 @@ class _RecordingClient(nbclient.NotebookClient):
         return super().process_message(msg, cell, cell_index)
 
 
+GENERATORS = sorted(NB_DIR.glob("_make_*.py"))
+
+
+@pytest.mark.parametrize("script", GENERATORS, ids=[p.stem for p in GENERATORS])
+def test_generator_reproduces_the_committed_notebook(script: Path, tmp_path: Path) -> None:
+    """Each notebook is written by its ``_make_NN.py``: running it again gives the committed file, byte for byte."""
+    import subprocess
+    import sys
+
+    target = next(NB_DIR.glob(script.stem.replace("_make_", "") + "_*.ipynb"))
+    out = tmp_path / target.name
+    subprocess.run([sys.executable, str(script), str(out)], check=True, cwd=tmp_path)
+    assert out.read_bytes() == target.read_bytes(), f"{target.name} differs from what {script.name} writes: rerun it"
+
+
+def test_every_notebook_has_a_generator() -> None:
+    made = {p.stem.replace("_make_", "") for p in GENERATORS}
+    assert {p.name[:2] for p in NB_DIR.glob("*.ipynb")} <= made
+
+
 def _execute(name: str, tmp_path: Path):
     nb = nbformat.read(NB_DIR / name, as_version=4)
     client = _RecordingClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
