@@ -1,9 +1,64 @@
 """Plotly views of a trace, to compose in your own dashboards: layer tree, memory bars, timeline, alias graph, ops.
 
-Every function takes a :class:`fakeviz.Trace` (or the ``*_data`` it computes) and returns a plotly figure or
-plain data; the implementation lives in :mod:`fakeviz._views.figures`.
+Every view is a pure function of a record (a :class:`fakeviz.Trace`, or the data built from it) that returns a
+:class:`plotly.graph_objects.Figure`; the data each figure draws comes from a separate pure function, so it can be
+checked or reused without plotly:
+
+========================  ==========================  ==============================================
+figure                    data                        shows
+========================  ==========================  ==============================================
+:func:`layer_tree`        :func:`tree_data`           icicle of the module hierarchy, sized by a
+                                                      measure, repeated blocks folded
+:func:`memory_bars`       :func:`bars_data`           per device, the peak split by category, with
+                                                      capacity, headroom and the verdict
+:func:`memory_timeline`   :func:`timeline_data`,      live bytes by category against op seq, phases
+                          :func:`phase_runs`          shaded, the peak marked
+:func:`alias_graph`       :func:`alias_graph_data`    storages, the tensors viewing them, names,
+                                                      tied weights and in-place writes
+:func:`ops_table_figure`  :func:`ops_table`           the op log, filtered
+========================  ==========================  ==============================================
+
+Only NumPy, pandas and plotly are used (plotly imported inside the figure functions). All text taken from the
+trace (module paths and classes, op names, user lines, parameter names) is HTML-escaped before it reaches the
+figure: plotly renders a subset of HTML in titles, labels, hover text, annotations and table cells, and a module
+class named ``<script>alert(1)</script>`` must show as text. User text never goes into a ``hovertemplate`` (where
+``%{...}`` would be interpreted), only into ``hovertext`` / ``customdata`` values.
+
+The implementation lives in :mod:`fakeviz._views`: ``tree`` (layer tree), ``memory`` (bars and timeline),
+``graph`` (alias graph), ``table`` (ops table) and ``style`` (what they share).
 """
 
-from ._views.figures import *  # noqa: F403 - this module re-exports the figures' public names
-from ._views.figures import __all__  # noqa: F401
+from __future__ import annotations
 
+from ._core.fmt import esc, format_bytes, format_count, format_flops
+from ._core.palette import CATEGORY_COLORS, PHASE_COLORS
+from ._views.graph import GraphData, alias_graph, alias_graph_data
+from ._views.memory import BarsData, bars_data, decimate, memory_bars, memory_timeline, phase_runs, timeline_data
+from ._views.style import MEASURES
+from ._views.table import ops_table, ops_table_figure
+from ._views.tree import TreeData, layer_tree, tree_data
+
+__all__ = [
+    "CATEGORY_COLORS",
+    "MEASURES",
+    "PHASE_COLORS",
+    "BarsData",
+    "GraphData",
+    "TreeData",
+    "alias_graph",
+    "alias_graph_data",
+    "bars_data",
+    "decimate",
+    "esc",
+    "format_bytes",
+    "format_count",
+    "format_flops",
+    "layer_tree",
+    "memory_bars",
+    "memory_timeline",
+    "ops_table",
+    "ops_table_figure",
+    "phase_runs",
+    "timeline_data",
+    "tree_data",
+]

@@ -27,7 +27,9 @@ import re
 import shutil
 import subprocess
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -46,6 +48,7 @@ from browser_util import (  # tests/ is on sys.path under pytest
 )
 
 import fakeviz as fv
+from fakeviz._core.palette import CATEGORY_COLORS, EDGE_COLORS, PHASE_COLORS
 
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
@@ -120,7 +123,7 @@ def _evil_trace() -> fv.Trace:
 
 
 # ------------------------------------------------------------------ shared checks
-def _assert_views_rendered(root) -> None:  # noqa: ANN001 - a playwright Locator
+def _assert_views_rendered(root: Any) -> None:
     """Tree, bars, timeline, alias graph and ops table hold real content."""
     assert root.locator(".fv-tree .fv-node[data-path]").count() > 1
     assert root.locator(".fv-bars svg.fv-bar-svg rect.fv-bar-seg").count() > 0
@@ -135,17 +138,17 @@ def _assert_views_rendered(root) -> None:  # noqa: ANN001 - a playwright Locator
         assert box and box["width"] > 100 and box["height"] > 40, (testid, box)
 
 
-def _click_node(root, path: str) -> None:  # noqa: ANN001
+def _click_node(root: Any, path: str) -> None:
     node = root.locator(f'.fv-tree .fv-node[data-path="{path}"]')
     assert node.count() == 1, f"no tree node {path!r}: {_node_paths(root)}"
     node.click()
 
 
-def _node_paths(root) -> list[str]:  # noqa: ANN001
+def _node_paths(root: Any) -> list[str]:
     return root.locator(".fv-tree .fv-node[data-path]").evaluate_all("els => els.map(e => e.dataset.path)")
 
 
-def _assert_linked_selection(root, path: str, module_re: str) -> None:  # noqa: ANN001
+def _assert_linked_selection(root: Any, path: str, module_re: str) -> None:
     """What a click on ``path`` in the tree does to every view (js/src/views/*.js)."""
     selected = root.locator(".fv-tree .fv-node.fv-selected")
     assert selected.count() == 1
@@ -245,6 +248,54 @@ def test_report_html_comment_in_a_name(tmp_path, browser, bundle):
         context.close()
 
 
+def _rgb(color: str) -> str:
+    """``#4C78A8`` as the browser computes it: ``rgb(76, 120, 168)``."""
+    return "rgb({}, {}, {})".format(*(int(color[i : i + 2], 16) for i in (1, 3, 5)))
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_report_draws_python_colours(tmp_path, browser, bundle, scheme):
+    """The bars, timeline areas, phase bands and alias-graph edges are drawn in fakeviz._core.palette's colours
+    (sent in the summary; js/ defines none), in light and in dark mode, whose theme still applies around them."""
+    trace = _evil_trace()
+    report = trace.to_html(tmp_path / "colours.html", "8GB")
+    context = browser.new_context(color_scheme=scheme)
+    try:
+        local_only(context)
+        page = context.new_page()
+        problems = PageProblems(page)
+        page.goto(report.as_uri())
+        page.wait_for_function("document.body.dataset.fvRendered !== undefined", timeout=30_000)
+        assert page.evaluate("document.body.dataset.fvRendered") == "1"
+        categories = list(fv.CATEGORIES)
+
+        def computed(selector: str, prop: str, key: str) -> list[tuple[str, str]]:
+            return page.eval_on_selector_all(
+                f"#fv-root {selector}", f"els => els.map(e => [{key}, getComputedStyle(e).{prop}])"
+            )
+
+        bars = computed(".fv-bars rect.fv-bar-seg", "fill", "e.dataset.category")
+        assert bars and all(fill == _rgb(CATEGORY_COLORS[cat]) for cat, fill in bars), bars
+        legend = computed(".fv-bars .fv-legend .fv-swatch", "backgroundColor", "e.className")
+        assert legend and all(bg == _rgb(CATEGORY_COLORS[categories[int(c.split("fv-cat-")[1])]]) for c, bg in legend)
+        areas = computed(".fv-timeline path.fv-area", "fill", "e.className.baseVal")
+        assert areas and all(
+            fill == _rgb(CATEGORY_COLORS[categories[int(c.split("fv-cat-")[1])]]) for c, fill in areas
+        ), areas
+        bands = computed(".fv-timeline rect.fv-phase", "fill", "e.dataset.phase")
+        assert bands and all(fill == _rgb(PHASE_COLORS[phase]) for phase, fill in bands), bands
+        edges = computed(".fv-alias path.fv-edge", "stroke", "e.className.baseVal")
+        assert edges and all(
+            stroke == _rgb(EDGE_COLORS[c.split("fv-edge-")[1].split()[0]]) for c, stroke in edges
+        ), edges
+        # the theme around the data colours follows the colour scheme
+        background = page.eval_on_selector("#fv-root .fv-root", "e => getComputedStyle(e).backgroundColor")
+        assert background == ("rgb(255, 255, 255)" if scheme == "light" else "rgb(13, 17, 23)"), background
+        problems.check()
+    finally:
+        context.close()
+
+
 # --------------------------------------------------------------------- JupyterLab
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, bundle):
@@ -269,7 +320,7 @@ NOTEBOOK7_STARTUP_ERRORS = (
 )
 
 
-def _open_and_run(browser, lab, path: str, ignore=()):  # noqa: ANN001
+def _open_and_run(browser: Any, lab: Any, path: str, ignore: Sequence[tuple[str, str]] = ()) -> tuple[Any, ...]:
     context = browser.new_context(viewport=LAB_VIEWPORT)
     blocked = local_only(context, lab.origin)
     page = context.new_page()
@@ -281,7 +332,7 @@ def _open_and_run(browser, lab, path: str, ignore=()):  # noqa: ANN001
     return context, page, problems, blocked
 
 
-def _code_cell(page, source_start: str):  # noqa: ANN001
+def _code_cell(page: Any, source_start: str) -> Any:
     cells = page.locator(".jp-Notebook .jp-CodeCell").filter(
         has=page.locator(".jp-InputArea-editor", has_text=source_start)
     )

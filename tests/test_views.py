@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -19,8 +21,9 @@ import torch
 
 import fakeviz as fv
 from fakeviz import views as V
-from fakeviz._core.gpus import GPUS, parse_capacity
 from fakeviz._analysis.tree import FIGURES
+from fakeviz._core.fmt import format_bytes
+from fakeviz._core.gpus import GPUS, parse_capacity
 
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
@@ -550,8 +553,13 @@ def test_figures_serialize(llama_trace, name):
     assert "Plotly.newPlot" in html
 
 
-def test_views_import_only_numpy_pandas_plotly():
-    src = Path(V.__file__).read_text()
+FIGURE_MODULES = ("style", "tree", "memory", "graph", "table")
+
+
+@pytest.mark.parametrize("name", ["views", *FIGURE_MODULES])
+def test_views_import_only_numpy_pandas_plotly(name):
+    path = Path(V.__file__) if name == "views" else Path(V.__file__).parent / "_views" / f"{name}.py"
+    src = path.read_text()
     allowed = {"numpy", "pandas", "plotly", "__future__", "html", "re", "collections", "dataclasses", "typing"}
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Import):
@@ -585,3 +593,30 @@ def test_views_of_runs_without_modules_or_ops():
     assert V.memory_bars(empty).layout.title.text.startswith("no memory was recorded")
     assert V.memory_timeline(empty).layout.title.text == "Memory: no memory was recorded"
     assert len(V.ops_table(plain)) == plain.num_ops
+
+
+# ------------------------------------------------------------- one format for bytes
+BYTE_VALUES = [
+    0, 1, 512, 1000, 1023, 1023.9, 1024, 1280, 1536, 1792, 1800, 10 * 2**10 + 2**8, 2**20 - 1, 2**20, 1.05 * 2**20,
+    3.25 * 2**20, 123456789, 2**30, 85520809984, 282248397320, 2**40 * 5.75, 2**50, 2**60, 1e30, 2**53 + 1,
+    -1, -0.5, -1280, -259924164608, 0.25, 7.75 * 2**30, float("inf"), float("nan"), None,
+]  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: js/src/format.js cannot run")
+def test_js_formats_bytes_as_python(tmp_path):
+    """js/src/format.js (the explorer) writes every byte count exactly as fakeviz._core.fmt.format_bytes:
+    ties at one decimal (1280 B = 1.25 KiB) to the even digit, bytes truncated, '?' for a missing value."""
+    js = Path(V.__file__).resolve().parents[1] / "js" / "src" / "format.js"
+    script = tmp_path / "bytes.mjs"
+    script.write_text(
+        f"import {{ fmtBytes }} from '{js.as_uri()}';\n"
+        "const values = JSON.parse(process.argv[2]).map((v) => (v === 'nan' ? NaN : v === 'inf' ? Infinity : v));\n"
+        "process.stdout.write(JSON.stringify(values.map(fmtBytes)));\n"
+    )
+    wire = ["nan" if v != v else "inf" if v == float("inf") else v for v in BYTE_VALUES]  # JSON has no NaN or inf
+    proc = subprocess.run(["node", str(script), json.dumps(wire)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    want = [format_bytes(v) for v in BYTE_VALUES]
+    assert got == want, [(v, g, w) for v, g, w in zip(BYTE_VALUES, got, want) if g != w]

@@ -338,6 +338,38 @@ def test_summary_has_peaks_capacity_and_verdict(explorer, gpt2_trace):
     assert summary["categories"] == list(fv.CATEGORIES)
 
 
+def test_summary_carries_the_python_palette(explorer):
+    """The panel's colours are Python's: summary["palette"] is fakeviz._core.palette.palette() (plus the
+    colour of each tree key), which js/src/palette.js sets as CSS custom properties."""
+    from fakeviz._core.palette import CATEGORY_COLORS, PHASE_COLORS, palette
+
+    sent = dict(explorer.summary["palette"])
+    tree = sent.pop("tree")
+    assert sent == palette()
+    assert sent["categories"] == [CATEGORY_COLORS[c] for c in explorer.summary["categories"]]
+    assert sent["phases"] == [PHASE_COLORS[p] for p in explorer.summary["phases"]]
+    _, _, strings = explorer.decoded("tree")
+    for color in ("device", "dtype"):
+        assert len(tree[color]) == len(strings[f"color_{color}"]) and all(c.startswith("#") for c in tree[color])
+
+
+def test_js_defines_no_data_colour():
+    """No colour of the palette (categories, phases, edges, the cycle, the neutral one) is written in js/src:
+    the explorer takes them from the summary, so Python's palette is the only definition."""
+    from fakeviz._core.palette import palette
+
+    p = palette()
+    colors = {*p["categories"], *p["phases"], *p["edges"].values(), *p["cycle"], p["none"]}
+    found = [
+        (str(f.relative_to(JS)), c)
+        for f in sorted((JS / "src").rglob("*"))
+        if f.suffix in (".js", ".css")
+        for c in sorted(colors)
+        if c.lower() in f.read_text().lower()
+    ]
+    assert not found, f"palette colours defined again in js/src: {found}"
+
+
 def test_ops_window_when_over_max_ops(bundle, gpt2_trace):
     """Above max_ops, the table gets the max_ops consecutive ops around the highest peak; the rest stays whole."""
     from fakeviz._views.explorer import Explorer
@@ -372,7 +404,7 @@ def test_empty_and_cpu_only_traces(bundle):
 
 
 def test_pack_encodings_round_trip():
-    from fakeviz._views.explorer import pack, unpack
+    from fakeviz._views.payload import pack, unpack
 
     arrays = {
         "range": np.arange(5, 105),
@@ -398,7 +430,7 @@ def test_pack_encodings_round_trip():
 
 
 def test_decimation_rule():
-    from fakeviz._views.explorer import decimate_minmax
+    from fakeviz._analysis.memory import decimate_minmax
 
     rng = np.random.default_rng(0)
     v = np.cumsum(rng.integers(-5, 6, 50_000))
@@ -411,11 +443,12 @@ def test_decimation_rule():
 @needs_npm
 def test_js_decoder_reads_python_packs(explorer, tmp_path):
     """js/src/decode.js, run by node on the packs Python wrote, gives the same arrays."""
-    from fakeviz._views.explorer import SIZE_BY
+    from fakeviz._views.payload import SIZE_BY
 
     script = tmp_path / "dump.mjs"
     script.write_text(
-        f"import {{ readFileSync }} from 'node:fs';\nimport {{ unpack }} from '{(JS / 'src' / 'decode.js').as_uri()}';\n"
+        "import { readFileSync } from 'node:fs';\n"
+        f"import {{ unpack }} from '{(JS / 'src' / 'decode.js').as_uri()}';\n"
         f"import {{ SIZE_BY }} from '{(JS / 'src' / 'format.js').as_uri()}';\n"
         "const out = { sizeBy: Object.keys(SIZE_BY) };\n"
         "for (const name of process.argv.slice(2)) {\n"
@@ -516,6 +549,7 @@ def test_tree_colour_keys_follow_the_parameters(bundle):
     """The tree's colour keys name the device / dtype holding most of each module's parameter
     bytes, as the plotly layer tree colours them."""
     from fakeviz import views
+    from fakeviz._core.palette import palette
     from fakeviz._views.explorer import Explorer
 
     class Hybrid(torch.nn.Module):
@@ -525,12 +559,13 @@ def test_tree_colour_keys_follow_the_parameters(bundle):
             self.fc2 = torch.nn.Linear(8, 64, dtype=torch.float16)
             self.act = torch.nn.ReLU()
 
-        def forward(self, x):  # noqa: ANN001, ANN202
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc2(self.act(self.fc1(x.cuda())).cpu().half())
 
     with fv.record() as trace:
         Hybrid()(torch.randn(2, 8)).float().sum().backward()
-    meta, a, s = Explorer.from_trace(trace).decoded("tree")
+    widget = Explorer.from_trace(trace)
+    meta, a, s = widget.decoded("tree")
     paths = s["path"]
     device = dict(zip(paths, (s["color_device"][i] for i in a["color_device"])))
     dtype = dict(zip(paths, (s["color_dtype"][i] for i in a["color_dtype"])))
@@ -539,5 +574,9 @@ def test_tree_colour_keys_follow_the_parameters(bundle):
     assert dtype["Hybrid.fc1"] == "f32" and dtype["Hybrid.fc2"] == "f16"
     assert device["Hybrid.act"] == dtype["Hybrid.act"] == "no parameters"
     for color, got in (("device", device), ("dtype", dtype)):
-        table = views.tree_data(trace, color=color).table
-        assert dict(zip(table["path"], table["color_key"])) == got
+        data = views.tree_data(trace, color=color)
+        assert dict(zip(data.table["path"], data.table["color_key"])) == got
+        # and the panel paints each key in the plotly figure's colour (the neutral one for "no parameters")
+        colors = dict(zip(s[f"color_{color}"], widget.summary["palette"]["tree"][color]))
+        assert colors == {k: data.colors[k] for k in colors}
+        assert colors["no parameters"] == palette()["none"]

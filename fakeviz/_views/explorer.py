@@ -1,10 +1,10 @@
 """The explorer panel: an anywidget that shows a :class:`~fakeviz.Trace` in the browser.
 
 ``Explorer.from_trace(trace, capacity=None)`` computes everything the panel needs
-once, in Python, and ships it as a few compact binary buffers; all linking
-between the views (layer tree, memory bars, memory timeline, alias graph, ops
-table) then happens in the browser, without a round trip to the kernel, so a
-saved notebook keeps working without one.
+once, in Python (:func:`fakeviz._views.payload.build_state`), and ships it as JSON and a
+few compact binary buffers; all linking between the views (layer tree, memory bars,
+memory timeline, alias graph, ops table) then happens in the browser, without a round
+trip to the kernel, so a saved notebook keeps working without one.
 
 The browser code is ``js/src/explorer.js``, bundled by esbuild into
 ``fakeviz/static/explorer.js`` (``npm run build`` in ``js/``, or any wheel build
@@ -13,53 +13,18 @@ through hatch-jupyter-builder).
 Traits
 ------
 Data (Python -> browser; the traits are the source of truth, the panel never writes them):
-
-``summary`` (JSON)
-    devices, categories, phases, op count, capacity and verdict, and one peak
-    per device (bytes, seq, phase, op, module, user line, by category, allocator
-    peaks).
-``tree``, ``memory``, ``ops``, ``alias`` (bytes)
-    one *pack* each (see below): the folded layer tree; the memory timeline per
-    device, min-max decimated, with the peak attribution and the phase runs;
-    the ops table columns; the alias-graph neighbourhood: with no selection, the
-    most aliased storages (tied first); when the kernel is alive and a module is
-    selected, that module's parameters, buffers, their gradients and optimizer
-    state and its largest activations (redrawn in Python on each selection).
+``summary``, ``tree``, ``memory``, ``ops`` and ``alias``, described in :mod:`fakeviz._views.payload`.
+When the kernel is alive and a module is selected, ``alias`` is redrawn in Python around
+that module on each selection.
 
 Selection (both ways): ``selected_module`` (a folded tree path such as
 ``Llama.model.layers.0-79.mlp``, or any module path of the trace), ``device``
 (``""`` = all), ``phase`` (``""`` = all), ``search`` (text over module paths) and
 ``size_by`` (the tree figure that sizes the icicle).
-
-Pack format (``FVPK``, version 1, little-endian)
-------------------------------------------------
-::
-
-    bytes 0..3   b"FVPK"
-    bytes 4..7   uint32, length H of the header
-    bytes 8..    H bytes of UTF-8 JSON: {"v": 1, "meta": {...}, "strings": {name: [str, ...]},
-                                         "arrays": {name: spec}}
-    zero padding to a multiple of 8, then the data section; every array starts
-    at a multiple of 8 bytes from the data section's start.
-
-An array ``spec`` is one of
-
-* ``{"enc": "raw", "dtype": D, "offset": o, "length": n}``: ``n`` values of
-  dtype ``D`` (``i1 u1 i2 u2 i4 u4 f4 f8``) at data offset ``o``;
-* ``{"enc": "range", "start": s, "length": n}``: ``s, s+1, ..., s+n-1``;
-* ``{"enc": "const", "value": v, "length": n}``: ``n`` copies of ``v``;
-* ``{"enc": "dict", "index": RAW, "values": RAW}``: ``values[index[i]]``.
-
-Integers travel in the narrowest signed type that holds them, byte counts and
-FLOPs as float64 (exact below 2**53, as JavaScript numbers are) unless they have
-few distinct values, which are dictionary-encoded. :func:`pack` and
-:func:`unpack` are the Python side; ``js/src/decode.js`` reads the same format.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -68,133 +33,20 @@ import numpy as np
 import traitlets
 from ipywidgets.widgets.trait_types import bytes_serialization
 
-from .._analysis.alias import tensor_table
-from .._analysis.memory import decimate_minmax, memory_timeline
-from .._analysis.memory import peaks as peaks_of
-from .._analysis.selection import (
-    alias_universe,
-    aliased_storages,
-    bounded_alias_graph,
-    fit_storages,
-    module_ids,
-    module_storages,
-    storage_modules,
-)
-from .._analysis.tables import ops_table, storages_table
-from .._analysis.tree import folded_modules
-from .._analysis.verdict import verdict as verdict_of
+from .._analysis.selection import storage_modules
 from .._core.record import Record
-from .._core.schema import CATEGORIES, PHASES, ROLE_BUFFER, ROLE_GRAD, ROLE_OPT, ROLE_PARAM, dtype_abbr
+from .._core.schema import PHASES
+from .payload import SIZE_BY, alias_pack, build_state, unpack
 
-__all__ = ["STATIC", "Explorer", "decimate_minmax", "pack", "unpack"]
+__all__ = ["STATIC", "Explorer"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 _BUNDLE = STATIC / "explorer.js"
 _STYLES = STATIC / "explorer.css"
 
-MAGIC = b"FVPK"
-PACK_VERSION = 1
-NODE_KINDS = ("storage", "tensor", "name")
-EDGE_KINDS = ("storage", "view", "write", "name", "tied")
-# icicle sizes the panel offers (columns of the folded tree)
-SIZE_BY = ("param_bytes", "act_bytes", "act_saved_bytes", "grad_bytes", "flops", "ops", "params")
-_TREE_FIGURES = (
-    "params", "param_bytes", "buffer_bytes", "act_bytes", "act_saved_bytes", "grad_bytes", "opt_bytes",
-    "flops_fwd", "flops_bwd", "ops_fwd", "ops_bwd", "unknown_flop_ops",
-)  # fmt: skip
-_INT_TYPES = (np.int8, np.int16, np.int32)
 
-
-# --------------------------------------------------------------------------- packing
-def _encode(arr: np.ndarray, data: bytearray) -> dict[str, Any]:
-    """Append ``arr`` to ``data`` in its most compact encoding; return the array spec."""
-    arr = np.asarray(arr)
-    if arr.dtype == np.bool_:
-        arr = arr.astype(np.int8)
-    n = int(arr.size)
-    if n == 0:
-        return _raw(np.zeros(0, np.int8), data)
-    integral = arr.dtype.kind in "iu" or (
-        arr.dtype.kind == "f" and bool(np.isfinite(arr).all()) and bool((arr == np.round(arr)).all())
-    )
-    if not integral:
-        return _raw(arr.astype(np.float64), data)
-    ints = arr.astype(np.int64)
-    lo, hi = int(ints.min()), int(ints.max())
-    if lo == hi:
-        return {"enc": "const", "value": lo, "length": n}
-    if int(ints[0]) + n - 1 == hi and bool((np.diff(ints) == 1).all()):
-        return {"enc": "range", "start": int(ints[0]), "length": n}
-    narrow = next((t for t in _INT_TYPES if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max), np.float64)
-    size = np.dtype(narrow).itemsize
-    if size > 1:  # few distinct values: an index into a table of them may be smaller
-        values, index = np.unique(ints, return_inverse=True)
-        if len(values) <= 0xFFFF:
-            idx_t = np.uint8 if len(values) <= 0xFF else np.uint16
-            if n * np.dtype(idx_t).itemsize + len(values) * 8 < n * size:
-                return {
-                    "enc": "dict",
-                    "index": _raw(index.reshape(-1).astype(idx_t), data),
-                    "values": _raw(values.astype(np.float64), data),
-                }
-    return _raw(ints.astype(narrow), data)
-
-
-def _raw(arr: np.ndarray, data: bytearray) -> dict[str, Any]:
-    dt = arr.dtype.newbyteorder("<")
-    data.extend(b"\0" * (-len(data) % 8))
-    spec = {"enc": "raw", "dtype": dt.str[1:], "offset": len(data), "length": int(arr.size)}
-    data.extend(np.ascontiguousarray(arr, dtype=dt).tobytes())
-    return spec
-
-
-def pack(arrays: dict[str, Any], *, strings: dict[str, list[str]] | None = None,
-         meta: dict[str, Any] | None = None) -> bytes:  # fmt: skip
-    """Pack named 1-D arrays, string tables and JSON metadata into one ``FVPK`` buffer."""
-    data = bytearray()
-    specs = {name: _encode(np.asarray(a).reshape(-1), data) for name, a in arrays.items()}
-    header = json.dumps(
-        {"v": PACK_VERSION, "meta": meta or {}, "strings": strings or {}, "arrays": specs},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    ).encode("utf-8")
-    head = MAGIC + struct.pack("<I", len(header)) + header
-    head += b"\0" * (-len(head) % 8)
-    return bytes(head) + bytes(data)
-
-
-def _decode_spec(spec: dict[str, Any], data: memoryview) -> np.ndarray:
-    enc = spec["enc"]
-    if enc == "raw":
-        dt = np.dtype("<" + spec["dtype"])
-        start = spec["offset"]
-        return np.frombuffer(data[start : start + spec["length"] * dt.itemsize], dtype=dt).copy()
-    if enc == "range":
-        return np.arange(spec["start"], spec["start"] + spec["length"], dtype=np.int64)
-    if enc == "const":
-        return np.full(spec["length"], spec["value"])
-    if enc == "dict":
-        return _decode_spec(spec["values"], data)[_decode_spec(spec["index"], data).astype(np.int64)]
-    raise ValueError(f"unknown array encoding {enc!r}")
-
-
-def unpack(buf: bytes | memoryview) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, list[str]]]:
-    """Read an ``FVPK`` buffer: ``(meta, arrays, strings)``; arrays come back as NumPy arrays."""
-    view = memoryview(bytes(buf))
-    if bytes(view[:4]) != MAGIC:
-        raise ValueError("not a fakeviz pack (bad magic)")
-    (hlen,) = struct.unpack("<I", view[4:8])
-    header = json.loads(bytes(view[8 : 8 + hlen]).decode("utf-8"))
-    if header.get("v") != PACK_VERSION:
-        raise ValueError(f"pack version {header.get('v')!r}; this fakeviz reads version {PACK_VERSION}")
-    data = view[8 + hlen + (-(8 + hlen) % 8) :]
-    arrays = {name: _decode_spec(spec, data) for name, spec in header["arrays"].items()}
-    return header["meta"], arrays, header["strings"]
-
-
-# ------------------------------------------------------------------------ decimation
-# ----------------------------------------------------------------------- the widget
 def _bytes_trait(help: str) -> traitlets.Bytes:
+    """A binary trait synced with the browser as a buffer (not base64 in the JSON)."""
     return traitlets.Bytes(b"", help=help).tag(sync=True, **bytes_serialization)
 
 
@@ -211,7 +63,9 @@ class Explorer(anywidget.AnyWidget):
     _esm = _BUNDLE if _BUNDLE.is_file() else ""
     _css = _STYLES if _STYLES.is_file() else ""
 
-    summary = traitlets.Dict(help="devices, categories, phases, op count, capacity, verdict, peaks").tag(sync=True)
+    summary = traitlets.Dict(
+        help="devices, categories, phases, op count, capacity, verdict, peaks, palette"
+    ).tag(sync=True)
     tree = _bytes_trait("the folded layer tree (FVPK pack)")
     memory = _bytes_trait("per-device memory timeline by category, decimated, with peak attribution (FVPK)")
     ops = _bytes_trait("the ops table columns and string tables (FVPK)")
@@ -224,6 +78,7 @@ class Explorer(anywidget.AnyWidget):
     size_by = traitlets.Unicode("param_bytes", help=f"figure that sizes the tree: one of {SIZE_BY}").tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
+        """A panel with the given traits (use :meth:`from_trace`); needs the built JavaScript bundle."""
         if not _BUNDLE.is_file():
             raise FileNotFoundError(
                 f"the explorer's JavaScript bundle {_BUNDLE} is missing: run `npm install && npm run build` "
@@ -244,10 +99,11 @@ class Explorer(anywidget.AnyWidget):
         trace, storage_module, alias_nodes, around = self._alias_source
         if around is not None:  # the caller fixed the neighbourhood
             return
-        self.alias = _alias_pack(trace, storage_module, alias_nodes, None, module=change["new"] or None)
+        self.alias = alias_pack(trace, storage_module, alias_nodes, None, module=change["new"] or None)
 
     @traitlets.validate("phase")
     def _valid_phase(self, proposal: Any) -> str:
+        """``""`` or one of the schema's phases."""
         value = proposal["value"]
         if value and value not in PHASES:
             raise traitlets.TraitError(f"phase {value!r}: use '' or one of {', '.join(PHASES)}")
@@ -255,6 +111,7 @@ class Explorer(anywidget.AnyWidget):
 
     @traitlets.validate("device")
     def _valid_device(self, proposal: Any) -> str:
+        """``""`` or a device of the trace."""
         value = proposal["value"]
         devices = self.summary.get("devices") or []
         if value and devices and value not in devices:
@@ -263,6 +120,7 @@ class Explorer(anywidget.AnyWidget):
 
     @traitlets.validate("size_by")
     def _valid_size_by(self, proposal: Any) -> str:
+        """One of :data:`~fakeviz._views.payload.SIZE_BY`."""
         value = proposal["value"]
         if value not in SIZE_BY:
             raise traitlets.TraitError(f"size_by {value!r}: use one of {', '.join(SIZE_BY)}")
@@ -271,7 +129,7 @@ class Explorer(anywidget.AnyWidget):
     @classmethod
     def from_trace(
         cls,
-        trace: Any,
+        trace: Record,
         capacity: str | int | float | None = None,
         *,
         max_points: int = 4000,
@@ -286,7 +144,7 @@ class Explorer(anywidget.AnyWidget):
         ``meta["capacity"]``, set by ``%%fake --gpu``) draws the capacity line and
         the verdict. ``max_points`` bounds the timeline points per device;
         ``alias_nodes`` bounds the alias graph (``around``: anything
-        ``trace.alias_graph`` takes); above ``max_ops`` ops, only the ``max_ops``
+        :func:`fakeviz._analysis.alias.alias_graph` takes); above ``max_ops`` ops, only the ``max_ops``
         consecutive ops around the highest peak go to the ops table (the
         timeline and tree still cover the whole run). ``kwargs`` set the
         selection traits.
@@ -303,286 +161,3 @@ class Explorer(anywidget.AnyWidget):
         if name not in ("tree", "memory", "ops", "alias"):
             raise ValueError(f"{name!r} is not a packed trait (tree, memory, ops, alias)")
         return unpack(getattr(self, name))
-
-
-# ---------------------------------------------------------------------- the state
-def build_state(trace: Record, capacity: Any = None, *, max_points: int = 4000, alias_nodes: int = 200,
-                around: Any = None, max_ops: int = 1_000_000) -> dict[str, Any]:  # fmt: skip
-    """The data traits of :class:`Explorer` for ``trace`` (see the module docstring)."""
-    from .._core.gpus import parse_capacity
-
-    devices = list(trace.strings("devices"))
-    modules = list(trace.strings("modules"))
-    peaks = peaks_of(trace)
-    cap_spec = capacity if capacity is not None else trace.meta.get("capacity")
-    cap = parse_capacity(cap_spec) if cap_spec is not None else None
-    verdict = verdict_of(trace, cap) if cap is not None else None
-    storage_module = storage_modules(trace)
-    summary = {
-        "devices": devices,
-        "categories": list(CATEGORIES),
-        "phases": list(PHASES),
-        "n_ops": int(trace.num_ops),
-        "capacity": cap,
-        "capacity_spec": _capacity_spec(trace, capacity),
-        "verdict": _jsonable(verdict),
-        "peaks": {dev: _peak_dict(pk) for dev, pk in peaks.items()},
-        "error": _jsonable({k: trace.error.get(k) for k in ("type", "message", "op")} if trace.error else None),
-        "meta": {k: trace.meta[k] for k in ("device", "fake", "torch", "attention", "symbolic") if k in trace.meta},
-    }
-    tree, module_node = _tree_pack(trace, modules)
-    return {
-        "summary": _jsonable(summary),
-        "tree": tree,
-        "memory": _memory_pack(trace, peaks, storage_module, max_points),
-        "ops": _ops_pack(trace, modules, module_node, peaks, max_ops),
-        "alias": _alias_pack(trace, storage_module, alias_nodes, around),
-    }
-
-
-def _capacity_spec(trace: Record, capacity: Any) -> str | None:
-    """How the capacity was asked for ("H100", "80GB"), for the panel's label."""
-    if capacity is not None:
-        return str(capacity)
-    if trace.meta.get("capacity") is None:
-        return None
-    return str(trace.meta.get("capacity_spec") or trace.meta["capacity"])
-
-
-def _peak_dict(pk: Any) -> dict[str, Any]:
-    return {
-        k: getattr(pk, k)
-        for k in ("bytes", "seq", "phase", "op", "module", "user_line", "by_category", "allocated",
-                  "allocated_seq", "reserved", "reserved_seq")
-    }  # fmt: skip
-
-
-def _jsonable(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
-
-
-def _tree_pack(trace: Record, modules: list[str]) -> tuple[bytes, np.ndarray]:
-    folded = folded_modules(trace)
-    n = len(folded)
-    module_node = np.full(len(modules), -1, np.int64)
-    mod_id = {p: i for i, p in enumerate(modules)}
-    paths = folded["path"].astype(str).tolist() if n else []
-    row_of = {p: i for i, p in enumerate(paths)}
-    parent = np.array([row_of.get(p, -1) if isinstance(p, str) else -1 for p in folded["parent"]] if n else [],
-                      np.int64)  # fmt: skip
-    for row, members in enumerate(folded["members"].tolist() if n else []):
-        for m in str(members).split("|"):
-            i = mod_id.get(m)
-            if i is not None:
-                module_node[i] = row
-    arrays: dict[str, Any] = {
-        "parent": parent,
-        "depth": folded["depth"].to_numpy() if n else np.zeros(0),
-        "count": folded["count"].to_numpy() if n else np.zeros(0),
-        "odd": folded["odd"].to_numpy() if n else np.zeros(0),
-        "tied": folded["tied"].to_numpy() if n else np.zeros(0),
-        "module_node": module_node,
-    }
-    for k in _TREE_FIGURES:
-        arrays[k] = folded[k].to_numpy() if n else np.zeros(0)
-    strings = {
-        "path": paths,
-        "name": folded["name"].astype(str).tolist() if n else [],
-        "class": folded["class"].astype(str).tolist() if n else [],
-    }
-    # colour keys: the device and the dtype holding most of each module's parameter bytes
-    from .figures import _color_keys, _param_split
-
-    split = _param_split(trace, folded.reset_index(drop=True), True) if n else None
-    for color in ("device", "dtype"):
-        keys = _color_keys(split, strings["class"], color) if n else []
-        table = list(dict.fromkeys(keys))
-        arrays[f"color_{color}"] = np.array([table.index(k) for k in keys], np.int64)
-        strings[f"color_{color}"] = table
-    meta = {"rows": n, "figures": list(_TREE_FIGURES), "size_by": list(SIZE_BY), "modules": len(modules)}
-    return pack(arrays, strings=strings, meta=meta), module_node
-
-
-def _memory_pack(trace: Record, peaks: dict[str, Any], storage_module: np.ndarray, max_points: int) -> bytes:
-    mem = memory_timeline(trace)
-    n_ops = int(trace.num_ops)
-    arrays: dict[str, Any] = {}
-    meta_devices = []
-    # phase runs of the whole run: [phase, start, stop)
-    phase = trace.col("phase").astype(np.int64)
-    if n_ops:
-        cuts = np.flatnonzero(np.diff(phase)) + 1
-        starts = np.concatenate([[0], cuts])
-        stops = np.concatenate([cuts, [n_ops]])
-        arrays.update({"phase_runs/phase": phase[starts], "phase_runs/start": starts, "phase_runs/stop": stops})
-    else:
-        arrays.update({k: np.zeros(0, np.int64) for k in ("phase_runs/phase", "phase_runs/start", "phase_runs/stop")})
-    st = storages_table(trace)
-    cats = st["category"].cat.codes.to_numpy().astype(np.int64)
-    nbytes = st["nbytes"].to_numpy()
-    alloc, free = st["alloc_seq"].to_numpy(), st["free_seq"].to_numpy()
-    st_dev = st["device"].astype(str).to_numpy()
-    for dev, pk in peaks.items():
-        rows = mem[mem["device"] == dev]
-        total = rows["total"].to_numpy()
-        keep = [pk.seq]
-        has_alloc = "allocated" in rows and rows["allocated"].notna().all()
-        if has_alloc:
-            keep += [pk.allocated_seq, pk.reserved_seq]
-        idx = decimate_minmax(total, max_points, keep=tuple(k for k in keep if k is not None))
-        arrays[f"{dev}/seq"] = rows["seq"].to_numpy()[idx]
-        for cat in CATEGORIES:
-            arrays[f"{dev}/{cat}"] = rows[cat].to_numpy()[idx]
-        if has_alloc:
-            arrays[f"{dev}/allocated"] = rows["allocated"].to_numpy()[idx].astype(np.int64)
-            arrays[f"{dev}/reserved"] = rows["reserved"].to_numpy()[idx].astype(np.int64)
-        # what is alive at the peak, by (module, category)
-        alive = ((st_dev == dev) & (np.maximum(alloc, 0) <= pk.seq) & ((free < 0) | (free > pk.seq))
-                 & (nbytes > 0))  # fmt: skip
-        key = storage_module[alive] * len(CATEGORIES) + cats[alive]
-        uniq, inv = np.unique(key, return_inverse=True)
-        exact = np.zeros(len(uniq), np.int64)
-        np.add.at(exact, inv.reshape(-1), nbytes[alive].astype(np.int64))
-        arrays[f"{dev}/attr_module"] = np.floor_divide(uniq, len(CATEGORIES))
-        arrays[f"{dev}/attr_category"] = np.mod(uniq, len(CATEGORIES))
-        arrays[f"{dev}/attr_bytes"] = exact
-        meta_devices.append(
-            {"device": dev, "points": int(len(idx)), "allocator": bool(has_alloc), "peak_seq": int(pk.seq)}
-        )
-    meta = {"devices": meta_devices, "categories": list(CATEGORIES), "phases": list(PHASES), "n_ops": n_ops,
-            "max_points": int(max_points)}  # fmt: skip
-    return pack(arrays, meta=meta)
-
-
-def _ops_window(n: int, peaks: dict[str, Any], max_ops: int) -> tuple[int, int]:
-    if n <= max_ops:
-        return 0, n
-    top = max(peaks.values(), key=lambda p: p.bytes) if peaks else None
-    centre = top.seq if top is not None else n // 2
-    start = min(max(0, centre - max_ops // 2), n - max_ops)
-    return start, start + max_ops
-
-
-def _ops_pack(trace: Record, modules: list[str], module_node: np.ndarray, peaks: dict[str, Any],
-              max_ops: int) -> bytes:  # fmt: skip
-    c = trace.columns()
-    n = int(trace.num_ops)
-    start, stop = _ops_window(n, peaks, max_ops)
-    out_end = c["out_end"]
-    out_start = np.concatenate([[0], out_end[:-1]]).astype(np.int64) if n else np.zeros(0, np.int64)
-    has = (out_end - out_start) > 0
-
-    def first(name: str) -> np.ndarray:
-        col = c[name]
-        if len(col) == 0:
-            return np.full(n, -1, np.int64)
-        return np.where(has, col[np.minimum(out_start, len(col) - 1)], -1)
-
-    nbytes = ops_table(trace)["nbytes"].to_numpy() if n else np.zeros(0, np.int64)
-    sl = slice(start, stop)
-    arrays = {
-        "seq": np.arange(start, stop, dtype=np.int64),
-        "op": c["op"][sl],
-        "module": c["module"][sl],
-        "phase": c["phase"][sl],
-        "device": first("out_device")[sl],
-        "line": c["line"][sl],
-        "shape": first("out_shape")[sl],
-        "dtype": first("out_dtype")[sl],
-        "nbytes": nbytes[sl],
-        "flops": c["flops"][sl],
-    }
-    strings = {
-        "ops": list(trace.strings("ops")),
-        "modules": modules,
-        "lines": list(trace.strings("lines")),
-        "shapes": list(trace.strings("shapes")),
-        "dtypes": [dtype_abbr(d, strip=True) for d in trace.strings("dtypes")],
-        "devices": list(trace.strings("devices")),
-    }
-    meta = {"n_ops": n, "start": start, "stop": stop, "truncated": stop - start < n, "phases": list(PHASES)}
-    return pack(arrays, strings=strings, meta=meta)
-
-
-def _alias_pack(trace: Record, storage_module: np.ndarray, max_nodes: int, around: Any, *,
-                module: str | None = None) -> bytes:  # fmt: skip
-    """The alias-graph pack: around ``around`` if given, else around ``module``'s storages
-    (:func:`module_ids`), else around the most aliased storages (:func:`~fakeviz._analysis.selection.aliased_storages`)."""
-    if around is not None:
-        focus, around_label = around, str(around)
-    else:
-        ids = module_ids(trace, module) if module else None
-        if ids is not None and len(ids):
-            sids = fit_storages(trace, module_storages(trace, storage_module, ids), max_nodes)
-            focus, around_label = ("storages", sids), f"{module} ({len(sids)} storages: parameters, gradients, "
-            around_label += "optimizer state, largest activations)"
-        else:
-            sids = fit_storages(trace, aliased_storages(trace), max_nodes)
-            focus, around_label = ("storages", sids), "the most aliased storages (tied first)"
-            if module:
-                around_label = f"the most aliased storages ({module} owns none)"
-    nodes, edges, budget = bounded_alias_graph(trace, max_nodes, focus)
-    # out of how many: the caller's neighbourhood, or the whole trace for a chosen focus
-    total_nodes = alias_universe(trace, around)
-    n_shown = int((nodes["kind"] != "name").sum())
-    truncated = n_shown < total_nodes
-    if len(nodes) > max_nodes:  # still over after shrinking the budget: drop the tail (names last)
-        nodes = nodes.iloc[:max_nodes]
-        truncated = True
-    index = {nid: i for i, nid in enumerate(nodes["id"].tolist())}
-    ok = edges["src"].isin(index) & edges["dst"].isin(index)
-    truncated = truncated or not bool(ok.all())
-    edges = edges[ok]
-    # module of each node, for linking with the tree
-    c = trace.columns()
-    name_module: dict[str, int] = {}
-    names_table = trace.strings("names")
-    for nid, m in zip(c["p_name"].tolist(), c["p_module"].tolist()):
-        name_module.setdefault(names_table[nid], m)
-    tt = tensor_table(trace)
-    t_seq = dict(zip(tt["tensor"].tolist(), tt["seq"].tolist()))
-    op_module = c["module"]
-    kinds = nodes["kind"].tolist()
-    refs = nodes["ref"].astype(np.int64).tolist()
-    labels = nodes["label"].astype(str).tolist()
-    node_names = [x if isinstance(x, str) else "" for x in nodes["names"].tolist()]
-    module = []
-    for kind, ref, label, nm in zip(kinds, refs, labels, node_names):
-        if kind == "name":
-            module.append(name_module.get(label, -1))
-        elif kind == "storage":
-            module.append(int(storage_module[ref]) if 0 <= ref < len(storage_module) else -1)
-        else:
-            first = nm.split("|")[0] if nm else ""
-            if first in name_module:
-                module.append(name_module[first])
-            else:
-                seq = t_seq.get(ref, -1)
-                module.append(int(op_module[seq]) if 0 <= seq < len(op_module) else -1)
-    cat_code = {c: i for i, c in enumerate(CATEGORIES)}
-    op_id = {o: i for i, o in enumerate(trace.strings("ops"))}
-    arrays = {
-        "node_kind": np.array([NODE_KINDS.index(k) for k in kinds], np.int64),
-        "node_ref": np.array(refs, np.int64),
-        "node_nbytes": nodes["nbytes"].fillna(0).to_numpy().astype(np.int64),
-        "node_category": np.array([cat_code.get(x, -1) for x in nodes["category"].tolist()], np.int64),
-        "node_writes": nodes["writes"].fillna(0).to_numpy().astype(np.int64),
-        "node_module": np.array(module, np.int64),
-        "edge_src": np.array([index[s] for s in edges["src"].tolist()], np.int64),
-        "edge_dst": np.array([index[d] for d in edges["dst"].tolist()], np.int64),
-        "edge_kind": np.array([EDGE_KINDS.index(k) for k in edges["kind"].tolist()], np.int64),
-        "edge_op": np.array([op_id.get(o, -1) if isinstance(o, str) else -1 for o in edges["op"].tolist()], np.int64),
-        "edge_seq": edges["seq"].fillna(-1).to_numpy().astype(np.int64),
-    }
-    strings = {"label": labels, "names": node_names, "ops": list(trace.strings("ops"))}
-    meta = {
-        "node_kinds": list(NODE_KINDS),
-        "edge_kinds": list(EDGE_KINDS),
-        "categories": list(CATEGORIES),
-        "max_nodes": int(max_nodes),
-        "budget": int(budget),
-        "total_nodes": int(total_nodes),  # storages + tensors before bounding (name nodes not counted)
-        "truncated": bool(truncated),
-        "around": around_label,
-    }
-    return pack(arrays, strings=strings, meta=meta)

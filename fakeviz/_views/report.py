@@ -1,7 +1,7 @@
 """``trace.to_html(path)``: one self-contained interactive file, no network needed to open it.
 
 The page carries the explorer's own built ES module (``fakeviz/static/explorer.js``)
-and its CSS inline, the same data traits the widget gets (``_widget.build_state``,
+and its CSS inline, the same data traits the widget gets (:func:`fakeviz._views.payload.build_state`,
 binary packs as base64), and a twenty-line stand-in for the anywidget model
 (``get``/``set``/``on``/``off``/``save_changes``), so the very ``render`` that runs in
 Jupyter runs in the page. The module is loaded from a ``blob:`` URL made from the
@@ -17,7 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .explorer import build_state
+from .._core.record import Record
+from .payload import build_state
 from .text import summary_html
 
 __all__ = ["report_html", "to_html"]
@@ -62,6 +63,7 @@ try {
 
 
 def _bundle() -> tuple[str, str]:
+    """The built explorer module and its CSS, as text."""
     js, css = _STATIC / "explorer.js", _STATIC / "explorer.css"
     if not js.is_file():
         raise FileNotFoundError(
@@ -72,11 +74,12 @@ def _bundle() -> tuple[str, str]:
 
 
 def _script_safe(text: str) -> str:
+    """``text`` safe inside a ``<script>`` or ``<style>`` element."""
     # inside <script> the only thing that can end the element early is "</"
     return text.replace("</", "<\\/")
 
 
-def report_html(trace: Any, capacity: Any = None, *, title: str | None = None, **kwargs: Any) -> str:
+def report_html(trace: Record, capacity: Any = None, *, title: str | None = None, **kwargs: Any) -> str:
     """The report page as a string (see :func:`to_html`)."""
 
     esm, css = _bundle()
@@ -104,7 +107,7 @@ def report_html(trace: Any, capacity: Any = None, *, title: str | None = None, *
     )
 
 
-def to_html(trace: Any, path: str | Path, capacity: Any = None, *, title: str | None = None, **kwargs: Any) -> Path:
+def to_html(trace: Record, path: str | Path, capacity: Any = None, *, title: str | None = None, **kwargs: Any) -> Path:
     """Write ``trace`` as one self-contained interactive HTML file (the explorer, offline)."""
     path = Path(path)
     path.write_text(report_html(trace, capacity, title=title, **kwargs), encoding="utf-8")

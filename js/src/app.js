@@ -4,6 +4,7 @@ import { readAlias, readData } from "./data.js";
 import { unpack } from "./decode.js";
 import { h } from "./dom.js";
 import { resolveSelection, textMask } from "./filter.js";
+import { applyPalette } from "./palette.js";
 import { createStore } from "./store.js";
 import { aliasView } from "./views/alias.js";
 import { barsView } from "./views/bars.js";
@@ -24,6 +25,7 @@ export const SYNCED = {
 /** Mount the panel into `root`; returns {store, destroy}. */
 export function mountExplorer(root, model) {
   const data = readData((k) => model.get(k));
+  applyPalette(root, data.summary.palette, data.summary.phases);
   const initial = { zoom: -1, cursor: -1, opText: "", colorBy: "" };
   for (const [key, trait] of Object.entries(SYNCED)) initial[key] = model.get(trait) ?? "";
   if (!initial.sizeBy) initial.sizeBy = "param_bytes";

@@ -15,6 +15,7 @@ export function readData(get) {
       verdict: summary.verdict || null,
       peaks: summary.peaks || {},
       error: summary.error || null,
+      palette: summary.palette || null,
     },
     tree: readTree(unpack(get("tree"))),
     memory: readMemory(unpack(get("memory"))),

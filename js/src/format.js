@@ -3,18 +3,31 @@
 const BIN = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
 const SI = ["", "k", "M", "G", "T", "P", "E"];
 
-/** Bytes in binary units, as fakeviz prints them in Python: "512 B", "1.5 GiB". */
+/**
+ * Bytes in binary units, exactly as Python's fakeviz._core.fmt.format_bytes writes them: "512 B", "1.5 KiB",
+ * "?" for a missing value (tests/test_views.py runs both on the same values).
+ */
 export function fmtBytes(n) {
-  if (n == null || Number.isNaN(n)) return "–";
-  let v = Number(n);
-  const sign = v < 0 ? "-" : "";
-  v = Math.abs(v);
-  let u = 0;
-  while (v >= 1024 && u < BIN.length - 1) {
-    v /= 1024;
-    u++;
+  if (n == null || Number.isNaN(Number(n))) return "?";
+  let x = Number(n);
+  for (let u = 0; u < BIN.length; u++) {
+    if (Math.abs(x) < 1024 || u === BIN.length - 1) return u === 0 ? `${Math.trunc(x)} B` : `${fixed1(x)} ${BIN[u]}`;
+    x /= 1024;
   }
-  return u === 0 ? `${sign}${Math.round(v)} B` : `${sign}${v.toFixed(1)} ${BIN[u]}`;
+  return `${n} B`; // unreachable: the last unit always returns
+}
+
+/** `x` with one decimal as Python's f"{x:.1f}": correctly rounded, a tie to the even digit (toFixed: away from 0). */
+function fixed1(x) {
+  if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf";
+  const q = Math.abs(x) * 4;
+  if (Number.isInteger(q) && q % 2 === 1) {
+    // x = odd / 4 is the only exact tie at one decimal; |x| * 10 = odd * 2.5 is exact
+    const lo = Math.floor(Math.abs(x) * 10);
+    const tenths = lo % 2 === 0 ? lo : lo + 1;
+    return `${x < 0 ? "-" : ""}${Math.floor(tenths / 10)}.${tenths % 10}`;
+  }
+  return x.toFixed(1);
 }
 
 /** A count with SI prefixes and three significant digits: "70.6 G", "512", "1.20 M". */
@@ -77,8 +90,8 @@ export function shortLine(line) {
   return cut >= 0 ? s.slice(cut + 1) : s;
 }
 
-/** The GPU capacity applies to accelerator devices only (as the verdict): not cpu or meta. */
+/** The GPU capacity applies to the devices the verdict judges (Python leaves the host's out): else null. */
 export function capacityOf(summary, device) {
-  if (summary.capacity == null || /^(cpu|meta)\b/.test(String(device))) return null;
+  if (summary.capacity == null || !summary.verdict?.devices?.[device]) return null;
   return summary.capacity;
 }

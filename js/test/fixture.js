@@ -1,4 +1,4 @@
-// A small but complete widget state, shaped like what fakeviz._views.explorer.build_state sends:
+// A small but complete widget state, shaped like what fakeviz._views.payload.build_state sends:
 // a root module with a folded pair of blocks, a head, and a module whose name is markup.
 import { pack } from "./pack.js";
 
@@ -19,6 +19,18 @@ export const OPS = {
   phase: [0, 0, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2],
 };
 const OP_NAMES = ["aten.empty", "aten.mm", "aten.relu", "aten.sum", "aten.mm_backward", "aten.add_"];
+
+// summary.palette as Python sends it (fakeviz._core.palette.palette() plus the tree keys' colours): made-up
+// colours, so a test can tell that the panel draws with what it was sent
+const shade = (i) => `#0000${(16 + i).toString(16)}`;
+export const PALETTE = {
+  categories: CATEGORIES.map((_, i) => shade(i)),
+  phases: PHASES.map((_, i) => shade(32 + i)),
+  edges: { storage: shade(48), view: shade(49), write: shade(50), name: shade(51), tied: shade(52) },
+  cycle: [shade(64), shade(65)],
+  none: shade(80),
+  tree: { device: [shade(64), shade(65), shade(80)], dtype: [shade(64), shade(80)] },
+};
 
 export function state({ selected = "" } = {}) {
   const n = OPS.op.length;
@@ -125,6 +137,7 @@ export function state({ selected = "" } = {}) {
         "cuda:0": { bytes: 2400, seq: 10, phase: "backward", op: "aten.add_", module: "Net.blocks.0.fc", user_line: "train.py:10 in step", by_category: { Parameter: 1200, Buffer: 0, Gradient: 1200, "Optimizer state": 0, Activation: 0, Temporary: 0, Input: 0, Other: 0 }, allocated: 2400, allocated_seq: 10, reserved: 4 << 20, reserved_seq: 0 },
       },
       error: null,
+      palette: PALETTE,
     },
     tree: toDataView(tree),
     memory: toDataView(memory),

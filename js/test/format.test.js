@@ -2,13 +2,14 @@ import { describe, expect, it } from "vitest";
 import { capacityOf, fmtBytes, fmtFlops, fmtInt, fmtSI, fmtTensor, shortLine, shortPath, SIZE_BY } from "../src/format.js";
 
 describe("format", () => {
-  it("applies the GPU capacity to accelerators only", () => {
-    const summary = { capacity: 80e9 };
+  it("applies the GPU capacity to the devices the verdict judges (Python leaves the host's out)", () => {
+    const judged = { peak: 1, headroom: 1, fits: true };
+    const summary = { capacity: 80e9, verdict: { devices: { "cuda:3": judged, mps: judged } } };
     expect(capacityOf(summary, "cuda:3")).toBe(80e9);
     expect(capacityOf(summary, "mps")).toBe(80e9);
     expect(capacityOf(summary, "cpu")).toBeNull();
     expect(capacityOf(summary, "meta")).toBeNull();
-    expect(capacityOf({ capacity: null }, "cuda:0")).toBeNull();
+    expect(capacityOf({ capacity: null, verdict: null }, "cuda:0")).toBeNull();
   });
 
   it("prints bytes like fakeviz does in Python", () => {
@@ -18,7 +19,12 @@ describe("format", () => {
     expect(fmtBytes(85520809984)).toBe("79.6 GiB");
     expect(fmtBytes(282248397320)).toBe("262.9 GiB");
     expect(fmtBytes(-259924164608)).toBe("-242.1 GiB");
-    expect(fmtBytes(null)).toBe("–");
+    expect(fmtBytes(1280)).toBe("1.2 KiB"); // 1.25: a tie, to the even digit as Python's f"{x:.1f}"
+    expect(fmtBytes(1792)).toBe("1.8 KiB");
+    expect(fmtBytes(-1280)).toBe("-1.2 KiB");
+    expect(fmtBytes(1023.9)).toBe("1023 B");
+    expect(fmtBytes(null)).toBe("?");
+    expect(fmtBytes(NaN)).toBe("?");
   });
 
   it("prints counts with SI prefixes", () => {

@@ -2,7 +2,7 @@
 // Render smoke test: the anywidget entry point in a DOM, with a stand-in model.
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import widget from "../src/explorer.js";
-import { EVIL, aliasPack, mockModel, state } from "./fixture.js";
+import { CATEGORIES, EVIL, PALETTE, PHASES, aliasPack, mockModel, state } from "./fixture.js";
 
 let el;
 let model;
@@ -190,6 +190,27 @@ describe("explorer render", () => {
     select.value = "";
     select.dispatchEvent(new Event("change"));
     expect(qa(".fv-tree .fv-node.fv-keyed").length).toBe(0);
+  });
+
+  it("draws with the colours Python sent (summary.palette), none of its own", () => {
+    const root = q(".fv-root");
+    const prop = (name) => root.style.getPropertyValue(name);
+    CATEGORIES.forEach((_, i) => expect(prop(`--fv-cat-${i}`)).toBe(PALETTE.categories[i]));
+    PHASES.forEach((p, i) => expect(prop(`--fv-phase-${p}`)).toBe(PALETTE.phases[i]));
+    for (const [kind, color] of Object.entries(PALETTE.edges)) expect(prop(`--fv-edge-${kind}`)).toBe(color);
+    // each bar segment and legend swatch is drawn in its category's colour (.fv-cat-<index> reads --fv-cat-<index>)
+    for (const seg of qa(".fv-bars .fv-bar-seg")) {
+      expect(seg.classList.contains(`fv-cat-${CATEGORIES.indexOf(seg.getAttribute("data-category"))}`)).toBe(true);
+    }
+    expect(qa(".fv-bars .fv-bar-seg").map((r) => r.getAttribute("data-category"))).toEqual(["Parameter", "Gradient"]);
+    // the tree's keys take the colours of the plotly layer tree
+    const select = q('[data-testid="fv-color-by"]');
+    select.value = "device";
+    select.dispatchEvent(new Event("change"));
+    expect(node("Net.blocks").style.getPropertyValue("--fv-key")).toBe(PALETTE.tree.device[0]);
+    expect(node("Net.head").style.getPropertyValue("--fv-key")).toBe(PALETTE.tree.device[1]);
+    const swatches = qa('[data-testid="fv-color-legend"] .fv-swatch').map((e) => e.style.getPropertyValue("--fv-key"));
+    expect(swatches).toEqual(PALETTE.tree.device);
   });
 
   it("cleans up: listeners off, DOM gone", () => {

@@ -17,3 +17,16 @@ describe("sources", () => {
     expect(text).not.toMatch(/innerHTML|outerHTML|insertAdjacentHTML|document\.write|DOMParser|createContextualFragment|\beval\(|new Function/);
   });
 });
+
+// The data colours (categories, phases, edges, tree keys) are Python's (fakeviz/_core/palette.py, sent as
+// summary.palette): src/ defines none of them, so the two sides cannot drift apart again.
+describe("colours", () => {
+  const src = new URL("../src", import.meta.url).pathname;
+  it.each(sources(src))("%s holds no colour literal", (file) => {
+    expect(readFileSync(file, "utf8")).not.toMatch(/#[0-9a-f]{3,8}\b|\brgba?\(|\bhsla?\(/i);
+  });
+  it("explorer.css defines no data colour, only reads them", () => {
+    const css = readFileSync(join(src, "explorer.css"), "utf8");
+    expect(css).not.toMatch(/--fv-(cat|phase|edge|key)[\w-]*\s*:/);
+  });
+});

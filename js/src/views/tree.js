@@ -3,10 +3,10 @@ import { h, toggle } from "../dom.js";
 import { searchTree, subtreeMask } from "../filter.js";
 import { SIZE_BY, fmtBytes, fmtInt, fmtSI } from "../format.js";
 import { ancestry, icicle } from "../layout.js";
+import { treeKeyColor } from "../palette.js";
 
 const ROW_H = 26;
 const MAX_DEPTH = 7;
-const PALETTE = 8; // fv-key-0 .. fv-key-7 in explorer.css
 
 export function treeView(ctx) {
   const { data, store } = ctx;
@@ -93,13 +93,21 @@ export function treeView(ctx) {
       });
       const key = colorKey(r);
       if (key >= 0) {
-        node.classList.add("fv-keyed", `fv-key-${key % PALETTE}`);
+        node.classList.add("fv-keyed", `fv-key-${key}`);
         node.setAttribute("data-color", colorTable().keys[key]);
+        paint(node, key);
       }
       nodes.set(r, node);
       return node;
     });
     icicleEl.replaceChildren(...els);
+  }
+
+  // the key's colour from Python (summary.palette.tree), as the plotly layer tree draws it
+  function paint(el, key) {
+    const color = treeKeyColor(data.summary.palette, store.get().colorBy, key);
+    if (color) el.style.setProperty("--fv-key", color);
+    return el;
   }
 
   function colorTable() {
@@ -120,7 +128,7 @@ export function treeView(ctx) {
     const c = colorTable();
     colorBy.value = store.get().colorBy || "";
     colorLegend.replaceChildren(
-      ...(c ? c.keys.map((k, i) => h("li", {}, h("span", { class: `fv-swatch fv-key-${i % PALETTE}` }), k)) : []),
+      ...(c ? c.keys.map((k, i) => h("li", {}, paint(h("span", { class: `fv-swatch fv-key-${i}` }), i), k)) : []),
     );
     colorLegend.hidden = !c;
   }
