@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -205,17 +206,21 @@ def test_no_compiler_falls_back_to_python(tmp_path: Path) -> None:
 def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """Note: [fast fake detach] in C: no detach of a fake run takes the Python path, and the
     Python wrap runs once per (mode, device) to make the prototype __dict__."""
-    import fakeviz._engine.recorder as rec
+    from fakeviz._engine.recorder import autograd, modes, state
 
     calls = {"_fake_detach": 0, "_wrap_fake": 0}
     for name in calls:
-        orig = getattr(rec, name)
+        orig = getattr(modes, name)
 
         def counted(*args: Any, _orig: Any = orig, _name: str = name, **kwargs: Any) -> Any:
             calls[_name] += 1
             return _orig(*args, **kwargs)
 
-        monkeypatch.setattr(rec, name, counted)
+        # every module of the recorder that calls it or hands it to the C core
+        users = [m for m in (modes, autograd, state) if getattr(m, name, None) is orig]
+        assert modes in users and len(users) >= 2, (name, users)
+        for m in users:
+            monkeypatch.setattr(m, name, counted)
     trace, kind = _record(_llama_step, pure=False, monkeypatch=monkeypatch, device="cuda:0")
     assert kind == "c"
     assert calls == {"_fake_detach": 0, "_wrap_fake": 1}, calls
@@ -226,18 +231,99 @@ def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPa
 
 
 @needs_core
-def test_core_that_does_not_fit_falls_back_to_python(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A core whose init refuses this build (here: a trace layout it was not written for) leaves
-    the recording to Python, says why in the trace, and records the same ops."""
-    import fakeviz._engine.recorder as rec
+@pytest.mark.parametrize("misfit", ["columns", "progress"])
+def test_core_that_does_not_fit_falls_back_to_python(misfit: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core whose init refuses this build (here: a trace layout it was not written for: columns in
+    another order than its header's, or a progress interval that is not whole op rows) leaves the
+    recording to Python, says why in the trace, and records the same ops."""
+    from fakeviz._core import schema
+    from fakeviz._engine.recorder import state
 
     def work() -> None:
         torch.ones(3).mul(2).sum()
 
-    c, _ = _record(work, pure=False, monkeypatch=monkeypatch)
-    monkeypatch.setattr(rec, "_PROGRESS_EVERY", 0)  # the core checks its layout constants
+    c, kind = _record(work, pure=False, monkeypatch=monkeypatch)  # the core is built (for the real layout)
+    assert kind == "c"
+    if misfit == "columns":  # what Python hands the core: storage columns in another order
+        (st,) = (cols for prefix, _, cols in schema.LAYOUT if prefix == "ST")
+        swapped = {k: st[k] for k in ("st_nbytes", "st_device", *list(st)[2:])}
+        layout = tuple((p, a, swapped if p == "ST" else cols) for p, a, cols in schema.LAYOUT)
+        monkeypatch.setattr(schema, "LAYOUT", layout)
+    else:
+        monkeypatch.setattr(state, "_PROGRESS_EVERY", 0)  # the core checks its layout constants
     with fv.record() as py:
         work()
     assert py.meta["recorder_core"] == "python"
     assert "trace layout differs" in py.meta["recorder_core_error"]
     assert py.oplog_lines() == c.oplog_lines()
+
+
+# ------------------------------------------------------------ the row layout the core is built for
+def _header_defines(header: str) -> dict[str, str]:
+    return {m[1]: m[2] for m in re.finditer(r"^#define (FV_\w+) (.+)$", header, re.M)}
+
+
+def test_schema_header_defines_every_column() -> None:
+    """Note: [recorder core in C]: the C core takes its row widths and column positions from a header
+    generated from ``fakeviz._core.schema.LAYOUT``: a width per row table, a define per column with its
+    position, the phase codes, and the layout signature the core compares with what Python hands it."""
+    from fakeviz._core.schema import LAYOUT, OP_COLS, OUT_COLS, PHASES, ST_COLS, field
+
+    defs = _header_defines(_native.schema_header())
+    expected = {}
+    for prefix, _, cols in LAYOUT:
+        expected[f"FV_{prefix}_WIDTH"] = len(cols)
+        for i, name in enumerate(cols):
+            expected[_native.column_macro(prefix, name)] = i
+    assert len(expected) == sum(len(cols) + 1 for _, _, cols in LAYOUT)  # one name per column, none shared
+    expected.update({f"FV_PHASE_{phase.upper()}": i for i, phase in enumerate(PHASES)})
+    assert {k: int(v) for k, v in defs.items() if k != "FV_LAYOUT"} == expected
+    assert defs["FV_LAYOUT"] == f'"{_native.layout_signature()}"'
+    # the names as fvcore.c spells them
+    assert int(defs["FV_OP_PHASE"]) == field(OP_COLS, "phase") and int(defs["FV_OP_IN_END"]) == field(OP_COLS, "in_end")
+    assert int(defs["FV_OUT_NBYTES"]) == field(OUT_COLS, "out_nbytes")
+    assert int(defs["FV_ST_FREE"]) == field(ST_COLS, "st_free") and int(defs["FV_ST_WIDTH"]) == len(ST_COLS)
+    # every FV_ name the C source uses is one the header defines
+    used = set(re.findall(r"\bFV_[A-Z0-9_]*[A-Z0-9]\b", (REPO / "fakeviz/_engine/csrc/fvcore.c").read_text()))
+    assert used - {"FV_SCHEMA_H"} <= set(defs), sorted(used - set(defs))
+
+
+def test_core_cache_key_follows_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cached core is named by a hash of its source *and* the generated header: another layout is
+    another file, so a layout change builds a new core instead of loading one that writes the old rows."""
+    from fakeviz._core import schema
+
+    header = _native.schema_header()
+    assert _native._library_path(header) == _native._library_path(_native.schema_header())
+    (st,) = (cols for prefix, _, cols in schema.LAYOUT if prefix == "ST")
+    swapped = {k: st[k] for k in ("st_nbytes", "st_device", *list(st)[2:])}
+    monkeypatch.setattr(schema, "LAYOUT", tuple((p, a, swapped if p == "ST" else c) for p, a, c in schema.LAYOUT))
+    other = _native.schema_header()
+    assert other != header and "#define FV_ST_NBYTES 0" in other
+    assert _native._library_path(other) != _native._library_path(header)
+
+
+@needs_core
+def test_core_is_rebuilt_when_the_header_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core is compiled once per (source, header, Python) and loaded from the cache after; a changed
+    header text builds (and loads) a new one next to it, and a row wider than fvcore.c fills fails."""
+    from fakeviz._core import schema
+
+    monkeypatch.setenv("FAKEVIZ_CACHE_DIR", str(tmp_path))
+    schema_header = _native.schema_header
+    header = schema_header()
+    assert hasattr(_native._load(), "Core")
+    built = sorted(tmp_path.glob("fvcore_*"))
+    assert len(built) == 1
+    _native._load()  # cached: nothing new is built
+    assert sorted(tmp_path.glob("fvcore_*")) == built
+    monkeypatch.setattr(_native, "schema_header", lambda: header + "/* another layout */\n")
+    assert hasattr(_native._load(), "Core")
+    rebuilt = sorted(tmp_path.glob("fvcore_*"))
+    assert len(rebuilt) == 2 and set(built) < set(rebuilt)
+    # a column fvcore.c does not fill fails its build (and Python records) instead of leaving it unwritten
+    monkeypatch.setattr(_native, "schema_header", schema_header)
+    wider = tuple((p, a, {**c, "st_new": "q"} if p == "ST" else c) for p, a, c in schema.LAYOUT)
+    monkeypatch.setattr(schema, "LAYOUT", wider)
+    with pytest.raises(RuntimeError, match="fill the new ones in new_storage"):
+        _native._load()

@@ -9,6 +9,7 @@ import sys
 import textwrap
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -476,6 +477,18 @@ def test_exclude_transformers_frames_from_user_line():
         assert share > 0.5, (exclude, fwd.user_line.value_counts().head())
 
 
+def test_user_line_skips_the_whole_fakeviz_package():
+    """Frames anywhere in fakeviz (every layer, not only the recorder's own folder) are never the user's
+    line: the prefix is the package directory, however deep the module that computes it."""
+    from fakeviz._engine.recorder import modules
+
+    assert modules._FAKEVIZ_DIR == os.path.dirname(os.path.abspath(fv.__file__)) + os.sep
+    with fv.record() as trace:
+        torch.ones(3).mul(2)
+    lines = set(trace.ops.user_line.astype(str))
+    assert lines and all("test_engine.py" in line for line in lines), lines
+
+
 def test_trace_stays_small_per_op():
     with fv.record(device="cuda:0") as trace:
         for _ in range(50):
@@ -503,7 +516,7 @@ def test_fast_fake_detach_matches_the_fake_mode():
     """Note: [fast fake detach]: the recorder's detach short-cut gives what FakeTensorMode gives
     (same storage, view metadata, fake device and mode, shared version counter, no grad),
     and leaves tensors carrying a constant to the mode (so their values stay known)."""
-    from fakeviz._engine.recorder import _fake_detach
+    from fakeviz._engine.recorder.modes import _fake_detach
 
     with fv.record(device="cuda:0") as trace:
         x = torch.randn(4, 6, requires_grad=True) * 2  # not a leaf: its views may be written
@@ -532,7 +545,7 @@ def test_light_fake_wrap_matches_the_constructor():
     without FakeTensor.__new__; they must be indistinguishable from constructed ones."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from fakeviz._engine.recorder import _fake_detach
+    from fakeviz._engine.recorder.modes import _fake_detach
 
     with fv.fake_mode(device="cuda:5"):
         x = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True) * 2
@@ -563,29 +576,29 @@ def _llama_step_trace(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> tuple
     """A fake Llama (3 layers) fwd+bwd+AdamW; with or without Note: [recorded op cache]."""
     import gc
 
-    import fakeviz._engine.recorder as rec
     from fakeviz import models
+    from fakeviz._engine.recorder import modes, state
 
     hits = [0]
-    init = rec._State.__init__
+    init = state._State.__init__
 
-    def counting_init(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+    def counting_init(self: state._State, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         record = self.record  # the C core's or the Python method (Note: [recorder core in C])
 
-        def counting(func, args, kwargs, out, entry=None):  # noqa: ANN001, ANN202
+        def counting(func: Any, args: Any, kwargs: Any, out: Any, entry: Any = None) -> None:
             hit = self.fast.get(id(entry)) if entry is not None else None
             hits[0] += hit is not None and hit[0] is entry
             return record(func, args, kwargs, out, entry)
 
         self.record = counting
 
-    monkeypatch.setattr(rec._State, "__init__", counting_init)
+    monkeypatch.setattr(state._State, "__init__", counting_init)
     if not use_cache:  # the mode never hands an entry over: every op takes the full path
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         for name in ("_output_from_cache_entry", "_make_cache_entry"):
-            monkeypatch.setattr(rec._FakeRecordingMode, name, getattr(FakeTensorMode, name))
+            monkeypatch.setattr(modes._FakeRecordingMode, name, getattr(FakeTensorMode, name))
     cfg = models.config("llama3-70b", num_hidden_layers=3, hidden_size=64, intermediate_size=96,
                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128)  # fmt: skip
     gc.collect()

@@ -2,7 +2,9 @@
 
 ``fake_mode()`` makes every tensor created in its scope fake (shape, dtype,
 stride, device and storage identity, but no data). It records nothing; see
-:func:`fakeviz.record` for that.
+:func:`fakeviz.record` for that. ``FakeSession`` (one fake mode across several
+``record`` blocks) is the recorder's, in :mod:`fakeviz._engine.recorder.fake_session`
+(why it is not here: that module's docstring).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensor, FakeTensorMode
 
-from . import cuda_shim as _cuda_shim
 from .._core.errors import FakeVizError
+from . import cuda_shim as _cuda_shim
 
 __all__ = ["check_device", "fake_mode", "fakeify", "is_fake", "meta_like", "session_patches"]
 

@@ -1,10 +1,10 @@
 /* fakeviz._fvcore: the recorder's per-op path in C (Note: [recorder core in C] in
- * fakeviz/_native.py).
+ * fakeviz/_engine/native.py).
  *
- * Core mirrors, method by method, the Python reference in fakeviz/_recorder.py:
- *   dispatch / output_from_cache_entry / make_cache_entry  _FakeRecordingMode hooks
- *   run_op, record, pack_saved, on_free                     _State methods
- *   fast_dispatch                                            _fake_dispatch_fast
+ * Core mirrors, method by method, the Python reference in fakeviz/_engine/recorder/:
+ *   dispatch / output_from_cache_entry / make_cache_entry  _FakeRecordingMode hooks (modes.py)
+ *   run_op, record, pack_saved, on_free                     _State methods (ops.py, autograd.py, storages.py)
+ *   fast_dispatch                                            _fake_dispatch_fast (modes.py)
  * on their common paths; every uncommon path calls the Python method that handles
  * it. Only the CPython C API is used (no torch headers): it builds in under a second
  * with any C compiler, and fakeviz records in Python where none exists.
@@ -14,8 +14,20 @@
 #include <frameobject.h>
 #include <string.h>
 #include <math.h>
+/* The row layout of the record: FV_<table>_WIDTH and FV_<table>_<column> (a column's position in a
+ * row), and the phase codes (FV_PHASE_<phase>), generated from fakeviz._core.schema.LAYOUT by fakeviz._engine.native.schema_header() into
+ * the build's include path (angle brackets: never a stale copy next to this file). Rows are written
+ * by column name; a column this file does not know fails the build (the widths below), and the
+ * Python recorder then records instead. */
+#include <fv_schema.h>
 
-enum { P_INIT = 0, P_FORWARD = 1, P_BACKWARD = 2, P_OPTIMIZER = 3, P_OTHER = 4 };
+/* every column of the rows this file writes, each set by name below */
+_Static_assert(FV_OP_WIDTH == 9, "fvcore.c writes 9 op columns: fill the new ones in record_body");
+_Static_assert(FV_OUT_WIDTH == 8, "fvcore.c writes 8 output columns: fill the new ones in output_row");
+_Static_assert(FV_ST_WIDTH == 7, "fvcore.c writes 7 storage columns: fill the new ones in new_storage");
+
+enum { P_INIT = FV_PHASE_INIT, P_FORWARD = FV_PHASE_FORWARD, P_BACKWARD = FV_PHASE_BACKWARD,
+       P_OPTIMIZER = FV_PHASE_OPTIMIZER, P_OTHER = FV_PHASE_OTHER };
 #define PARAM_NEW_FRAMES 9
 
 static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *s_seen_forward,
@@ -41,7 +53,7 @@ typedef struct {
         *disable_td, *preserve_keys, *detach_op, *make_subclass, *fake_config, *warn_mutable, *throw_mutable,
         *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch, *unsafe_view, *tf_mode_enabled;
     long long tbase, ttop;
-    Py_ssize_t n_op, n_out, n_st, st_roles, st_free, progress_every;
+    Py_ssize_t progress_every;
     long long role_saved;
 } Core;
 
@@ -141,7 +153,7 @@ static PyObject *pop_ident(PyObject *d) {
 
 static Py_ssize_t num_ops(Core *self) {
     Py_ssize_t n = PyObject_Size(self->opd);
-    return n < 0 ? -1 : n / self->n_op;
+    return n < 0 ? -1 : n / FV_OP_WIDTH;
 }
 
 /* _State._new_storage: a new storage row, watched for its free */
@@ -149,7 +161,7 @@ static int new_storage(Core *self, PyObject *st, PyObject *key, long long devid,
                        long long *sid) {
     Py_ssize_t n = PyObject_Size(self->std);
     if (n < 0) return -1;
-    *sid = n / self->n_st;
+    *sid = n / FV_ST_WIDTH;
     long long nb = -1;
     PyObject *nbo = PyObject_CallMethodNoArgs(st, s_nbytes);
     if (nbo && PyLong_CheckExact(nbo)) {
@@ -159,8 +171,11 @@ static int new_storage(Core *self, PyObject *st, PyObject *key, long long devid,
         PyErr_Clear(); /* unbacked symbolic size */
     }
     Py_XDECREF(nbo);
-    long long row[7] = {devid, nb, seq, -1, roles, -1, -1};
-    if (extend(self->std_frombytes, row, 7) < 0) return -1;
+    long long row[FV_ST_WIDTH] = {
+        [FV_ST_DEVICE] = devid, [FV_ST_NBYTES] = nb, [FV_ST_ALLOC] = seq, [FV_ST_FREE] = -1,
+        [FV_ST_ROLES] = roles,  [FV_ST_NAME] = -1,   [FV_ST_OWNER] = -1,
+    };
+    if (extend(self->std_frombytes, row, FV_ST_WIDTH) < 0) return -1;
     PyObject *cb = PyObject_GetAttr(self->state, s_on_free);
     if (!cb) return -1;
     PyObject *ref = PyObject_CallFunctionObjArgs(self->ref_type, st, cb, NULL);
@@ -188,7 +203,7 @@ static PyObject *Core_on_free(Core *self, PyObject *ref) {
     if (ops < 0) return NULL;
     PyObject *v = PyLong_FromSsize_t(ops);
     if (!v) return NULL;
-    rc = PySequence_SetItem(self->std, (Py_ssize_t)sid * self->n_st + self->st_free, v);
+    rc = PySequence_SetItem(self->std, (Py_ssize_t)sid * FV_ST_WIDTH + FV_ST_FREE, v);
     Py_DECREF(v);
     if (rc < 0) return NULL;
     PyObject *key = PyObject_GetAttr(ref, s_key);
@@ -239,19 +254,22 @@ fail:
     return -1;
 }
 
+/* where the fields of an output's metadata go in its row: the interned shape, stride, dtype and device
+ * ids (the values of meta_ids), then storage offset and nbytes; a cached metadata tuple of the recorded
+ * op cache has all six in this order (_OUT_META in recorder/common.py) */
+static const int OUT_META[6] = {FV_OUT_SHAPE, FV_OUT_STRIDE, FV_OUT_DTYPE, FV_OUT_DEVICE, FV_OUT_OFFSET, FV_OUT_NBYTES};
+
 /* _State._output(t, m): append t's output row; m is its cached metadata tuple or NULL */
 static int output_row(Core *self, PyObject *t, PyObject *m, long long *flag) {
-    long long row[8];
+    long long row[FV_OUT_WIDTH];
     *flag = 0;
     if (m) {
         if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 6) {
             PyErr_SetString(PyExc_TypeError, "fakeviz core: bad cached output metadata");
             return -1;
         }
-        for (int i = 0; i < 4; i++)
-            if (as_ll(PyTuple_GET_ITEM(m, i), &row[1 + i]) < 0) return -1;
-        if (as_ll(PyTuple_GET_ITEM(m, 4), &row[6]) < 0) return -1;
-        if (as_ll(PyTuple_GET_ITEM(m, 5), &row[7]) < 0) return -1;
+        for (int i = 0; i < 6; i++)
+            if (as_ll(PyTuple_GET_ITEM(m, i), &row[OUT_META[i]]) < 0) return -1;
     } else {
         /* interned metadata ids of a known (shape, stride, dtype, device), else the Python path */
         PyObject *shape = PyObject_GetAttr(t, s_shape);
@@ -278,8 +296,8 @@ static int output_row(Core *self, PyObject *t, PyObject *m, long long *flag) {
                 PyTuple_GET_SIZE(ids) == 4) {
                 ok = 1;
                 for (int i = 0; i < 4 && ok; i++)
-                    if (as_ll(PyTuple_GET_ITEM(ids, i), &row[1 + i]) < 0) ok = -1;
-                if (ok == 1 && (as_ll(off, &row[6]) < 0 || as_ll(nb, &row[7]) < 0)) ok = -1;
+                    if (as_ll(PyTuple_GET_ITEM(ids, i), &row[OUT_META[i]]) < 0) ok = -1;
+                if (ok == 1 && (as_ll(off, &row[FV_OUT_OFFSET]) < 0 || as_ll(nb, &row[FV_OUT_NBYTES]) < 0)) ok = -1;
             }
         }
         Py_XDECREF(shape);
@@ -317,9 +335,9 @@ static int output_row(Core *self, PyObject *t, PyObject *m, long long *flag) {
         Py_DECREF(tag);
     }
     Py_DECREF(d);
-    row[0] = tid;
-    if (output_storage(self, t, row[4], &row[5]) < 0) return -1;
-    return extend(self->out_frombytes, row, 8);
+    row[FV_OUT_TENSOR] = tid;
+    if (output_storage(self, t, row[FV_OUT_DEVICE], &row[FV_OUT_STORAGE]) < 0) return -1;
+    return extend(self->out_frombytes, row, FV_OUT_WIDTH);
 }
 
 /* the first frame outside torch/fakeviz/stdlib (and excluded packages): its line id, or -1 */
@@ -729,8 +747,12 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
     }
     Py_ssize_t n_in = PyObject_Size(self->in_tensor), n_outd = PyObject_Size(self->outd);
     if (n_in < 0 || n_outd < 0) goto done;
-    long long row[9] = {op_id, phase, module, line, aid, n_in, n_outd / self->n_out, flags, flops};
-    if (extend(self->op_frombytes, row, 9) < 0) goto done;
+    long long row[FV_OP_WIDTH] = {
+        [FV_OP_OP] = op_id, [FV_OP_PHASE] = phase, [FV_OP_MODULE] = module, [FV_OP_LINE] = line,
+        [FV_OP_ARGS] = aid, [FV_OP_IN_END] = n_in, [FV_OP_OUT_END] = n_outd / FV_OUT_WIDTH,
+        [FV_OP_FLAGS] = flags, [FV_OP_FLOPS] = flops,
+    };
+    if (extend(self->op_frombytes, row, FV_OP_WIDTH) < 0) goto done;
     Py_ssize_t n_opd = PyObject_Size(self->opd);
     if (n_opd < 0) goto done;
     if (n_opd % self->progress_every == 0) {
@@ -740,8 +762,8 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
         Py_DECREF(pr);
         if (has) {
             PyObject *a_ph = PyLong_FromLongLong(phase), *a_mod = PyLong_FromLongLong(module);
-            PyObject *r = (a_ph && a_mod) ? PyObject_CallMethodObjArgs(self->state, s_report_progress, a_ph, a_mod, NULL)
-                                          : NULL;
+            PyObject *r =
+                (a_ph && a_mod) ? PyObject_CallMethodObjArgs(self->state, s_report_progress, a_ph, a_mod, NULL) : NULL;
             Py_XDECREF(a_ph);
             Py_XDECREF(a_mod);
             if (!r) goto done;
@@ -1165,7 +1187,7 @@ static PyObject *pack_body(Core *self, PyObject *t) {
             int rc = as_ll(so, &sid);
             Py_XDECREF(so);
             if (rc == 0) {
-                Py_ssize_t i = (Py_ssize_t)sid * self->n_st + self->st_roles;
+                Py_ssize_t i = (Py_ssize_t)sid * FV_ST_WIDTH + FV_ST_ROLES;
                 PyObject *cur = PySequence_GetItem(self->std, i);
                 rc = as_ll(cur, &roles);
                 Py_XDECREF(cur);
@@ -1187,7 +1209,8 @@ static PyObject *pack_body(Core *self, PyObject *t) {
     if (handled <= 0) {
         PyErr_Clear(); /* the Python path says what it makes of it */
         PyObject *roles = PyLong_FromLongLong(self->role_saved), *minus = PyLong_FromLong(-1);
-        PyObject *r = (roles && minus) ? PyObject_CallMethodObjArgs(self->state, s_storage_id, t, minus, roles, NULL) : NULL;
+        PyObject *r =
+            (roles && minus) ? PyObject_CallMethodObjArgs(self->state, s_storage_id, t, minus, roles, NULL) : NULL;
         Py_XDECREF(roles);
         Py_XDECREF(minus);
         if (!r) {
@@ -1377,7 +1400,8 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "Core(**parts): keyword arguments only");
         return -1;
     }
-    long long n_op, n_out, n_st, st_roles, st_free, every;
+    long long every;
+    PyObject *layout = NULL;
     if (take(kw, "state", &self->state) || take(kw, "live", &self->live) || take(kw, "fast", &self->fast) ||
         take(kw, "fw_stack", &self->fw_stack) || take(kw, "fw_lines", &self->fw_lines) ||
         take(kw, "unpacked", &self->unpacked) || take(kw, "internal_code", &self->internal_code) ||
@@ -1385,10 +1409,13 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "meta_ids", &self->meta_ids) || take(kw, "opd", &self->opd) || take(kw, "outd", &self->outd) ||
         take(kw, "in_tensor", &self->in_tensor) || take(kw, "std", &self->std) ||
         take(kw, "tensor_type", &self->tensor_type) || take(kw, "fake_type", &self->fake_type) ||
-        take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) || take(kw, "unsafe_view", &self->unsafe_view) ||
+        take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) ||
+        take(kw, "unsafe_view", &self->unsafe_view) ||
         take(kw, "torch_function_mode_enabled", &self->tf_mode_enabled) ||
         take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
-        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) || take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) || take(kw, "local", &self->local) ||
+        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) ||
+        take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) ||
+        take(kw, "local", &self->local) ||
         take(kw, "range_error", &self->range_error) || take(kw, "fake_dispatch", &self->fake_dispatch) ||
         take(kw, "output_from_cache_entry", &self->orig_from_entry) ||
         take(kw, "make_cache_entry", &self->orig_make_entry) || take(kw, "meta_in_tls", &self->meta_in_tls) ||
@@ -1397,10 +1424,15 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "make_subclass", &self->make_subclass) || take(kw, "fake_config", &self->fake_config) ||
         take(kw, "warn_mutable_data_ptr", &self->warn_mutable) ||
         take(kw, "throw_mutable_data_ptr", &self->throw_mutable) || take(kw, "wrap_fake", &self->py_wrap_fake) ||
-        take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take_ll(kw, "n_op", &n_op) ||
-        take_ll(kw, "n_out", &n_out) || take_ll(kw, "n_st", &n_st) || take_ll(kw, "st_roles", &st_roles) || take_ll(kw, "st_free", &st_free) ||
-        take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved))
+        take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take(kw, "layout", &layout) ||
+        take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved)) {
+        Py_XDECREF(layout);
         return -1;
+    }
+    /* the layout Python records with (fakeviz._engine.native.layout_signature()) must be the one
+     * this build's header was generated from */
+    int same_layout = PyUnicode_Check(layout) && PyUnicode_CompareWithASCIIString(layout, FV_LAYOUT) == 0;
+    Py_DECREF(layout);
     if (!PyDict_CheckExact(self->live) || !PyDict_CheckExact(self->fast) || !PyList_CheckExact(self->fw_stack) ||
         !PyList_CheckExact(self->fw_lines) || !PyDict_CheckExact(self->unpacked) ||
         !PyDict_CheckExact(self->internal_code) || !PyDict_CheckExact(self->line_ids) ||
@@ -1409,15 +1441,10 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "fakeviz core: unexpected container types");
         return -1;
     }
-    if (n_out != 8 || n_op != 9 || n_st != 7 || every <= 0) {
+    if (!same_layout || every <= 0 || every % FV_OP_WIDTH) {
         PyErr_SetString(PyExc_ValueError, "fakeviz core: trace layout differs from this build");
         return -1;
     }
-    self->n_op = (Py_ssize_t)n_op;
-    self->n_out = (Py_ssize_t)n_out;
-    self->n_st = (Py_ssize_t)n_st;
-    self->st_roles = (Py_ssize_t)st_roles;
-    self->st_free = (Py_ssize_t)st_free;
     self->progress_every = (Py_ssize_t)every;
     static const char *fb = "frombytes";
     Py_XSETREF(self->in_frombytes, PyObject_GetAttrString(self->in_tensor, fb));

@@ -1,0 +1,61 @@
+"""What every part of the recorder shares: phase codes, row-layout positions, torch handles, op handles.
+
+The positions come from :mod:`fakeviz._core.schema` (the Python recorder appends whole rows; the C core
+gets the same positions from the header ``fakeviz._engine.native`` generates, Note: [recorder core in C]).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import torch
+
+from ..._core.schema import OP_COLS, OUT_COLS, P_COLS, PHASES, ST_COLS, field
+
+P_INIT, P_FORWARD, P_BACKWARD, P_OPTIMIZER, P_OTHER = range(len(PHASES))
+
+_Tensor = torch.Tensor
+_graph_task_id = torch._C._current_graph_task_id
+_get_sequence_nr = torch._C._autograd._get_sequence_nr
+_get_ident = threading.get_ident
+_current_node = torch._C._current_autograd_node
+
+# row widths and the positions the Python recorder reads or writes one field at a time
+_N_OP = len(OP_COLS)
+_PROGRESS_EVERY = 1024 * _N_OP  # opd grows by _N_OP per op: report every 1024 ops
+_N_ST = len(ST_COLS)
+_N_OUT = len(OUT_COLS)
+_ST_FREE = field(ST_COLS, "st_free")
+_ST_ROLES = field(ST_COLS, "st_roles")
+_ST_NAME = field(ST_COLS, "st_name")
+_ST_OWNER = field(ST_COLS, "st_owner")
+_OP_IN_END = field(OP_COLS, "in_end")
+_OP_OUT_END = field(OP_COLS, "out_end")
+_P_GRAD = field(P_COLS, "p_grad")
+_P_TENSOR = field(P_COLS, "p_tensor")
+# an output's metadata, as the recorded op cache keeps it (Note: [recorded op cache]): interned
+# shape, stride, dtype and device ids, storage offset, nbytes (the C core reads the same tuple)
+_OUT_META = tuple(
+    field(OUT_COLS, name) for name in ("out_shape", "out_stride", "out_dtype", "out_device", "out_offset", "out_nbytes")
+)
+
+_DETACH = torch.ops.aten.detach.default
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
+_UNSAFE_VIEW = torch.ops.aten._unsafe_view.default
+_PARAM_NEW = torch.nn.Parameter.__new__.__code__
+_DisableTorchFunction = torch._C.DisableTorchFunction
+
+
+def _no_torch_function(fn: Any) -> Any:
+    """Run a recorder hook with torch function handling off (Note: [torch function off while
+    recording] in ``csrc/fvcore.c``): inside ``torch.device(...)`` every tensor method the hook
+    calls would otherwise go through the mode's Python ``__torch_function__``."""
+
+    @functools.wraps(fn)
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        with _DisableTorchFunction():
+            return fn(*args, **kwargs)
+
+    return hook

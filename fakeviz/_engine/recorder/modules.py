@@ -1,0 +1,338 @@
+"""Module and phase tracking: the forward module stack, user lines, parameter tables, optimizer hooks."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import sys
+import sysconfig
+import weakref
+from types import CodeType
+from typing import Any
+
+import torch
+
+from ..._core.schema import ROLE_BUFFER, ROLE_GRAD, ROLE_INPUT, ROLE_OPT, ROLE_PARAM
+from .common import (
+    _N_ST,
+    _P_GRAD,
+    _P_TENSOR,
+    _ST_NAME,
+    _current_node,
+    _get_sequence_nr,
+    _graph_task_id,
+    _no_torch_function,
+    _Tensor,
+)
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# the whole fakeviz package, every layer (this file is fakeviz/_engine/recorder/modules.py)
+_FAKEVIZ_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep
+_STDLIB_DIRS = tuple(
+    {os.path.realpath(p) + os.sep for p in (sysconfig.get_paths()["stdlib"], os.path.dirname(os.__file__))}
+)
+
+
+# Note: [code objects by id]
+# A code object's hash is not cached: it rehashes its name, bytecode and constants
+# on every lookup (about 1 us for a transformers forward), and finding the user's
+# line looks up several per op. The caches are keyed by id(code) instead, and every
+# code object entered is kept alive in _CODES so its id is never reused.
+_INTERNAL_CODE: dict[tuple[str, ...], dict[int, bool]] = {}
+_CODES: list[CodeType] = []
+
+
+class ModulesMixin:
+    """The part of ``_State`` that knows where an op runs: its phase, module and user line.
+
+    Owns the code-object and line caches, the forward module stack and its lines, the module names,
+    the autograd sequence-number marks (Note: [backward module attribution]), the roots, modules built
+    and optimizers seen, and the parameter table rows. The C core shares ``fw_stack``, ``fw_lines``,
+    ``internal_code``, ``line_ids`` and ``sn_cache`` and calls ``_is_internal``, ``_line_id`` and
+    ``_bw_module``.
+    """
+
+    def _init_modules(self, exclude: tuple[str, ...]) -> None:
+        # code object -> "is torch/fakeviz/stdlib/excluded", shared by every recording with the same prefixes
+        self.internal_code: dict[int, bool] = _INTERNAL_CODE.setdefault(exclude, {})  # Note: [code objects by id]
+        self.line_ids: dict[tuple[int, int], int] = {}
+        self.prefixes = (_TORCH_DIR, _FAKEVIZ_DIR, "<frozen ", *exclude)
+        self.fw_stack: list[int] = []
+        # Note: [user line inside built-in modules]
+        # For a module whose forward is torch's own code (nn.Linear, nn.LayerNorm, ...)
+        # every op it issues has, as first frame outside torch, the line that
+        # called the module: it is found once in the pre-hook and kept here
+        # (-2 marks a module with user-code forward, whose ops walk the frames).
+        self.fw_lines: list[int] = []
+        self.internal_cls: dict[type, bool] = {}
+        self.in_optimizer = 0
+        self.seen_forward = False
+        self.mod_names: dict[int, int] = {}  # id(module) -> module string id
+        self.mod_refs: dict[int, Any] = {}  # id(module) -> weakref (ids can be reused)
+        # Note: [backward module attribution]
+        # Every autograd node takes the next autograd sequence number when its
+        # forward op runs. Module hooks append (sequence number, module) marks
+        # as the forward module stack changes; a backward op looks up the
+        # sequence number of the node being executed and finds the forward
+        # module that was current when that node was made. No grad hooks needed.
+        self.sn_marks: list[int] = []
+        self.sn_mods: list[int] = []
+        self.sn_cache: dict[int, int] = {}
+        self.roots: dict[int, Any] = {}  # id -> weakref of named root modules
+        self.built: dict[int, Any] = {}  # id -> weakref of modules built in the block
+        self.optimizers: dict[int, Any] = {}  # id -> weakref of optimizers that stepped
+        self.p_rows: dict[int, tuple[int, ...]] = {}  # name id -> parameter table row
+
+    def _is_internal(self, code: CodeType) -> bool:
+        v = self.internal_code.get(id(code))
+        if v is None:
+            fn = code.co_filename
+            real = os.path.realpath(fn) if not fn.startswith("<") else fn
+            v = fn.startswith(self.prefixes) or real.startswith(self.prefixes)
+            if not v and real.startswith(_STDLIB_DIRS):
+                # the standard library (contextlib, functools, ...) is not user code,
+                # but third-party packages installed below it are
+                v = "site-packages" not in real and "dist-packages" not in real
+            _CODES.append(code)  # Note: [code objects by id]
+            self.internal_code[id(code)] = v
+        return v
+
+    def user_line(self, depth: int = 2) -> int:
+        try:
+            f = sys._getframe(depth)
+        except ValueError:
+            return -1
+        internal = self.internal_code
+        while f is not None:
+            c = f.f_code
+            v = internal.get(id(c))
+            if v is None:
+                v = self._is_internal(c)
+            if not v:
+                i = self.line_ids.get((id(c), f.f_lineno))
+                return i if i is not None else self._line_id(c, f.f_lineno)
+            f = f.f_back
+        return -1
+
+    def _line_id(self, code: CodeType, lineno: int) -> int:
+        key = (id(code), lineno)
+        i = self.line_ids.get(key)
+        if i is None:
+            text = f"{code.co_filename}:{lineno} in {code.co_name}"
+            i = self.line_ids[key] = self.b.tables["lines"].add(text, text)
+        return i
+
+    def _bw_module(self) -> int:
+        node = _current_node()
+        if node is None:
+            return -1
+        sn = node._sequence_nr()
+        mod = self.sn_cache.get(sn)
+        if mod is None:
+            i = bisect.bisect_right(self.sn_marks, sn) - 1
+            mod = self.sn_mods[i] if i >= 0 else -1
+            self.sn_cache[sn] = mod
+        return mod
+
+    @_no_torch_function
+    def module_id(self, mod: torch.nn.Module) -> int:
+        key = id(mod)
+        mid = self.mod_names.get(key)
+        if mid is not None and self.mod_refs[key]() is mod:
+            return mid
+        # a new root: name it and every submodule, register its parameters and buffers
+        root = type(mod).__name__
+        table = self.b.tables["modules"]
+        classes = self.b.tables["classes"]
+        mod_class = self.b.mod_class
+        for name, sub in mod.named_modules(remove_duplicate=False):
+            k = id(sub)
+            if k in self.mod_names and self.mod_refs[k]() is sub:
+                continue
+            path = f"{root}.{name}" if name else root
+            mid = self.mod_names[k] = table.add(path, path)
+            if mid == len(mod_class):
+                cls = type(sub)
+                mod_class.append(classes.add(cls, cls.__qualname__))
+            self.mod_refs[k] = weakref.ref(sub)
+        self.roots[key] = weakref.ref(mod)
+        self.register_module(mod, root)
+        self.param_rows(key, mod)
+        return self.mod_names[key]
+
+    def register_module(self, mod: torch.nn.Module, root: str) -> None:
+        """Register parameters and buffers (with their FQNs) of the root module ``mod``."""
+        b = self.b
+        names: dict[int, list[str]] = {}
+        for role, items in (
+            (ROLE_PARAM, mod.named_parameters(remove_duplicate=False)),
+            (ROLE_BUFFER, mod.named_buffers(remove_duplicate=False)),
+        ):
+            for name, t in items:
+                if t is None:
+                    continue
+                self.tensor_id(t)
+                sid = self.storage_id(t, -1, role)
+                if sid < 0:
+                    continue
+                names.setdefault(sid, []).append(f"{root}.{name}")
+        for sid, ns in names.items():
+            text = "|".join(dict.fromkeys(ns))
+            b.std[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
+
+    def module_registered(self, parent: torch.nn.Module, name: str, sub: Any) -> None:
+        """Global submodule-registration hook: remember modules built inside the block."""
+        if self.active:
+            self.built[id(parent)] = weakref.ref(parent)
+            if sub is not None:
+                self.built[id(sub)] = weakref.ref(sub)
+
+    def name_built_roots(self) -> None:
+        """Name the top-level modules built in the block that never ran forward (init-only runs)."""
+        alive = {k: m for k, r in self.built.items() if (m := r()) is not None}
+        children = {id(c) for m in alive.values() for c in m._modules.values() if c is not None}
+        for k, m in alive.items():
+            if k not in children and not (k in self.mod_names and self.mod_refs[k]() is m):
+                self.module_id(m)
+
+    def param_rows(self, key: int, root: torch.nn.Module) -> None:
+        """(Re)take the parameter table rows of a root module: when first seen and at the end."""
+        names = self.b.tables["names"]
+        modules = self.b.tables["modules"]
+        root_name = modules.strings[self.mod_names[key]]
+        for mname, sub in root.named_modules(remove_duplicate=False):
+            mid = self.mod_names.get(id(sub))
+            if mid is None:
+                continue
+            for kind, items in ((0, sub._parameters.items()), (1, sub._buffers.items())):
+                for pname, t in items:
+                    if t is None or not isinstance(t, _Tensor):
+                        continue
+                    full = f"{root_name}.{mname}.{pname}" if mname else f"{root_name}.{pname}"
+                    nid = names.add(full, full)
+                    self.p_rows[nid] = self._param_row(t, nid, mid, kind)
+
+    def param_table(self) -> None:
+        """Fill the trace's parameter table (at the end of recording).
+
+        Live roots are walked again (their parameters may have moved or been
+        replaced); roots that died keep the rows taken when they were first seen,
+        with the last gradient their parameters had.
+        """
+        for key, ref in list(self.roots.items()):
+            root = ref()
+            if root is not None and self.mod_names.get(key) is not None:
+                self.param_rows(key, root)
+        pd = self.b.pd
+        g = _P_GRAD
+        for row in self.p_rows.values():
+            if row[g] < 0:
+                row = (*row[:g], self.grad_of.get(row[_P_TENSOR], -1), *row[g + 1 :])
+            pd.extend(row)
+
+    def _param_row(self, t: Any, name_id: int, mid: int, kind: int) -> tuple[int, ...]:
+        tid = self.tensor_id(t)
+        sid = self.storage_id(t, -1, ROLE_PARAM if kind == 0 else ROLE_BUFFER)
+        shape, dt, dev = t.shape, t.dtype, t.device
+        try:
+            numel = int(t.numel())
+            nb = numel * t.element_size()
+            off = int(t.storage_offset())
+        except Exception:  # noqa: BLE001 - unbacked symbolic sizes
+            numel, nb, off = -1, -1, -1
+        shape_s = ", ".join(str(x) for x in shape)
+        grad = -1
+        g = t.grad if kind == 0 else None
+        if g is not None:
+            grad = self.add_roles(g, ROLE_GRAD, tid)
+        return (
+            name_id, mid, tid, sid, off, numel, nb,
+            self.t_shapes.add(shape_s, shape_s), self.t_dtypes.add(dt, str(dt)),
+            self.t_devices.add(dev, str(dev)), kind, grad,
+        )  # fmt: skip
+
+    def _mark_inputs(self, mod: torch.nn.Module, args: Any) -> None:
+        """A top-level module call: its tensor arguments (and keyword arguments) are inputs."""
+        kwargs = None
+        f = sys._getframe(2)
+        if f is not None and f.f_code.co_name == "inner":
+            kwargs = f.f_locals.get("kwargs")
+        for leaf in torch.utils._pytree.tree_leaves((args, kwargs or {})):
+            if isinstance(leaf, _Tensor) and not isinstance(leaf, torch.nn.Parameter):
+                self.add_roles(leaf, ROLE_INPUT)
+
+    @_no_torch_function
+    def opt_pre(self, opt: Any, *_: Any) -> None:
+        self.in_optimizer += 1
+        if self.active:
+            with contextlib.suppress(Exception):
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        self._mark_grad(p)
+
+    @_no_torch_function
+    def opt_post(self, opt: Any, *_: Any) -> None:
+        self.in_optimizer = max(0, self.in_optimizer - 1)
+        if self.active:
+            self.optimizers[id(opt)] = weakref.ref(opt)
+            self._mark_optimizer_state(opt)
+
+    def _mark_optimizer_state(self, opt: Any) -> None:
+        for p, st in list(opt.state.items()):
+            owner = self.tensor_id(p) if isinstance(p, _Tensor) else -1
+            for v in torch.utils._pytree.tree_leaves(st):
+                if isinstance(v, _Tensor):
+                    self.add_roles(v, ROLE_OPT, owner)
+
+    def _mark(self) -> None:
+        self.sn_marks.append(_get_sequence_nr())
+        self.sn_mods.append(self.fw_stack[-1] if self.fw_stack else -1)
+
+    def fw_pre(self, mod: torch.nn.Module, args: Any) -> None:
+        if not self.active:
+            return
+        key = id(mod)
+        mid = self.mod_names.get(key)
+        if mid is None or self.mod_refs[key]() is not mod:
+            mid = self.module_id(mod)
+        if not self.fw_stack and _graph_task_id() < 0:
+            try:
+                self._mark_inputs(mod, args)
+            except Exception as exc:  # noqa: BLE001 - never break the user's forward
+                self.internal_note("inputs", exc)
+        self.fw_stack.append(mid)
+        cls = type(mod)
+        internal = self.internal_cls.get(cls)
+        if internal is None:
+            fwd = getattr(cls.forward, "__code__", None)
+            internal = self.internal_cls[cls] = fwd is not None and self._is_internal(fwd)
+        self.fw_lines.append(self.user_line(2) if internal else -2)
+        self.seen_forward = True
+        self._mark()
+
+    def fw_post(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
+        if not self.active:
+            return
+        mid = self.mod_names.get(id(mod), -1)
+        stack = self.fw_stack
+        if stack and stack[-1] == mid:
+            stack.pop()
+            self.fw_lines.pop()
+        elif mid in stack:
+            i = len(stack) - 1 - stack[::-1].index(mid)
+            del stack[i]
+            del self.fw_lines[i]
+        self._mark()
+
+    @_no_torch_function
+    def param_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
+        if self.active and t is not None and isinstance(t, _Tensor):
+            self.built[id(mod)] = weakref.ref(mod)
+            self.storage_id(t, self.b.num_ops(), ROLE_PARAM)
+
+    @_no_torch_function
+    def buffer_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
+        if self.active and t is not None and isinstance(t, _Tensor):
+            self.built[id(mod)] = weakref.ref(mod)
+            self.storage_id(t, self.b.num_ops(), ROLE_BUFFER)

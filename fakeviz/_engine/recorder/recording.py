@@ -1,0 +1,263 @@
+"""``Recording`` and ``record()``: a recorded block, from entering the hooks and the mode to the finished record."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from ..._core.errors import RecordError
+from ..._core.record import Record
+from .. import cuda_shim as _cuda_shim
+from ..session import check_device, new_fake_mode, session_patches
+from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks
+from .state import _State
+
+if TYPE_CHECKING:
+    from .fake_session import FakeSession
+
+__all__ = ["Recording", "record"]
+
+
+class Recording:
+    """Context manager returned by :func:`record`; ``with fv.record() as trace``."""
+
+    def __init__(
+        self,
+        *,
+        device: str | torch.device | None,
+        dtype: torch.dtype | None,
+        fake: bool,
+        symbolic: bool,
+        exclude: tuple[str, ...],
+        modules: tuple[torch.nn.Module, ...],
+        session: FakeSession | None = None,
+        progress: Any = None,
+        attention: str = "auto",
+        gpu: str | None = None,
+        record_cls: type[Record] = Record,
+    ) -> None:
+        from ..._core.gpus import Capacity
+        from ..attention import SETTINGS
+
+        if attention not in (*SETTINGS, "native"):
+            raise ValueError(f"attention={attention!r}: use one of {', '.join((*SETTINGS, 'native'))}")
+        self.attention = attention
+        self.capability = (9, 0)
+        if gpu is not None:
+            cap = Capacity.parse(gpu).capability  # a clear error for an unknown name
+            if cap is not None:
+                self.capability = cap
+        self.gpu = gpu
+        if session is not None and not fake:
+            raise ValueError("record(session=...) needs fake=True: a session is a lasting fake mode")
+        self.session = session
+        self.progress = progress
+        self.device = torch.device(device) if device is not None else None
+        self.dtype = dtype
+        self.fake = fake
+        self.symbolic = symbolic
+        self.exclude = exclude
+        self.modules = modules
+        self.trace = record_cls(
+            meta={
+                "fake": fake,
+                "device": str(self.device) if self.device else None,
+                "dtype": str(dtype) if dtype else None,
+                "symbolic": symbolic,
+                "torch": torch.__version__,
+                "fake_cuda": None,
+                "attention": attention,
+                **({"gpu": gpu, "capacity": gpu, "capability": list(self.capability)} if gpu else {}),
+            }
+        )
+        self.mode: Any = None
+        self._stack: contextlib.ExitStack | None = None
+        self._state: _State | None = None
+        self._saved_dtype: torch.dtype | None = None
+
+    def __enter__(self) -> Record:
+        shim = _cuda_shim.ensure_fake_cuda()
+        self.trace.meta["fake_cuda"] = shim.mode
+        check_device(self.device)
+        if self.device is not None and self.fake:
+            _cuda_shim.warn_if_unavailable(self.device)
+        prefixes = tuple(_package_dir(x) for x in self.exclude)
+        state = self._state = _State(self.trace, exclude=prefixes)
+        self.trace.meta["recorder_core"] = "c" if state.core is not None else "python"  # Note: [recorder core in C]
+        stack = self._stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(session_patches(on_backward=state.backward_event))
+            mm = torch.nn.modules.module
+            hooks = [
+                mm.register_module_forward_pre_hook(state.fw_pre),
+                mm.register_module_forward_hook(state.fw_post, always_call=True),
+                mm.register_module_parameter_registration_hook(state.param_registered),
+                mm.register_module_buffer_registration_hook(state.buffer_registered),
+                mm.register_module_module_registration_hook(state.module_registered),
+                register_optimizer_step_pre_hook(state.opt_pre),
+                register_optimizer_step_post_hook(state.opt_post),
+            ]
+            for h in hooks:
+                stack.callback(h.remove)
+            stack.enter_context(torch.autograd.graph.saved_tensors_hooks(state.pack_saved, state.unpack_saved))
+            stack.callback(self._deactivate)
+            stack.callback(self._finish_state)
+            for m in self.modules:
+                state.module_id(m)
+            if self.dtype is not None:
+                self._saved_dtype = torch.get_default_dtype()
+                torch.set_default_dtype(self.dtype)
+                stack.callback(torch.set_default_dtype, self._saved_dtype)
+            state.progress = self.progress
+            if self.fake:
+                if self.session is not None:
+                    mode = self.session.mode
+                    if mode._fv_state is not None and mode._fv_state.active:
+                        raise RuntimeError("this fake session is already recording (nested record on one session)")
+                else:
+                    mode = new_fake_mode(symbolic=self.symbolic, cls=_FakeRecordingMode)
+                mode._fv_state = state
+                _install_core_hooks(mode, state)
+                stack.callback(_remove_core_hooks, mode)
+            else:
+                # Note: [view replay in real runs]
+                # Autograd rebuilds the grad_fn of a view after an in-place op by replaying
+                # the view function for Python-dispatch tensors (FakeTensor) and by
+                # as_strided for plain tensors, so the two would log different view ops.
+                # Forcing view replay in real runs makes both log the same ops; only
+                # views differ, so memory figures are unchanged.
+                stack.enter_context(torch.autograd._force_original_view_tracking(True))
+                mode = _RealRecordingMode(state)
+            if self.attention not in ("auto", "native"):
+                # a forced kernel also restricts what real and non-cuda runs may use, like sdpa_kernel
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                           "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[self.attention]  # fmt: skip
+                stack.enter_context(sdpa_kernel([backend]))
+            if self.fake and self.attention != "native":
+                from ..attention import attention_patch
+
+                stack.enter_context(
+                    attention_patch(
+                        self.attention,
+                        self.capability,
+                        on_choice=state.attention_choice,
+                        on_error=state.attention_error,
+                    )
+                )
+            self.mode = mode
+            stack.enter_context(mode)
+            if self.device is not None:
+                stack.enter_context(torch.device(self.device))
+        except BaseException:
+            stack.close()
+            raise
+        return self.trace
+
+    def _deactivate(self) -> None:
+        if self._state is not None:
+            self._state.active = False
+
+    def _finish_state(self) -> None:
+        # runs before the mode and hooks are undone (ExitStack order), while tensors are live
+        if self._state is not None and self._state.active:
+            try:
+                self._state.finish()
+            except Exception as exc:  # noqa: BLE001 - the trace stays usable without the table
+                self._state.internal_note("finish", exc)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        assert self._stack is not None
+        try:
+            self._stack.close()  # exits the device context, the mode, the hooks: never leaves a mode active
+        finally:
+            self.trace.finish()
+            if exc is not None:
+                if isinstance(exc, RecordError):
+                    exc.trace = self.trace
+                with contextlib.suppress(Exception):
+                    exc.fakeviz_trace = self.trace  # type: ignore[attr-defined]
+                if self.trace.error is None:
+                    self.trace.error = {"type": type(exc).__name__, "message": str(exc)[:2000], "op": None}
+        return False
+
+
+def _package_dir(name: str) -> str:
+    """Path prefix of an importable package name, or the string itself if it is a path."""
+    if os.sep in name:
+        return name
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"exclude: no package named {name!r}")
+    return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0])) + os.sep + name + os.sep
+
+
+def record(
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    fake: bool = True,
+    symbolic: bool = False,
+    exclude: tuple[str, ...] | list[str] = (),
+    modules: tuple[torch.nn.Module, ...] | list[torch.nn.Module] = (),
+    session: FakeSession | None = None,
+    progress: Any = None,
+    attention: str = "auto",
+    gpu: str | None = None,
+    record_cls: type[Record] = Record,
+) -> Recording:
+    """Record every dispatched aten op of the code in the ``with`` block.
+
+    ``with fv.record(device="cuda:0") as trace:`` runs the block under fake
+    tensors (``fake=True``, the default) or real ones (``fake=False``) and fills
+    ``trace`` (a ``record_cls``, :class:`~fakeviz._core.record.Record` by default; ``fakeviz.record`` makes a
+    :class:`~fakeviz.Trace`).
+
+    Args:
+        device: default device inside the block (``"cuda:3"`` works on CPU-only torch).
+        dtype: default floating dtype inside the block (e.g. ``torch.bfloat16``).
+        fake: record fake tensors (no data, no memory) or a real run.
+        symbolic: attach a ShapeEnv so data-dependent output sizes become symbols.
+        exclude: packages whose frames are skipped when finding the user's line
+            (e.g. ``("transformers",)``); torch and fakeviz are always skipped.
+        modules: modules created before the block whose parameters and buffers
+            should be registered (with names) before the first op.
+        session: a :class:`FakeSession` to reuse, so fake objects made in an
+            earlier block (same session) can be used in this one.
+        progress: ``callable(n_ops, phase, module)`` called every 1024 ops.
+        attention: which kernel ``scaled_dot_product_attention`` on a fake cuda device
+            records: ``"auto"`` (PyTorch's own choice for that GPU, dtype, shape and
+            mask: cuDNN or flash or memory-efficient or math), ``"flash"``,
+            ``"efficient"``, ``"cudnn"``, ``"math"`` (forced, like ``sdpa_kernel``), or
+            ``"native"`` (what this torch build does on a fake device: the math path on
+            a CPU-only build). See :mod:`fakeviz._engine.attention`.
+        gpu: a GPU name from the catalog (``"H100"``, ``"A100 40GB"``): its compute
+            capability drives the attention rules (default H100) and its memory is
+            the capacity for the verdict and the allocator model.
+
+    On an error inside the block the exception propagates unchanged (with a
+    note naming the op, module and line) or, for data-dependent ops, as a
+    :class:`~fakeviz.DataDependentError`; the partial trace is on the exception
+    (``.trace`` / ``.fakeviz_trace``) and in the ``as`` target, and no fake mode
+    is left active.
+    """
+    return Recording(
+        device=device,
+        dtype=dtype,
+        fake=fake,
+        symbolic=symbolic,
+        exclude=tuple(exclude),
+        modules=tuple(modules),
+        session=session,
+        progress=progress,
+        attention=attention,
+        gpu=gpu,
+        record_cls=record_cls,
+    )

@@ -1,0 +1,126 @@
+"""Tensor ids, storage ids, storage lifetimes (free callbacks) and what each storage was used as (roles)."""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from typing import Any
+
+import torch
+
+from ..._core.schema import ROLE_PARAM, TID_BITS
+from .common import _N_OP, _N_ST, _ST_FREE, _ST_OWNER, _ST_ROLES
+
+
+class _StorageRef(weakref.ref):
+    """Weak reference to a live storage that knows its StorageImpl address and storage id
+    (cheaper than a closure per storage, and one GC-tracked object instead of a closure,
+    its cells and a tuple)."""
+
+    __slots__ = ("key", "sid")
+
+
+_SERIAL = itertools.count(1)  # Note: [tensor tags]
+
+
+class StoragesMixin:
+    """The part of ``_State`` that names tensors and storages and watches storages for their free.
+
+    Owns ``tbase``/``ttop`` (Note: [tensor tags]), ``next_tensor``, ``live`` and ``on_free``; the C core
+    (Note: [recorder core in C]) shares ``live`` and calls ``tensor_id``, ``storage_id`` and ``on_free``.
+    """
+
+    def _init_storages(self) -> None:
+        # Note: [tensor tags]
+        # A tensor's id is kept in its __dict__ as one int, base + id, where base is
+        # unique to this recording (ids of another recording fall outside [base, top)).
+        # An int is not tracked by the cyclic GC, where a (token, id) tuple was: one
+        # GC-tracked object less per tensor.
+        self.tbase = next(_SERIAL) << TID_BITS
+        self.ttop = self.tbase + (1 << TID_BITS)
+        self.live: dict[int, _StorageRef] = {}  # StorageImpl address -> its weakref (which has the id)
+        self.on_free = self._on_free  # one bound method for every storage's weakref callback
+        self.next_tensor = 0
+
+    def tensor_id(self, t: Any) -> int:
+        """The ``$N`` id of a tensor; unseen tensors are registered as inputs."""
+        d = t.__dict__
+        tag = d.get("_fakeviz_tid")
+        base = self.tbase
+        if tag is not None and base <= tag < self.ttop:
+            return tag - base
+        tid = self.next_tensor
+        self.next_tensor = tid + 1
+        d["_fakeviz_tid"] = base + tid
+        roles = ROLE_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else 0
+        self.b.td.extend((tid, self.storage_id(t, -1, roles)))
+        return tid
+
+    def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:
+        try:
+            st = t.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # sparse, nested, functional wrappers
+            return -1
+        key = st._cdata
+        hit = self.live.get(key)
+        if hit is not None:
+            if roles:
+                self.b.std[hit.sid * _N_ST + _ST_ROLES] |= roles
+            return hit.sid
+        dev = t.device
+        devid = self.t_devices.ids.get(dev)
+        if devid is None:
+            devid = self.t_devices.add(dev, str(dev))
+        return self._new_storage(st, key, devid, seq, roles)
+
+    def add_roles(self, t: Any, roles: int, owner: int = -1) -> int:
+        """Mark the storage of ``t`` with ROLE_* bits (registering it if unseen)."""
+        sid = self.storage_id(t, -1, roles)
+        if sid >= 0 and owner >= 0:
+            self.b.std[sid * _N_ST + _ST_OWNER] = owner
+        return sid
+
+    def _new_storage(self, st: Any, key: int, devid: int, seq: int, roles: int) -> int:
+        b = self.b
+        std = b.std
+        sid = len(std) // _N_ST
+        try:
+            nb = st.nbytes()
+            nb = nb if type(nb) is int else -1
+        except Exception:  # noqa: BLE001 - unbacked symbolic size
+            nb = -1
+        std.extend((devid, nb, seq, -1, roles, -1, -1))
+        self._watch(st, key, sid)
+        return sid
+
+    def _watch(self, st: Any, key: int, sid: int) -> None:
+        """Make storage ``st`` (StorageImpl address ``key``) live as ``sid``; record its free."""
+        ref = _StorageRef(st, self.on_free)
+        ref.key = key
+        ref.sid = sid
+        self.live[key] = ref
+
+    def _on_free(self, ref: _StorageRef) -> None:
+        sid = ref.sid
+        b = self.b
+        b.std[sid * _N_ST + _ST_FREE] = len(b.opd) // _N_OP
+        live = self.live
+        if live.get(ref.key) is ref:
+            del live[ref.key]
+
+    def _alias_lifted(self, src: Any, out: Any) -> None:
+        """Note: [lift_fresh]
+        A real ``aten.lift_fresh`` (``torch.tensor(...)``) returns its input; the fake
+        one returns a new FakeTensor over a new storage. Give the fake output the
+        input's tensor id and move the input's storage entry onto the output's
+        storage, so fake and real runs see one tensor and one storage."""
+        tid = self.tensor_id(src)
+        out.__dict__["_fakeviz_tid"] = self.tbase + tid
+        try:
+            st_in = src.untyped_storage()
+            st_out = out.untyped_storage()
+        except (NotImplementedError, RuntimeError):
+            return
+        hit = self.live.pop(st_in._cdata, None)
+        if hit is not None:
+            self._watch(st_out, st_out._cdata, hit.sid)
