@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def _frame_bytes(obj) -> int:  # noqa: ANN001
+def _frame_bytes(obj) -> int:
     import pandas as pd
 
     if isinstance(obj, pd.DataFrame):

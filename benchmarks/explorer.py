@@ -147,7 +147,7 @@ def _plotly_anchor(trace: Any) -> dict[str, Any]:
     return out
 
 
-def _record_cell(name: str, seq: int, layers: int | None):  # noqa: ANN202 - an nbformat cell
+def _record_cell(name: str, seq: int, layers: int | None):
     """The notebook cell that records the model's fwd+bwd as ``trace``."""
     import nbformat
 

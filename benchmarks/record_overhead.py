@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
-def _work(cfg, seq: int):  # noqa: ANN001, ANN202
+def _work(cfg, seq: int):
     import torch
 
     from fakeviz import models
@@ -47,7 +47,7 @@ def _work(cfg, seq: int):  # noqa: ANN001, ANN202
     return model
 
 
-def run_bare(cfg, seq: int) -> float:  # noqa: ANN001
+def run_bare(cfg, seq: int) -> float:
     import fakeviz as fv
     from fakeviz._engine.attention import attention_patch
 
@@ -58,7 +58,7 @@ def run_bare(cfg, seq: int) -> float:  # noqa: ANN001
     return time.perf_counter() - t
 
 
-def run_record(cfg, seq: int, *, python_core: bool = False) -> tuple[float, int]:  # noqa: ANN001
+def run_record(cfg, seq: int, *, python_core: bool = False) -> tuple[float, int]:
     """One recorded run; ``python_core`` records with the Python implementation instead of the
     C core (Note: [recorder core in C]), as on a machine without a C compiler."""
     import fakeviz as fv
@@ -85,7 +85,7 @@ _LAST_TRACE_NBYTES = 0
 _LAST_CORE: dict[bool, str] = {}
 
 
-def run_memtracker(cfg, seq: int) -> tuple[float, dict]:  # noqa: ANN001
+def run_memtracker(cfg, seq: int) -> tuple[float, dict]:
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 
-# Debian's Chromium for the real-browser tests (tests/test_browser.py, benchmarks/explorer.py): the
+# Debian's Chromium for the real-browser tests (tests/browser/test_browser.py, benchmarks/explorer.py): the
 # playwright package drives it and never downloads a browser of its own. apt-get installs it when it
 # is missing and we are root; elsewhere the browser tests are skipped, saying why. CI must have it.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
@@ -22,7 +22,7 @@ if [ ! -x /usr/bin/chromium ]; then
     rm -f "$APT_LOG"
   else
     echo "setup: note: chromium is not installed and cannot be installed here (that needs root and apt-get):" \
-         "the browser tests in tests/test_browser.py will be skipped" >&2
+         "the browser tests in tests/browser/test_browser.py will be skipped" >&2
   fi
   if [ ! -x /usr/bin/chromium ] && [ -n "${CI:-}" ] && [ "${CI}" != false ] && [ "${CI}" != 0 ]; then
     echo "setup: CI runs the browser tests, and chromium could not be installed" >&2

@@ -24,7 +24,7 @@ PyTorch's MemTracker on purpose: MemTracker labels a tensor when it first sees
 it, so a gradient produced by a backward op is counted as "Temp" until the
 AccumulateGrad that makes it ``.grad``, and stays "Temp" in the snapshot at the
 backward peak. The bytes are the same storage before and after; we call them
-Gradient all along (``tests/test_memory.py`` shows it on GPT-2).
+Gradient all along (``tests/analysis/test_memory.py`` shows it on GPT-2).
 
 Activations are the storages autograd saved for backward (MemTracker's "Act"
 is every tensor created in a module's forward). A view of a parameter saved for

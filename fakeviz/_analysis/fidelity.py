@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from .._core.record import Record
-
 from .._core.schema import FLAG_DATA_DEPENDENT
 from .tables import ops_table
 

@@ -27,6 +27,7 @@ __all__ = [
     "Peak", "allocator_run", "decimate_minmax", "live_bytes", "live_curve", "memory_timeline", "peak_bytes", "peaks",
 ]  # fmt: skip
 
+
 def live_bytes(trace: Record) -> dict[str, np.ndarray]:
     """Live storage bytes per device after each op (index = op seq).
 

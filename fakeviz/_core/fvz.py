@@ -92,7 +92,7 @@ def read(path: str | Path, cls: type[R] = Record) -> R:  # type: ignore[assignme
         raise
     except (FileNotFoundError, IsADirectoryError, PermissionError):
         raise
-    except Exception as exc:  # noqa: BLE001 - zlib, zipfile, numpy, json: any damage means "unreadable"
+    except Exception as exc:  # zlib, zipfile, numpy, json: any damage means "unreadable"
         raise TraceFormatError(f"{path}: not a readable fakeviz trace ({type(exc).__name__}: {exc})") from exc
     missing = set(ALL_COLS) - set(cols)
     if missing:

@@ -120,7 +120,11 @@ class Record:
 
     @classmethod
     def from_columns(
-        cls, columns: dict[str, np.ndarray], strings: dict[str, list[str]], *, meta: dict[str, Any] | None = None,
+        cls,
+        columns: dict[str, np.ndarray],
+        strings: dict[str, list[str]],
+        *,
+        meta: dict[str, Any] | None = None,
         error: dict[str, Any] | None = None,
     ) -> Record:
         """A finished record over columns and string tables read elsewhere (a ``.fvz`` file)."""

@@ -16,7 +16,7 @@ what these Python pieces do on their common paths:
 Every uncommon path (an op the recorded op cache has not seen, an unseen input
 tensor, a new code object or source line, lift_fresh, errors, ...) calls the Python
 method that handles it, so the Python implementation stays the single definition of
-what is recorded: the C core must give the same trace, which ``tests/test_core.py``
+what is recorded: the C core must give the same trace, which ``tests/engine/test_native_core.py``
 checks column by column.
 
 The C core writes rows by column name: the row widths and field positions come from a header,

@@ -63,9 +63,9 @@ class Explorer(anywidget.AnyWidget):
     _esm = _BUNDLE if _BUNDLE.is_file() else ""
     _css = _STYLES if _STYLES.is_file() else ""
 
-    summary = traitlets.Dict(
-        help="devices, categories, phases, op count, capacity, verdict, peaks, palette"
-    ).tag(sync=True)
+    summary = traitlets.Dict(help="devices, categories, phases, op count, capacity, verdict, peaks, palette").tag(
+        sync=True
+    )
     tree = _bytes_trait("the folded layer tree (FVPK pack)")
     memory = _bytes_trait("per-device memory timeline by category, decimated, with peak attribution (FVPK)")
     ops = _bytes_trait("the ops table columns and string tables (FVPK)")

@@ -31,7 +31,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import plotly.graph_objects as go
 
 __all__ = [
-    "BarsData", "bars_data", "decimate", "memory_bars", "memory_timeline", "phase_runs", "pick_device", "timeline_data",
+    "BarsData",
+    "bars_data",
+    "decimate",
+    "memory_bars",
+    "memory_timeline",
+    "phase_runs",
+    "pick_device",
+    "timeline_data",
 ]
 
 

@@ -36,8 +36,7 @@ def summary_html(rec: Record) -> str:
     rows = []
     for dev, pk in peak_bytes(rec).items():
         rows.append(
-            f"<tr><td>{html.escape(dev)}</td><td>{format_bytes(pk['bytes'])}</td>"
-            f"<td>{html.escape(pk['op'])}</td></tr>"
+            f"<tr><td>{html.escape(dev)}</td><td>{format_bytes(pk['bytes'])}</td><td>{html.escape(pk['op'])}</td></tr>"
         )
     phases = ", ".join(f"{k} {v}" for k, v in phase_counts(rec).items() if v)
     err = ""

@@ -5,7 +5,7 @@ const SI = ["", "k", "M", "G", "T", "P", "E"];
 
 /**
  * Bytes in binary units, exactly as Python's fakeviz._core.fmt.format_bytes writes them: "512 B", "1.5 KiB",
- * "?" for a missing value (tests/test_views.py runs both on the same values).
+ * "?" for a missing value (tests/views/test_figures.py runs both on the same values).
  */
 export function fmtBytes(n) {
   if (n == null || Number.isNaN(Number(n))) return "?";

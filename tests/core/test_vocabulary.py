@@ -28,7 +28,7 @@ from fakeviz._core.schema import CATEGORIES, LAYOUT, PHASES, dtype_abbr
         (1024, 1024, None),
     ],
 )
-def test_capacity_parse(spec, nbytes, gpu) -> None:  # noqa: ANN001
+def test_capacity_parse(spec, nbytes, gpu) -> None:
     cap = Capacity.parse(spec)
     assert (cap.bytes, cap.gpu, cap.spec) == (nbytes, gpu, spec)
     assert parse_capacity(spec) == nbytes and Capacity.parse(cap) is cap
@@ -42,7 +42,7 @@ def test_capacity_label_and_capability() -> None:
 
 
 @pytest.mark.parametrize("bad", ["H1000", "80 parsecs", "", -1, 0, "-5GB"])
-def test_capacity_errors_name_what_to_do(bad) -> None:  # noqa: ANN001
+def test_capacity_errors_name_what_to_do(bad) -> None:
     with pytest.raises(ValueError) as info:
         Capacity.parse(bad)
     msg = str(info.value)
@@ -61,7 +61,13 @@ def test_capacity_of_reads_every_form_a_record_stored() -> None:
 def test_devices() -> None:
     assert is_host("cpu") and is_host("meta") and is_host("cpu:0")
     assert not is_host("cuda:0") and not is_host("mps") and not is_host("cpuish")
-    assert device_order(["cpu", "cuda:10", "meta", "cuda:2", "cuda:0"]) == ["cuda:0", "cuda:2", "cuda:10", "cpu", "meta"]
+    assert device_order(["cpu", "cuda:10", "meta", "cuda:2", "cuda:0"]) == [
+        "cuda:0",
+        "cuda:2",
+        "cuda:10",
+        "cpu",
+        "meta",
+    ]
     assert uses_caching_allocator("cuda:3") and not uses_caching_allocator("cpu")
 
 
@@ -70,7 +76,7 @@ def test_devices() -> None:
     [(0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (81559 * 2**20, "79.6 GiB"), (-2048, "-2.0 KiB"), (None, "?"),
      (float("nan"), "?"), (2**60, "1024.0 PiB")],
 )  # fmt: skip
-def test_format_bytes(n, text) -> None:  # noqa: ANN001
+def test_format_bytes(n, text) -> None:
     assert format_bytes(n) == text
 
 

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import fakeviz as fv
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _run():

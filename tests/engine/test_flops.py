@@ -13,14 +13,13 @@ consistent across the optimizer implementations.
 from __future__ import annotations
 
 import collections
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+import zoo
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
@@ -29,9 +28,6 @@ from fakeviz._analysis.flops import coverage
 from fakeviz._engine.flops import FLOP_KINDS, flop_kind, op_flops, resolve_op
 from fakeviz._engine.flops import classify as _classify
 from fakeviz._engine.flops.formulas import ADDED_FORMULAS, first_tensor
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402
 
 aten = torch.ops.aten
 

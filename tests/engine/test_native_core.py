@@ -22,20 +22,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import zoo
+from conftest import needs_core
 
 import fakeviz as fv
 from fakeviz._engine import native as _native
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _have_compiler() -> bool:
-    import shutil
-
-    return any(shutil.which(c) for c in ("cc", "gcc", "clang", "c++", "g++"))
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _record(fn: Any, *, pure: bool, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> tuple[fv.Trace, str]:
@@ -68,12 +61,8 @@ def _assert_same_trace(c: fv.Trace, py: fv.Trace) -> None:
     assert c.error == py.error
 
 
-needs_core = pytest.mark.skipif(not _have_compiler(), reason="no C compiler: the Python implementation records")
-
-
-@needs_core
-def test_core_is_built_and_used() -> None:
-    assert _native.status() == "c"
+def test_core_is_built_and_used(c_core: str) -> None:
+    assert c_core == _native.status() == "c"
     with fv.record() as trace:
         torch.ones(2).add(1)
     assert trace.meta["recorder_core"] == "c"

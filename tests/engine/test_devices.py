@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 DEVICES = ["cpu", "cuda", "cuda:0", "cuda:7", "cuda:63"]
 CUDA_DEVICES = [d for d in DEVICES if d.startswith("cuda")]

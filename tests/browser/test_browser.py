@@ -66,7 +66,7 @@ CLICKED = "LlamaForCausalLM.model.layers.0-3.self_attn"
 # ----------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    """The explorer's ES module, built from js/ when npm is here (as tests/test_widget.py does)."""
+    """The explorer's ES module, built from js/ when npm is here (as tests/views/test_explorer.py does)."""
     js = ROOT / "js"
     out = ROOT / "fakeviz" / "static" / "explorer.js"
     npm = shutil.which("npm")
@@ -285,9 +285,9 @@ def test_report_draws_python_colours(tmp_path, browser, bundle, scheme):
         bands = computed(".fv-timeline rect.fv-phase", "fill", "e.dataset.phase")
         assert bands and all(fill == _rgb(PHASE_COLORS[phase]) for phase, fill in bands), bands
         edges = computed(".fv-alias path.fv-edge", "stroke", "e.className.baseVal")
-        assert edges and all(
-            stroke == _rgb(EDGE_COLORS[c.split("fv-edge-")[1].split()[0]]) for c, stroke in edges
-        ), edges
+        assert edges and all(stroke == _rgb(EDGE_COLORS[c.split("fv-edge-")[1].split()[0]]) for c, stroke in edges), (
+            edges
+        )
         # the theme around the data colours follows the colour scheme
         background = page.eval_on_selector("#fv-root .fv-root", "e => getComputedStyle(e).backgroundColor")
         assert background == ("rgb(255, 255, 255)" if scheme == "light" else "rgb(13, 17, 23)"), background

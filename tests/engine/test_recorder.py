@@ -17,7 +17,7 @@ import torch
 
 import fakeviz as fv
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _no_fake_mode_active() -> bool:
@@ -153,10 +153,10 @@ def test_phases_modules_and_lines():
     mm = fwd[fwd.op == "aten.mm.default"]
     assert list(mm.module) == ["TinyNet.fc"]
     # the user line of ops inside nn.Linear is the line in TinyNet.forward that called it
-    assert mm.user_line.iloc[0].endswith("in forward") and "test_engine.py" in mm.user_line.iloc[0]
+    assert mm.user_line.iloc[0].endswith("in forward") and "test_recorder.py" in mm.user_line.iloc[0]
     bwd = ops[ops.phase == "backward"]
     assert "TinyNet.fc" in set(bwd.module.dropna())  # backward ops attributed to their forward module
-    assert bwd.user_line.str.contains("loss.backward|test_engine.py", regex=True).all()
+    assert bwd.user_line.str.contains("loss.backward|test_recorder.py", regex=True).all()
     opt = ops[ops.phase == "optimizer"]
     assert len(opt) and opt.op.str.contains("add_").any()
     st = trace.storages
@@ -244,7 +244,7 @@ def test_data_dependent_branch_clear_error_partial_trace_and_clean_state():
     err = info.value
     assert err.op == "aten._local_scalar_dense.default"
     assert err.module == "DataBranch"
-    assert "test_engine.py" in err.user_line and "in forward" in err.user_line
+    assert "test_recorder.py" in err.user_line and "in forward" in err.user_line
     msg = str(err)
     assert "if y.sum() > 0" in msg and "fake tensors carry no data" in msg and "symbolic=True" in msg
     assert err.trace is trace and len(trace) >= 3  # randn, mul, sum, gt were recorded
@@ -281,7 +281,7 @@ def test_shape_error_keeps_type_and_names_op_module_line():
         with fv.record(device="cuda:0") as trace:
             Bad()(torch.randn(2, 5))
     notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "aten.addmm.default" in notes and "Bad.fc" in notes and "test_engine.py" in notes
+    assert "aten.addmm.default" in notes and "Bad.fc" in notes and "test_recorder.py" in notes
     assert info.value.fakeviz_trace is trace and trace.error["module"] == "Bad.fc"
     assert _no_fake_mode_active()
 
@@ -468,7 +468,7 @@ def test_exclude_transformers_frames_from_user_line():
         num_key_value_heads=2,
         vocab_size=50,
     )
-    for exclude, expect in (((), "modeling_llama.py"), (("transformers",), "test_engine.py")):
+    for exclude, expect in (((), "modeling_llama.py"), (("transformers",), "test_recorder.py")):
         with fv.record(exclude=exclude) as trace:
             m = LlamaForCausalLM(cfg)
             m(torch.randint(0, 50, (1, 4)))
@@ -486,7 +486,7 @@ def test_user_line_skips_the_whole_fakeviz_package():
     with fv.record() as trace:
         torch.ones(3).mul(2)
     lines = set(trace.ops.user_line.astype(str))
-    assert lines and all("test_engine.py" in line for line in lines), lines
+    assert lines and all("test_recorder.py" in line for line in lines), lines
 
 
 def test_trace_stays_small_per_op():
@@ -503,8 +503,8 @@ def test_cuda_index_past_fake_devices_names_op_line_and_keeps_trace():
             torch.ones(3)
             torch.ones(2, device="cuda:64")
     notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "aten.ones.default" in notes and "test_engine.py" in notes
-    assert trace.error["op"] == "aten.ones.default" and "test_engine.py" in trace.error["user_line"]
+    assert "aten.ones.default" in notes and "test_recorder.py" in notes
+    assert trace.error["op"] == "aten.ones.default" and "test_recorder.py" in trace.error["user_line"]
     assert len(trace) == 1 and _no_fake_mode_active()
     with pytest.raises(ValueError, match="cuda:64"):
         with fv.fake_mode(device="cuda:64"):

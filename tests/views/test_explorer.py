@@ -25,7 +25,7 @@ import fakeviz as fv
 
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 JS = ROOT / "js"
 STATIC = ROOT / "fakeviz" / "static"
 NPM = shutil.which("npm")

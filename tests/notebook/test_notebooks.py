@@ -9,7 +9,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-NB_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NB_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 class _RecordingClient(nbclient.NotebookClient):
@@ -17,7 +17,7 @@ class _RecordingClient(nbclient.NotebookClient):
 
     updates: list = []
 
-    def process_message(self, msg, cell, cell_index):  # noqa: ANN001, ANN201 - nbclient's hook
+    def process_message(self, msg, cell, cell_index):
         if msg.get("msg_type") == "update_display_data":
             self.updates.append((cell_index, msg["content"].get("data", {})))
         return super().process_message(msg, cell, cell_index)

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 
 CHROMIUM_ARGS = [
@@ -318,7 +318,7 @@ def run_all_cells(page: Any, tries: int = 3) -> None:
             item.first.click(timeout=10_000)
             page.wait_for_function(_STARTED, timeout=10_000)
             return
-        except Exception:  # noqa: BLE001 - playwright's TimeoutError: close the menu, try again
+        except Exception:  # playwright's TimeoutError: close the menu, try again
             page.keyboard.press("Escape")
             if attempt == tries - 1:
                 raise

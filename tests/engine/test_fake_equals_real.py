@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import difflib
 import gc
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import zoo
 
 import fakeviz as fv
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402
 
 CHECKS = ("oplog", "outputs", "storages", "live_bytes", "peak_bytes", "phases_modules", "memory", "peak")
 

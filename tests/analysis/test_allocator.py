@@ -30,13 +30,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import zoo
 
 import fakeviz as fv
 from fakeviz._analysis import allocator as A
 from fakeviz._analysis.snapshot import export_memory_snapshot
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 B0 = A.BASE_ADDRESS

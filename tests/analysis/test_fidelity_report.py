@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import fakeviz as fv
 from fakeviz._analysis.fidelity import op_rule
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def test_rules_of_known_ops():

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import gc
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import fakeviz as fv
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.mark.parametrize("name", ["gpt2_tied", "llama", "convnet_channels_last"])
