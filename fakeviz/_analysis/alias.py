@@ -1,6 +1,6 @@
 """Aliasing: storages, the tensors that view them, tied parameters and in-place writes.
 
-Pure functions of a :class:`~fakeviz.Trace`. A *tensor* is a recorded ``$N``
+Pure functions of a :class:`~fakeviz._core.record.Record`. A *tensor* is a recorded ``$N``
 id; a *storage* is the memory it lives in. Tensors come from the first op that
 produced them (its output row), from the parameter table, or from their first
 use as an op input (tensors made before recording).

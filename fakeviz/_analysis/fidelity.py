@@ -21,7 +21,7 @@ no rule           none of the above: the op fails under fake tensors
 plus what happened at run time: fallback kernels actually run (captured while
 recording), ops whose output size depends on data (unbacked symbolic sizes),
 the data-dependent error that stopped the run, and attention calls whose
-backend fakeviz chose (``fakeviz._attention``).
+backend fakeviz chose (``fakeviz._engine.attention``).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ def memory_timeline(trace: Record, *, device: str | None = None, allocator: bool
 
     One row per (device, op): ``device, seq, phase, <one column per category>,
     total``; for cuda devices with ``allocator=True`` also ``allocated`` and
-    ``reserved`` from the caching-allocator model (``fakeviz._allocator``).
+    ``reserved`` from the caching-allocator model (``fakeviz._analysis.allocator``).
     """
     import pandas as pd
 

@@ -1,7 +1,7 @@
 """Export a trace as a PyTorch CUDA memory snapshot (``torch.cuda.memory._snapshot()`` format).
 
 :func:`export_memory_snapshot` replays every cuda device of a
-:class:`~fakeviz.Trace` through the allocator model (:mod:`fakeviz._allocator`)
+:class:`~fakeviz.Trace` through the allocator model (:mod:`fakeviz._analysis.allocator`)
 and writes what ``torch.cuda.memory._dump_snapshot()`` would have written had
 the run been recorded with ``torch.cuda.memory._record_memory_history()`` on a
 real GPU: the segments held at the end, with their blocks, and one trace of
@@ -37,7 +37,7 @@ What differs from a real snapshot:
   ``line``, ``name`` from ``"file:line in func"``). A free carries the frames
   of the last op before it; storages that existed before recording carry one
   ``"<existed before recording>"`` frame.
-* Only what the model models is there (see :mod:`fakeviz._allocator`): no
+* Only what the model models is there (see :mod:`fakeviz._analysis.allocator`): no
   cuBLAS/cuDNN workspaces, one stream.
 
 The snapshot is written with :mod:`pickle` protocol 4, the format PyTorch's
@@ -175,7 +175,7 @@ def export_memory_snapshot(
     """A ``torch.cuda.memory._snapshot()``-style dict of the modelled allocator over a trace.
 
     Every cuda device of the trace is replayed through the allocator model
-    (:func:`fakeviz._allocator.simulate_trace`), and its segments and actions
+    (:func:`fakeviz._analysis.allocator.simulate_trace`), and its segments and actions
     are reported under its CUDA device index.
 
     Args:
@@ -223,7 +223,7 @@ def export_memory_snapshot(
             "roundup_power2_divisions": {},
         },
         "fakeviz": {
-            "source": "fakeviz allocator model (fakeviz._allocator), not a real GPU",
+            "source": "fakeviz allocator model (fakeviz._analysis.allocator), not a real GPU",
             "num_ops": trace.num_ops,
             "capacity": cap,
             "devices": summary,

@@ -1,6 +1,6 @@
 """The layer tree: one row per module with its figures, and a folded view of repeated blocks.
 
-Pure functions of a :class:`~fakeviz.Trace`. Every figure of a module is
+Pure functions of a :class:`~fakeviz._core.record.Record`. Every figure of a module is
 *inclusive*: it covers the module and everything below it, so a parent's figure
 is never smaller than a child's and a treemap can size boxes by it.
 
@@ -19,7 +19,7 @@ grad_bytes, opt_bytes
     bytes of the gradients of the subtree's parameters, and of the optimizer
     state kept for them (each storage once).
 flops_fwd, flops_bwd, ops_fwd, ops_bwd, unknown_flop_ops
-    FLOPs (``fakeviz._flops``) and op counts of forward and backward ops
+    FLOPs (``fakeviz._engine.flops``) and op counts of forward and backward ops
     attributed to the subtree; ops without a FLOP formula count as 0 in the sums
     and are counted in ``unknown_flop_ops``.
 

@@ -1,0 +1,53 @@
+"""``fakeviz.__all__`` is the same after the layer restructure, and each name does what it did."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+import fakeviz as fv
+
+BEFORE = [
+    "PHASES", "CATEGORIES", "ROLES", "DataDependentError", "FakeSession", "FakeVizError", "FakeVizWarning",
+    "RecordError", "Recording", "Trace", "TraceFormatError", "explore", "fake_cuda_status", "fake_mode", "fakeify",
+    "is_fake", "load", "meta_like", "record",
+]  # fmt: skip
+RECORD_PARAMS = ["device", "dtype", "fake", "symbolic", "exclude", "modules", "session", "progress", "attention", "gpu"]
+
+
+def test_all_is_unchanged() -> None:
+    assert fv.__all__ == BEFORE
+    for name in BEFORE:
+        assert getattr(fv, name) is not None
+    assert callable(fv.load_ipython_extension) and callable(fv.unload_ipython_extension)
+
+
+def test_record_signature_and_result(tmp_path: Path) -> None:
+    assert list(inspect.signature(fv.record).parameters) == RECORD_PARAMS
+    assert "``trace`` (a :class:`~fakeviz.Trace`)" in fv.record.__doc__
+    rec = fv.record(device="cuda:0")
+    assert isinstance(rec, fv.Recording)
+    with rec as trace:
+        w = torch.nn.Linear(4, 4)
+        w(torch.randn(2, 4)).sum().backward()
+    assert isinstance(trace, fv.Trace) and fv.is_fake(w.weight)
+    assert fv.meta_like(w.weight).device.type == "meta"
+    assert fv.load(trace.save(tmp_path / "t.fvz")).oplog() == trace.oplog()
+    assert fv.fake_cuda_status().mode in ("native", "shim", "unavailable")
+
+
+def test_explore_a_model_without_running_it() -> None:
+    with fv.fake_mode(device="cuda:0"):
+        m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    widget = fv.explore(m)
+    assert type(widget).__name__ == "Explorer" and widget.summary["n_ops"] == 0
+    with pytest.raises(TypeError, match="fakeviz.Trace or a torch.nn.Module"):
+        fv.explore(42)
+
+
+def test_errors_keep_their_hierarchy() -> None:
+    assert issubclass(fv.DataDependentError, fv.RecordError) and issubclass(fv.RecordError, fv.FakeVizError)
+    assert issubclass(fv.TraceFormatError, ValueError) and issubclass(fv.FakeVizWarning, UserWarning)
