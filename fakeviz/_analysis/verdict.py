@@ -22,8 +22,11 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
     peak (what the GPU must hold), ``allocated`` and ``raw`` the allocated and
     raw tensor-byte peaks. Other non-host devices are judged on raw bytes.
 
-    Returns ``{"fits": bool, "capacity": bytes, "devices": {dev: {"peak", "allocated",
-    "raw", "headroom", "fits"}}, "text"}``.
+    A record stopped by an error (``record.error``) is incomplete: it never fits, and the text says
+    where it stopped and what the recorded part peaked at.
+
+    Returns ``{"fits": bool, "incomplete": bool, "capacity": bytes, "devices": {dev: {"peak",
+    "allocated", "raw", "headroom", "fits", "oom_seq"}}, "text"}``.
     """
     cap = Capacity.parse(capacity).bytes
     devices = {}
@@ -43,6 +46,7 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
             "peak": peak, "allocated": allocated, "raw": raw, "headroom": cap - peak, "fits": fits, "oom_seq": oom,
         }  # fmt: skip
     fits = all(d["fits"] for d in devices.values())
+    stopped = _stopped_at(trace)
     if not devices:
         text = "no accelerator memory was used"
     elif fits:
@@ -57,4 +61,21 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
             if not v["fits"]
         ]
         text = f"does not fit {format_bytes(cap)}: " + ", ".join(over)
-    return {"fits": fits, "capacity": cap, "devices": devices, "text": text}
+    if stopped is not None:
+        # Only the part before the error was recorded: what came after is unknown, so never "fits".
+        if fits:
+            recorded = text.removeprefix("fits: ") if devices else "no accelerator memory was used"
+            text = f"incomplete: the run stopped at {stopped}; up to there {recorded}, the rest is unknown"
+        else:
+            text = f"{text} (and the run stopped at {stopped}: the rest is unknown)"
+        fits = False
+    return {"fits": fits, "incomplete": stopped is not None, "capacity": cap, "devices": devices, "text": text}
+
+
+def _stopped_at(trace: Record) -> str | None:
+    """Where an incomplete record stopped ("op 12 aten.nonzero.default (DataDependentError)"), None if complete."""
+    err = trace.error
+    if not err:
+        return None
+    what = f"op {err['seq']} {err['op']}" if err.get("op") and err.get("seq") is not None else "an error"
+    return f"{what} ({err.get('type') or 'error'})"

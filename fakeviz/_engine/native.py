@@ -1,9 +1,9 @@
-"""The recorder's per-op path in C (``csrc/fvcore.c``), built on first use.
+"""The recorder's per-op path in C (``csrc/fvcore.c`` and its parts in ``csrc/fvcore/``), built on first use.
 
 Note: [recorder core in C]
 Recording a fake Llama run cost about 10 us of Python per op on top of the fake
 kernel, most of it interpreter overhead (attribute and dict lookups, tuple packing,
-frames), not work. ``fvcore.c`` does, with the CPython C API only (no torch headers),
+frames), not work. The C core does, with the CPython C API only (no torch headers),
 what these Python pieces do on their common paths:
 
 * the recording mode's ``__torch_dispatch__`` and its two dispatch-cache hooks
@@ -21,12 +21,18 @@ checks column by column.
 
 The C core writes rows by column name: the row widths and field positions come from a header,
 ``fv_schema.h``, generated from :data:`fakeviz._core.schema.LAYOUT` at build time
-(:func:`schema_header`), so the layout is declared once, in Python. It is compiled once
-with the system C compiler (under a second), cached next to the fake-cuda shim
-(``$FAKEVIZ_CACHE_DIR`` or ``~/.cache/fakeviz``) under a name that hashes the source,
-the generated header and the Python build (a layout change builds a new core), and
-imported from there; the core also refuses, at construction, a layout other than the
-one it was built for (:func:`layout_signature`). Without a compiler, or with
+(:func:`schema_header`), so the layout is declared once, in Python.
+
+The source is one translation unit in several files (a "unity build"): ``fvcore.c`` holds the
+``Core`` type and the module, and includes its parts from ``csrc/fvcore/`` (``core.h``: the struct,
+interned names and shared helpers; then storages, output rows, record, run_op, fast detach, the
+fake mode's hooks, pack_saved; each says at its top what it holds), so every function stays
+``static`` and inlines across parts. Only ``fvcore.c`` is compiled, once, with the system C
+compiler (under a second), cached next to the fake-cuda shim (``$FAKEVIZ_CACHE_DIR`` or
+``~/.cache/fakeviz``) under a name that hashes every source file (:func:`_sources`: an edit to any
+part builds a new core), the generated header and the Python build (a layout change builds a new
+core too), and imported from there; the core also refuses, at construction, a layout other than
+the one it was built for (:func:`layout_signature`). Without a compiler, or with
 ``FAKEVIZ_PURE_PYTHON=1``, the Python implementation records (slower, same trace);
 :func:`status` says which one is in use and why.
 """
@@ -51,7 +57,9 @@ from .cuda_shim import cache_dir
 
 __all__ = ["column_macro", "core", "layout_signature", "schema_header", "status"]
 
-_SRC = Path(__file__).with_name("csrc") / "fvcore.c"
+_CSRC = Path(__file__).with_name("csrc")
+_SRC = _CSRC / "fvcore.c"  # the one file compiled; it includes the parts
+_PARTS = _CSRC / "fvcore"  # the parts fvcore.c includes (``#include "fvcore/<part>"``)
 _lock = threading.Lock()
 _state: dict[str, object] = {}
 
@@ -101,11 +109,29 @@ def schema_header() -> str:
     return "\n".join(lines)
 
 
+def _sources() -> dict[str, bytes]:
+    """The text of every file the core is built from, by its path under ``csrc/``, in a fixed order:
+    ``fvcore.c`` first, then every C file and header under ``csrc/fvcore/`` by name (the parts it
+    includes, and anything else there: a file the build might include is never left out)."""
+    parts = sorted(p for p in _PARTS.rglob("*") if p.is_file() and p.suffix in (".c", ".h"))
+    return {p.relative_to(_CSRC).as_posix(): p.read_bytes() for p in (_SRC, *parts)}
+
+
+def _cache_key(sources: dict[str, bytes], header: str) -> str:
+    """The hash that names a build: each source's path, length and text (in the order given, so no two
+    sets of files hash alike), then the generated header and the Python build."""
+    key = hashlib.sha256()
+    for name, text in sources.items():
+        key.update(f"{name}\0{len(text)}\0".encode())
+        key.update(text)
+    key.update(header.encode() + sys.version.encode() + sys.executable.encode())
+    return key.hexdigest()[:16]
+
+
 def _library_path(header: str) -> Path:
-    """Where the core built from ``csrc/fvcore.c`` and ``header`` for this Python is cached."""
-    key = hashlib.sha256(_SRC.read_bytes() + header.encode() + sys.version.encode() + sys.executable.encode())
+    """Where the core built from ``csrc/fvcore.c`` with its parts and ``header`` for this Python is cached."""
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return cache_dir() / f"fvcore_{key.hexdigest()[:16]}{suffix}"
+    return cache_dir() / f"fvcore_{_cache_key(_sources(), header)}{suffix}"
 
 
 def _compile(target: Path, header: str) -> None:
@@ -125,6 +151,7 @@ def _compile(target: Path, header: str) -> None:
     try:
         with tempfile.TemporaryDirectory(dir=target.parent) as gen:
             (Path(gen) / HEADER).write_text(header)
+            # fvcore.c's quoted includes of its parts resolve next to it: no -I for them
             cmd = [cc, "-O2", "-shared", "-fPIC", "-w", *lang, f"-I{gen}", f"-I{include}", str(_SRC), "-o", tmp]
             if sys.platform == "darwin":
                 cmd[1:1] = ["-undefined", "dynamic_lookup"]

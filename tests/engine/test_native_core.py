@@ -1,11 +1,11 @@
 """The recorder core in C records exactly what the Python implementation records.
 
-Note: [recorder core in C] (``fakeviz/_engine/native.py``): ``csrc/fvcore.c`` takes the common
-path of ``_State.record`` and ``_State.pack_saved``; ``FAKEVIZ_PURE_PYTHON=1`` makes the
-Python methods record instead. Every column and every string table of the two traces
-must be equal, for fake and real runs of every zoo model, a Llama step with the recorded
-op cache hot, and the uncommon paths (lift_fresh, symbolic sizes, data-dependent errors,
-progress reports, unknown cuda devices).
+Note: [recorder core in C] (``fakeviz/_engine/native.py``): ``csrc/fvcore.c`` (with the parts it
+includes from ``csrc/fvcore/``) takes the common path of ``_State.record`` and ``_State.pack_saved``;
+``FAKEVIZ_PURE_PYTHON=1`` makes the Python methods record instead. Every column and every string
+table of the two traces must be equal, for fake and real runs of every zoo model, a Llama step
+with the recorded op cache hot, and the uncommon paths (lift_fresh, symbolic sizes,
+data-dependent errors, progress reports, unknown cuda devices).
 """
 
 from __future__ import annotations
@@ -268,12 +268,14 @@ def test_schema_header_defines_every_column() -> None:
     expected.update({f"FV_PHASE_{phase.upper()}": i for i, phase in enumerate(PHASES)})
     assert {k: int(v) for k, v in defs.items() if k != "FV_LAYOUT"} == expected
     assert defs["FV_LAYOUT"] == f'"{_native.layout_signature()}"'
-    # the names as fvcore.c spells them
+    # the names as the C core spells them
     assert int(defs["FV_OP_PHASE"]) == field(OP_COLS, "phase") and int(defs["FV_OP_IN_END"]) == field(OP_COLS, "in_end")
     assert int(defs["FV_OUT_NBYTES"]) == field(OUT_COLS, "out_nbytes")
     assert int(defs["FV_ST_FREE"]) == field(ST_COLS, "st_free") and int(defs["FV_ST_WIDTH"]) == len(ST_COLS)
-    # every FV_ name the C source uses is one the header defines
-    used = set(re.findall(r"\bFV_[A-Z0-9_]*[A-Z0-9]\b", (REPO / "fakeviz/_engine/csrc/fvcore.c").read_text()))
+    # every FV_ name the C source uses (fvcore.c and every part it includes) is one the header defines
+    source = b"\n".join(_native._sources().values()).decode()
+    assert "FV_OP_PHASE" in source and "FV_ST_FREE" in source
+    used = set(re.findall(r"\bFV_[A-Z0-9_]*[A-Z0-9]\b", source))
     assert used - {"FV_SCHEMA_H"} <= set(defs), sorted(used - set(defs))
 
 
@@ -292,10 +294,49 @@ def test_core_cache_key_follows_the_layout(monkeypatch: pytest.MonkeyPatch) -> N
     assert _native._library_path(other) != _native._library_path(header)
 
 
+def _included(csrc: Path, name: str) -> list[str]:
+    """``name`` and every file it includes with quotes, followed through the parts, in include order."""
+    found = [name]
+    for inc in re.findall(r'^\s*#\s*include\s+"([^"]+)"', (csrc / name).read_text(), re.M):
+        path = ((csrc / name).parent / inc).resolve().relative_to(csrc.resolve()).as_posix()
+        found += [f for f in _included(csrc, path) if f not in found]
+    return found
+
+
+def test_core_cache_key_follows_every_source_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C core is one translation unit in several files (``fvcore.c`` includes its parts from
+    ``csrc/fvcore/``): the cached core's name hashes every one of them, so an edit to any part builds
+    a new core instead of loading the one built from the old text."""
+    csrc = REPO / "fakeviz/_engine/csrc"
+    sources = _native._sources()
+    included = _included(csrc, "fvcore.c")
+    # every file the build includes is hashed, and every file hashed is one the build includes
+    assert list(sources)[0] == "fvcore.c" and len(included) > 2, included
+    assert sorted(sources) == sorted(included)
+    assert list(_native._sources().items()) == list(sources.items())  # a fixed order
+    header = _native.schema_header()
+    key = _native._cache_key(sources, header)
+    assert _native._cache_key(dict(sources), header) == key
+    path = _native._library_path(header)
+    assert path.name.startswith(f"fvcore_{key}")
+    for name, text in sources.items():
+        edited = {**sources, name: text.replace(b"\n", b"\n ", 1)}
+        assert edited[name] != text, name
+        assert _native._cache_key(edited, header) != key, name
+        monkeypatch.setattr(_native, "_sources", lambda edited=edited: edited)  # as _load reads them
+        assert _native._library_path(header) != path, name
+    # the same text cut between two parts at another place, or a part renamed, is another core
+    (a, ta), (b, tb) = list(sources.items())[1:3]
+    moved = {**sources, a: ta[:-1], b: ta[-1:] + tb}
+    assert _native._cache_key(moved, header) != key
+    renamed = {(k + ".old" if k == b else k): v for k, v in sources.items()}
+    assert _native._cache_key(renamed, header) != key
+
+
 @needs_core
 def test_core_is_rebuilt_when_the_header_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A core is compiled once per (source, header, Python) and loaded from the cache after; a changed
-    header text builds (and loads) a new one next to it, and a row wider than fvcore.c fills fails."""
+    header text builds (and loads) a new one next to it, and a row wider than the C core fills fails."""
     from fakeviz._core import schema
 
     monkeypatch.setenv("FAKEVIZ_CACHE_DIR", str(tmp_path))
@@ -310,7 +351,7 @@ def test_core_is_rebuilt_when_the_header_changes(tmp_path: Path, monkeypatch: py
     assert hasattr(_native._load(), "Core")
     rebuilt = sorted(tmp_path.glob("fvcore_*"))
     assert len(rebuilt) == 2 and set(built) < set(rebuilt)
-    # a column fvcore.c does not fill fails its build (and Python records) instead of leaving it unwritten
+    # a column the C core does not fill fails its build (and Python records) instead of leaving it unwritten
     monkeypatch.setattr(_native, "schema_header", schema_header)
     wider = tuple((p, a, {**c, "st_new": "q"} if p == "ST" else c) for p, a, c in schema.LAYOUT)
     monkeypatch.setattr(schema, "LAYOUT", wider)

@@ -50,7 +50,7 @@ _DisableTorchFunction = torch._C.DisableTorchFunction
 
 def _no_torch_function(fn: Any) -> Any:
     """Run a recorder hook with torch function handling off (Note: [torch function off while
-    recording] in ``csrc/fvcore.c``): inside ``torch.device(...)`` every tensor method the hook
+    recording] in ``csrc/fvcore/record.c``): inside ``torch.device(...)`` every tensor method the hook
     calls would otherwise go through the mode's Python ``__torch_function__``."""
 
     @functools.wraps(fn)
