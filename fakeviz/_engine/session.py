@@ -202,11 +202,16 @@ def check_device(device: str | torch.device | None) -> None:
             raise ValueError(f"fake cuda devices are cuda:0 .. cuda:{count - 1}; got {dev}")
 
 
-def new_fake_mode(*, symbolic: bool = False, cls: type[FakeTensorMode] = FakeTensorMode, **kwargs: Any) -> Any:
-    """A FakeTensorMode configured the fakeviz way (non-fake inputs allowed)."""
+def new_fake_mode(
+    *, symbolic: bool = False, cls: type[FakeTensorMode] = FakeTensorMode, shape_env: Any = None, **kwargs: Any
+) -> Any:
+    """A FakeTensorMode configured the fakeviz way (non-fake inputs allowed).
+
+    ``symbolic=True`` attaches a new ``ShapeEnv`` (data-dependent sizes become symbols), or ``shape_env``
+    if one is given.
+    """
     _cuda_shim.ensure_fake_cuda()
-    shape_env = None
-    if symbolic:
+    if symbolic and shape_env is None:
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
         shape_env = ShapeEnv(allow_dynamic_output_shape_ops=True)

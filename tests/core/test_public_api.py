@@ -1,4 +1,4 @@
-"""``fakeviz.__all__`` is the same after the layer restructure, and each name does what it did."""
+"""Every name of ``fakeviz.__all__`` from before the layer restructure is still there and does what it did."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ BEFORE = [
 RECORD_PARAMS = ["device", "dtype", "fake", "symbolic", "exclude", "modules", "session", "progress", "attention", "gpu"]
 
 
-def test_all_is_unchanged() -> None:
-    assert fv.__all__ == BEFORE
+def test_all_keeps_every_name() -> None:
+    assert fv.__all__[: len(BEFORE)] == BEFORE  # new names are appended after these
     for name in BEFORE:
         assert getattr(fv, name) is not None
     assert callable(fv.load_ipython_extension) and callable(fv.unload_ipython_extension)

@@ -1,0 +1,349 @@
+"""Fake tensor propagation over a user's FX graph: every node's value as a fake tensor, no data.
+
+:func:`propagate` runs torch's ``FakeTensorProp`` over a ``torch.fx.GraphModule`` (from
+``torch.fx.symbolic_trace``, ``torch.export`` or a dynamo backend) and keeps, per node, the fake value it
+produced: shape, dtype, device, stride and storage identity exactly as a real run would give them.
+
+Inputs:
+* a real tensor is converted with the fake mode's ``from_tensor``, which keeps aliasing between inputs
+  (two views of one tensor share one fake storage). With ``symbolic=True`` its sizes become symbols
+  (``s0``, ``s1``, ...; every dim, or the dims named in ``dynamic``); sizes 0 and 1 stay concrete, as
+  PyTorch specializes them. Sizes are not "duck" shared: ``[8, 8]`` is ``[s0, s1]`` until an op of the
+  graph says the two are equal.
+* a fake tensor is used as it is (the propagation then runs in its fake mode). With ``symbolic=True`` it
+  is replaced by a fresh fake tensor with symbolic sizes (its mode needs a ``ShapeEnv``: create it under
+  ``fakeviz.fake_mode(symbolic=True)``); aliasing between such inputs is not kept.
+* anything else (ints, floats, ``None``) is passed as it is.
+
+The graph module's parameters and buffers, real or fake, are used where they are; real ones are converted
+to fake on first use (static shapes) and cost no copy. ``propagate`` does not write ``node.meta`` of the
+user's graph (``FakeTensorProp`` does; what it wrote is put back), and no fake mode stays active after it.
+
+Data-dependent sizes: ``nonzero``, ``masked_select``, boolean indexing and ``.item()`` give unbacked
+symbols (``u0``) with ``symbolic=True``; without it they raise :class:`~fakeviz.DataDependentError`
+naming the node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from .._core.errors import DataDependentError, FakeVizError
+from .session import new_fake_mode
+
+try:
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+except ImportError:  # pragma: no cover - older torch
+    GuardOnDataDependentSymNode = ()  # type: ignore[assignment,misc]
+
+__all__ = ["Propagated", "hint_of", "propagate", "user_line"]
+
+_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+@dataclass
+class Propagated:
+    """What :func:`propagate` found: the graph, and each node's fake value.
+
+    Attributes:
+        graph_module: the graph module that was propagated (not modified).
+        nodes: its nodes, in graph order.
+        values: node name -> the node's value: a fake tensor, a tuple/list of them (multi-output ops and
+            the output node), a ``SymInt`` or int (``x.size(0)``), or None (no value).
+        mode: the fake mode the values belong to.
+        symbolic: whether the inputs got symbolic sizes.
+        inputs: the inputs as the graph received them (fake tensors where a tensor was given).
+    """
+
+    graph_module: torch.fx.GraphModule
+    nodes: list[torch.fx.Node]
+    values: dict[str, Any]
+    mode: FakeTensorMode
+    symbolic: bool
+    inputs: tuple[Any, ...] = field(default=())
+
+    @property
+    def shape_env(self) -> Any:
+        """The ``ShapeEnv`` of the symbols (None without ``symbolic``)."""
+        return self.mode.shape_env
+
+    @property
+    def output(self) -> Any:
+        """The graph's output (what the output node returns), as fake values."""
+        out = [n for n in self.nodes if n.op == "output"]
+        return self.values.get(out[-1].name) if out else None
+
+    def guards(self) -> list[str]:
+        """The conditions on the symbols the graph imposed (``Eq(s1, 16)``): empty without ``symbolic``."""
+        env = self.shape_env
+        return [str(g.expr) for g in env.guards] if env is not None else []
+
+    def symbols(self) -> dict[str, tuple[str, int | None]]:
+        """Symbol name -> (where it comes from, e.g. ``x.size()[0]``; its value in the example inputs).
+
+        Unbacked symbols (sizes that depend on data) have the op's node as origin and None as value.
+        """
+        env = self.shape_env
+        if env is None:
+            return {}
+        out: dict[str, tuple[str, int | None]] = {}
+        for sym, sources in env.var_to_sources.items():
+            out[str(sym)] = (sources[0].name if sources else "", hint_of(env, sym))
+        for name, val in self.values.items():
+            for t in _tensors(val):
+                for size in t.shape:
+                    if isinstance(size, torch.SymInt):
+                        for sym in size.node.expr.free_symbols:
+                            out.setdefault(str(sym), (name, hint_of(env, sym)))
+        return out
+
+
+def hint_of(shape_env: Any, expr: Any) -> int | None:
+    """The value of a size expression (sympy, or a ``SymInt``) for the example inputs; None if it has none.
+
+    An unbacked symbol (``u0``: a size that depends on data) has no value.
+    """
+    if isinstance(expr, torch.SymInt):
+        expr = expr.node.expr
+    if shape_env is None:
+        return int(expr) if getattr(expr, "is_number", False) else None
+    try:
+        hint = shape_env.guarding_hint_or_throw(expr)
+    except Exception:  # noqa: BLE001 - unbacked (GuardOnDataDependentSymNode) or not evaluable: no value
+        return None
+    return int(hint)
+
+
+def _tensors(val: Any) -> Iterator[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        yield val
+    elif isinstance(val, (list, tuple)):
+        for v in val:
+            yield from _tensors(v)
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def user_line(node: torch.fx.Node) -> str:
+    """``"file:line in function"`` of the user's code that made ``node`` (from its stack trace), or ``""``.
+
+    The innermost frame outside torch's own sources: for a ``linear`` that is the user's ``self.fc1(x)``, not
+    ``torch/nn/modules/linear.py``. ``torch.export`` and dynamo record stack traces; ``torch.fx.symbolic_trace``
+    does not (unless its tracer has ``record_stack_traces = True``).
+    """
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    if not frames:
+        return ""
+    mine = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
+    path, line, func = (mine or frames)[-1]
+    return f"{path}:{line} in {func}"
+
+
+def _source_of(node: torch.fx.Node) -> str:
+    """The last code line of the node's stack trace (what the user wrote), or ``""``."""
+    lines = [s.strip() for s in (node.meta.get("stack_trace") or "").strip().splitlines()]
+    return lines[-1] if lines and not lines[-1].startswith("File ") else ""
+
+
+class _Prop(FakeTensorProp):
+    """FakeTensorProp that keeps each node's value in ``self.values`` and says which node needed data."""
+
+    def __init__(self, module: torch.fx.GraphModule, mode: FakeTensorMode, symbolic: bool) -> None:
+        super().__init__(module, mode=mode)
+        self.values: dict[str, Any] = {}
+        self.symbolic = symbolic
+        self.extra_traceback = False  # Interpreter would rewrite the message; we add a note instead
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        try:
+            result = super().run_node(n)
+        except _DATA_DEPENDENT as exc:
+            raise _data_dependent(n, exc, self.symbolic) from exc
+        except Exception as exc:
+            line = user_line(n)
+            exc.add_note(f"fakeviz.prop: while propagating node {n.name}: {n.format_node()}" + (f" at {line}" if line else ""))
+            raise
+        self.values[n.name] = n.meta.get("val")
+        return result
+
+
+def _data_dependent(node: torch.fx.Node, exc: BaseException, symbolic: bool) -> DataDependentError:
+    line = user_line(node)
+    src = _source_of(node)
+    where = f"node {node.name} ({node.format_node()})" + (f" at {line}" if line else "")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if symbolic:
+        todo = (
+            "With symbolic=True, data-dependent sizes are symbols (u0), but this node branches on one or "
+            "needs its value; tell PyTorch what holds with torch._check(...) in the model, or pass the "
+            "value in as a Python number."
+        )
+    else:
+        todo = "Pass symbolic=True so sizes that depend on data become symbols (u0)."
+    msg = (
+        f"{where} needs the values of a tensor, but fake tensors carry no data.\n"
+        + (f"    {src}\n" if src else "")
+        + f"{todo} (torch said: {type(exc).__name__}: {first})"
+    )
+    return DataDependentError(msg, op=str(node.target), module=None, user_line=line or None)
+
+
+def _modes_of(objs: Iterable[Any]) -> list[FakeTensorMode]:
+    modes: list[FakeTensorMode] = []
+    for t in objs:
+        if isinstance(t, FakeTensor) and all(t.fake_mode is not m for m in modes):
+            modes.append(t.fake_mode)
+    return modes
+
+
+def _pick_mode(gm: torch.fx.GraphModule, inputs: Sequence[Any], symbolic: bool) -> FakeTensorMode:
+    state = [*gm.parameters(), *gm.buffers()]
+    modes = _modes_of([*inputs, *state])
+    if len(modes) > 1:
+        raise FakeVizError(
+            "the inputs and the graph module's parameters are fake tensors of different fake modes; "
+            "create them all in one fakeviz.fake_mode() block, or pass real inputs"
+        )
+    if not modes:
+        return new_fake_mode(symbolic=symbolic, shape_env=_shape_env() if symbolic else None)
+    mode = modes[0]
+    if symbolic and mode.shape_env is None:
+        raise FakeVizError(
+            "symbolic=True needs the fake inputs and parameters to come from a fake mode with a ShapeEnv; "
+            "create them under fakeviz.fake_mode(symbolic=True), or pass real inputs"
+        )
+    return mode
+
+
+def _shape_env() -> Any:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    # no duck sizing: a batch of 16 and a hidden size of 16 stay two symbols until an op equates them
+    return ShapeEnv(allow_dynamic_output_shape_ops=True, duck_shape=False)
+
+
+def _dims(dynamic: Any, i: int, name: str, ndim: int) -> set[int]:
+    """The dims of input ``i`` (placeholder ``name``) to make symbolic."""
+    if dynamic is None:
+        return set(range(ndim))
+    if isinstance(dynamic, Mapping):
+        dims = dynamic.get(name, dynamic.get(i, ()))
+    else:
+        dims = dynamic[i] if i < len(dynamic) else ()
+    if dims is None:
+        return set(range(ndim))
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return {d % ndim for d in dims} if ndim else set()
+
+
+def _symbolic_input(mode: FakeTensorMode, t: torch.Tensor, name: str, dims: set[int]) -> torch.Tensor:
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    ctx = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.dim())]
+    )
+    source = ConstantSource(name)
+    if not isinstance(t, FakeTensor):
+        return mode.from_tensor(t, source=source, symbolic_context=ctx)
+    env = mode.shape_env
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        meta = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+    sizes, strides, offset = env.create_symbolic_sizes_strides_storage_offset(meta, source, symbolic_context=ctx)
+    with mode:
+        out = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
+    return out.requires_grad_(t.requires_grad)
+
+
+def _convert_inputs(
+    gm: torch.fx.GraphModule, mode: FakeTensorMode, inputs: Sequence[Any], symbolic: bool, dynamic: Any
+) -> tuple[Any, ...]:
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    out = []
+    for i, x in enumerate(inputs):
+        name = names[i] if i < len(names) else f"input{i}"
+        if not isinstance(x, torch.Tensor):
+            out.append(x)
+        elif symbolic:
+            out.append(_symbolic_input(mode, x, name, _dims(dynamic, i, name, x.dim())))
+        elif isinstance(x, FakeTensor):
+            out.append(x)
+        else:
+            out.append(mode.from_tensor(x, static_shapes=True))
+    return tuple(out)
+
+
+def propagate(
+    graph_module: torch.fx.GraphModule,
+    *inputs: Any,
+    symbolic: bool = False,
+    dynamic: Sequence[Iterable[int] | int | None] | Mapping[str | int, Iterable[int] | int | None] | None = None,
+) -> Propagated:
+    """Run ``FakeTensorProp`` over ``graph_module`` with ``inputs`` made fake; every node's fake value.
+
+    Args:
+        graph_module: a ``torch.fx.GraphModule``; an ``ExportedProgram`` is propagated through its
+            ``.module()`` (inputs as the program takes them, flattened).
+        *inputs: the graph's inputs, one per placeholder (real or fake tensors, or plain values).
+        symbolic: give the tensor inputs symbolic sizes (``s0``, ...), and data-dependent sizes unbacked
+            symbols (``u0``).
+        dynamic: with ``symbolic``, which dims become symbols: per input (a sequence aligned with the
+            inputs, or a mapping by placeholder name or position), an int, an iterable of ints, or None for
+            every dim; inputs a mapping does not name keep static sizes. Default: every dim of every input.
+
+    Returns:
+        A :class:`Propagated`.
+
+    Raises:
+        DataDependentError: a node needs tensor values (without ``symbolic``: an op whose output size
+            depends on data).
+        FakeVizError: the inputs' fake modes cannot be used (several, or no ShapeEnv with ``symbolic``).
+    """
+    if isinstance(graph_module, torch.export.ExportedProgram):
+        graph_module = graph_module.module()  # type: ignore[assignment]
+    if not isinstance(graph_module, torch.fx.GraphModule):
+        raise TypeError(
+            f"prop() takes a torch.fx.GraphModule (torch.fx.symbolic_trace(model), torch.export.export(...)"
+            f".module()), not {type(graph_module).__name__}"
+        )
+    if dynamic is not None and not symbolic:
+        raise ValueError("dynamic= says which dims become symbols: it needs symbolic=True")
+    nodes = list(graph_module.graph.nodes)
+    n_inputs = sum(1 for n in nodes if n.op == "placeholder")
+    if len(inputs) != n_inputs and not any(n.op == "placeholder" and n.target.startswith("*") for n in nodes):
+        raise TypeError(f"the graph takes {n_inputs} inputs, got {len(inputs)}")
+    mode = _pick_mode(graph_module, inputs, symbolic)
+    fake_inputs = _convert_inputs(graph_module, mode, inputs, symbolic, dynamic)
+    saved = {n: {k: n.meta[k] for k in ("val", "unbacked_bindings") if k in n.meta} for n in nodes}
+    interp = _Prop(graph_module, mode, symbolic)
+    try:
+        interp.propagate_dont_convert_inputs(*fake_inputs)
+    finally:
+        for n in nodes:  # FakeTensorProp writes node.meta: leave the user's graph as it was
+            for k in ("val", "unbacked_bindings"):
+                n.meta.pop(k, None)
+            n.meta.update(saved[n])
+    return Propagated(
+        graph_module=graph_module,
+        nodes=nodes,
+        values=interp.values,
+        mode=mode,
+        symbolic=symbolic,
+        inputs=fake_inputs,
+    )
