@@ -85,7 +85,7 @@ def prop(
 
     >>> gm = torch.fx.symbolic_trace(model)                       # doctest: +SKIP
     >>> df = fakeviz.prop(gm, torch.randn(8, 16), symbolic=True)  # doctest: +SKIP
-    >>> df[["name", "target", "shape", "bytes_expr"]]            # [s0, 16], 64*s0, ...  # doctest: +SKIP
+    >>> df[["name", "target", "shape", "bytes_expr"]]            # [s93, 16], 64*s93  # doctest: +SKIP
 
     Args:
         graph_module: a ``torch.fx.GraphModule`` (``torch.fx.symbolic_trace(model)``, an exported program's
@@ -93,7 +93,8 @@ def prop(
         *inputs: one per placeholder: real tensors (converted to fake, aliasing between them kept), fake
             tensors (used as they are; the run then happens in their fake mode), or plain values. To avoid
             allocating large real inputs, create fake ones under ``fakeviz.fake_mode(symbolic=...)``.
-        symbolic: give tensor inputs symbolic sizes (``s0``, ``s1``, ...; sizes 0 and 1 stay concrete), and
+        symbolic: give tensor inputs symbolic sizes (``s93`` for ``x.size()[0]``: PyTorch
+            names a symbol after a hash of its source; sizes 0 and 1 stay concrete), and
             sizes that depend on data (``nonzero``, ``masked_select``, ``.item()``) unbacked symbols (``u0``).
             Without it, such a node raises :class:`~fakeviz.DataDependentError` naming it.
         dynamic: with ``symbolic``, which dims become symbols, per input: a sequence aligned with the inputs

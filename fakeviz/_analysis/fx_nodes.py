@@ -1,12 +1,13 @@
 """A propagated FX graph as a table: one row per node, its value's shape, dtype, device, stride, bytes, storage.
 
 A pure function of :class:`~fakeviz._engine.fx.Propagated` (what :func:`fakeviz._engine.fx.propagate`
-returns). Sizes print as PyTorch prints them: ``[s0, 16]`` with symbols, ``[u0]`` for a size that depends
+returns). Sizes print as PyTorch prints them: ``[s93, 16]`` with symbols (PyTorch names a
+symbol after a hash of its source: ``s93`` is ``x.size()[0]``), ``[u0]`` for a size that depends
 on data.
 
 Bytes are ``numel * itemsize`` of the node's value (of every tensor in it, for a node with several
 outputs). Where that depends on symbols, ``bytes`` is -1 (as in the record's tables), ``bytes_expr`` is the
-expression (``64*s0``) and ``bytes_hint`` its value for the example inputs (-1 when a symbol has no value:
+expression (``64*s93``) and ``bytes_hint`` its value for the example inputs (-1 when a symbol has no value:
 an unbacked ``u0``). For concrete sizes the three agree.
 
 Storages: nodes whose values use one untyped storage (a view, a ``getitem`` of a tuple, an in-place op, the
@@ -24,9 +25,9 @@ from typing import Any
 import torch
 import torch.fx
 
-from .._engine.fx import Propagated, hint_of, user_line
+from .._engine.fx import Propagated, hint_of, target_text, user_line
 
-__all__ = ["COLUMNS", "node_table", "target_text"]
+__all__ = ["COLUMNS", "node_table"]
 
 COLUMNS = (
     "name",
@@ -45,34 +46,6 @@ COLUMNS = (
     "value",
     "user_line",
 )
-
-
-def target_text(node: torch.fx.Node) -> str:
-    """The node's target as a reader wants it: ``aten.add.Tensor``, ``torch.relu``, ``fc1 (Linear)``, ``view``."""
-    target = node.target
-    if node.op == "call_module":
-        try:
-            mod = node.graph.owning_module.get_submodule(str(target))
-        except AttributeError:
-            return str(target)
-        return f"{target} ({type(mod).__name__})"
-    if node.op != "call_function":
-        return str(target)
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
-        return str(target)
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
-    if name is None:
-        return str(target)
-    if any(part.startswith("_") for part in name.split(".")[:-1]):  # torch._VariableFunctionsClass.chunk
-        name = getattr(target, "__name__", name)
-    module = getattr(target, "__module__", None) or ""
-    if module in ("_operator", "operator", "builtins"):
-        return name
-    if module.startswith("torch._C._nn"):
-        module = "torch.nn.functional"
-    elif module.startswith("torch._C._"):
-        module = "torch"
-    return f"{module}.{name}" if module else name
 
 
 def _module_of(node: torch.fx.Node) -> str:
@@ -139,7 +112,7 @@ def node_table(prop: Propagated) -> Any:
     (readable), module (where it ran, if the graph says), shape, dtype, device, stride (text), bytes,
     bytes_expr, bytes_hint (see the module docstring), storage (storage group id, -1 for no tensor or
     several), shares_with (list of the other nodes' names on the same storage), value (the text of a
-    non-tensor value: ``s0`` for ``x.size(0)``), user_line (``file:line in function`` when the graph
+    non-tensor value: ``s93`` for ``x.size(0)``), user_line (``file:line in function`` when the graph
     recorded stack traces). A node without a value (``None``) has empty texts and -1s.
     """
     import pandas as pd

@@ -7,8 +7,9 @@ produced: shape, dtype, device, stride and storage identity exactly as a real ru
 Inputs:
 * a real tensor is converted with the fake mode's ``from_tensor``, which keeps aliasing between inputs
   (two views of one tensor share one fake storage). With ``symbolic=True`` its sizes become symbols
-  (``s0``, ``s1``, ...; every dim, or the dims named in ``dynamic``); sizes 0 and 1 stay concrete, as
-  PyTorch specializes them. Sizes are not "duck" shared: ``[8, 8]`` is ``[s0, s1]`` until an op of the
+  (every dim, or the dims named in ``dynamic``; PyTorch names a symbol after a hash of its source, so
+  ``x.size()[0]`` is ``s93``, the same in every run); sizes 0 and 1 stay concrete, as PyTorch
+  specializes them. Sizes are not "duck" shared: ``[8, 8]`` is two symbols until an op of the
   graph says the two are equal.
 * a fake tensor is used as it is (the propagation then runs in its fake mode). With ``symbolic=True`` it
   is replaced by a fresh fake tensor with symbolic sizes (its mode needs a ``ShapeEnv``: create it under
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,14 +45,14 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .._core.errors import DataDependentError, FakeVizError
-from .session import new_fake_mode
+from .session import meta_like, new_fake_mode
 
 try:
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 except ImportError:  # pragma: no cover - older torch
     GuardOnDataDependentSymNode = ()  # type: ignore[assignment,misc]
 
-__all__ = ["Propagated", "hint_of", "propagate", "user_line"]
+__all__ = ["Propagated", "hint_of", "propagate", "target_text", "user_line"]
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -137,6 +139,34 @@ def _tensors(val: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
+def target_text(node: torch.fx.Node) -> str:
+    """The node's target as a reader wants it: ``aten.add.Tensor``, ``torch.relu``, ``fc1 (Linear)``, ``view``."""
+    target = node.target
+    if node.op == "call_module":
+        try:
+            mod = node.graph.owning_module.get_submodule(str(target))
+        except AttributeError:
+            return str(target)
+        return f"{target} ({type(mod).__name__})"
+    if node.op != "call_function":
+        return str(target)
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
+        return str(target)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if name is None:
+        return str(target)
+    if any(part.startswith("_") for part in name.split(".")[:-1]):  # torch._VariableFunctionsClass.chunk
+        name = getattr(target, "__name__", name)
+    module = getattr(target, "__module__", None) or ""
+    if module in ("_operator", "operator", "builtins"):
+        return name
+    if module.startswith("torch._C._nn"):
+        module = "torch.nn.functional"
+    elif module.startswith("torch._C._"):
+        module = "torch"
+    return f"{module}.{name}" if module else name
+
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
@@ -177,31 +207,37 @@ class _Prop(FakeTensorProp):
             raise _data_dependent(n, exc, self.symbolic) from exc
         except Exception as exc:
             line = user_line(n)
-            exc.add_note(f"fakeviz.prop: while propagating node {n.name}: {n.format_node()}" + (f" at {line}" if line else ""))
+            exc.add_note(f"fakeviz.prop: while propagating node {_node_text(n)}" + (f" at {line}" if line else ""))
             raise
         self.values[n.name] = n.meta.get("val")
         return result
 
 
+def _node_text(node: torch.fx.Node) -> str:
+    """``nonzero = torch.nonzero(x)``: the node as a line of code."""
+    args = [str(a) for a in node.args] + [f"{k}={v}" for k, v in node.kwargs.items()]
+    return f"{node.name} = {target_text(node)}({', '.join(args)})"
+
+
 def _data_dependent(node: torch.fx.Node, exc: BaseException, symbolic: bool) -> DataDependentError:
     line = user_line(node)
     src = _source_of(node)
-    where = f"node {node.name} ({node.format_node()})" + (f" at {line}" if line else "")
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if symbolic:
         todo = (
-            "With symbolic=True, data-dependent sizes are symbols (u0), but this node branches on one or "
-            "needs its value; tell PyTorch what holds with torch._check(...) in the model, or pass the "
-            "value in as a Python number."
+            "With symbolic=True, sizes that depend on data are symbols (u0), but this node needs a value or "
+            "branches on one: state what holds with torch._check(...) in the model, or pass the value in as a "
+            "Python number."
         )
     else:
-        todo = "Pass symbolic=True so sizes that depend on data become symbols (u0)."
+        todo = "Pass symbolic=True so that sizes depending on data become symbols (u0)."
     msg = (
-        f"{where} needs the values of a tensor, but fake tensors carry no data.\n"
+        (f"{line}: " if line else "")
+        + f"node {_node_text(node)} needs the values of a tensor, but fake tensors carry no data.\n"
         + (f"    {src}\n" if src else "")
         + f"{todo} (torch said: {type(exc).__name__}: {first})"
     )
-    return DataDependentError(msg, op=str(node.target), module=None, user_line=line or None)
+    return DataDependentError(msg, op=target_text(node), module=None, user_line=line or None)
 
 
 def _modes_of(objs: Iterable[Any]) -> list[FakeTensorMode]:
@@ -262,10 +298,10 @@ def _symbolic_input(mode: FakeTensorMode, t: torch.Tensor, name: str, dims: set[
     source = ConstantSource(name)
     if not isinstance(t, FakeTensor):
         return mode.from_tensor(t, source=source, symbolic_context=ctx)
+    if any(isinstance(s, torch.SymInt) for s in t.shape):
+        return t  # already symbolic
     env = mode.shape_env
-    with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        meta = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
-    sizes, strides, offset = env.create_symbolic_sizes_strides_storage_offset(meta, source, symbolic_context=ctx)
+    sizes, strides, _ = env.create_symbolic_sizes_strides_storage_offset(meta_like(t), source, symbolic_context=ctx)
     with mode:
         out = torch.empty_strided(sizes, strides, dtype=t.dtype, device=t.device)
     return out.requires_grad_(t.requires_grad)
@@ -301,7 +337,7 @@ def propagate(
         graph_module: a ``torch.fx.GraphModule``; an ``ExportedProgram`` is propagated through its
             ``.module()`` (inputs as the program takes them, flattened).
         *inputs: the graph's inputs, one per placeholder (real or fake tensors, or plain values).
-        symbolic: give the tensor inputs symbolic sizes (``s0``, ...), and data-dependent sizes unbacked
+        symbolic: give the tensor inputs symbolic sizes (``s93``, ...), and data-dependent sizes unbacked
             symbols (``u0``).
         dynamic: with ``symbolic``, which dims become symbols: per input (a sequence aligned with the
             inputs, or a mapping by placeholder name or position), an int, an iterable of ints, or None for
@@ -315,8 +351,9 @@ def propagate(
             depends on data).
         FakeVizError: the inputs' fake modes cannot be used (several, or no ShapeEnv with ``symbolic``).
     """
-    if isinstance(graph_module, torch.export.ExportedProgram):
-        graph_module = graph_module.module()  # type: ignore[assignment]
+    exported = sys.modules.get("torch.export.exported_program")  # not imported: cannot be an ExportedProgram
+    if exported is not None and isinstance(graph_module, exported.ExportedProgram):
+        graph_module = graph_module.module()
     if not isinstance(graph_module, torch.fx.GraphModule):
         raise TypeError(
             f"prop() takes a torch.fx.GraphModule (torch.fx.symbolic_trace(model), torch.export.export(...)"

@@ -246,20 +246,62 @@ def fakeify(
     mode: FakeTensorMode | None = None,
     device: str | torch.device | None = None,
 ) -> Any:
-    """A fake copy of a real tensor, module or nested container of them.
+    """A fake copy of a real or meta tensor, module, or nested container (dict, list, tuple) of them.
 
-    Aliasing survives: tied weights stay tied, views stay views of the same
-    storage. ``mode`` is the fake mode to convert into (the active one, or a new
-    one). ``device`` optionally moves the copy there afterwards.
+    Aliasing survives the copy: tied weights stay tied, views stay views of the same storage. ``mode`` is
+    the fake mode to convert into (the active one, or a new one). ``device`` moves the copy there
+    afterwards, as ``.to(device)`` would: a module with ``Module.to`` (tied parameters stay one
+    parameter), each tensor of a container once (one tensor object in two places stays one object; a
+    view moved on its own becomes a tensor of its own, as in PyTorch). ``obj`` is left as it is.
+
+    Meta to fake: a model built on the meta device (``with torch.device("meta"): model = Model(cfg)``,
+    no memory) becomes a fake model on any device, tied weights kept::
+
+        model = fakeify(meta_model, device="cuda:0")   # every parameter and buffer a fake tensor on cuda:0
+
+    Without ``device`` the copy stays on device ``meta``. Call it before a :func:`fakeviz.record` block
+    rather than inside: inside, the copy's ops (``clone`` on meta, ``_to_copy``) are recorded too.
+    The parameters get their names in the trace when the model first runs forward in the block.
+
+    By contrast, ``meta_model.to_empty(device="cuda:0")`` inside ``fakeviz.record`` records one new
+    storage per parameter and buffer entry, and unties tied weights exactly as PyTorch does (re-tie them,
+    e.g. ``model.tie_weights()`` in transformers). A state dict loaded with
+    ``torch.load(path, map_location="meta", weights_only=True)`` becomes fake with ``fakeify(sd,
+    mode=model_mode, device="cuda:0")`` and goes into a fake model with ``load_state_dict(sd,
+    assign=True)`` (then re-tie: loading assigns each key its own tensor).
     """
     if mode is None:
         mode = torch._guards.detect_fake_mode() or new_fake_mode()
     with torch._subclasses.fake_tensor.unset_fake_temporarily(), FakeCopyMode(mode):
         out = copy.deepcopy(obj)
     if device is not None:
+        check_device(device)
         with session_patches(), mode:
-            if isinstance(out, torch.nn.Module):
-                out = out.to(device)
-            elif isinstance(out, torch.Tensor):
-                out = out.to(device)
+            out = _to_device(out, torch.device(device), {})
+    return out
+
+
+def _to_device(obj: Any, device: torch.device, memo: dict[int, Any]) -> Any:
+    """``obj`` with every module and tensor in it moved to ``device``, each object once (``memo``: id -> moved)."""
+    if id(obj) in memo:
+        return memo[id(obj)]
+    if isinstance(obj, torch.nn.Module):
+        out = obj.to(device)
+    elif isinstance(obj, torch.Tensor):
+        out = obj.to(device)
+        if isinstance(obj, torch.nn.Parameter) and not isinstance(out, torch.nn.Parameter):
+            out = torch.nn.Parameter(out, requires_grad=obj.requires_grad)
+    elif isinstance(obj, dict):
+        out = copy.copy(obj)  # keeps the dict's type (OrderedDict) and attributes (a state dict's _metadata)
+        for k, v in obj.items():
+            out[k] = _to_device(v, device, memo)
+    elif isinstance(obj, list):
+        out = [_to_device(v, device, memo) for v in obj]
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        out = type(obj)(*(_to_device(v, device, memo) for v in obj))
+    elif isinstance(obj, tuple):
+        out = tuple(_to_device(v, device, memo) for v in obj)
+    else:
+        return obj
+    memo[id(obj)] = out
     return out

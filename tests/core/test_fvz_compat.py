@@ -38,4 +38,4 @@ def test_pre_move_file_loads_as_a_trace() -> None:
     trace = fv.load(FIXTURES / "pre_move.fvz")
     assert isinstance(trace, fv.Trace) and len(trace) == EXPECTED["num_ops"]
     assert trace.meta["gpu"] == "H100" and trace.error is None
-    assert trace.verdict("H100")["fits"]
+    assert trace.verdict("H100")["fits"] and not trace.verdict("H100")["incomplete"]

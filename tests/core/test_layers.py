@@ -3,7 +3,8 @@
 Layers, lowest first (CONTRIBUTING.md describes each):
 
     core (fakeviz._core) <- engine (fakeviz._engine) <- analysis (fakeviz._analysis)
-    <- views (fakeviz._views, fakeviz.views) <- facade (fakeviz._trace, fakeviz._api, fakeviz.models)
+    <- views (fakeviz._views, fakeviz.views) <- facade (fakeviz._trace, fakeviz._api, fakeviz._fx, fakeviz._export,
+    fakeviz.models)
     <- front ends (fakeviz._frontends, fakeviz.__main__) <- the package (fakeviz/__init__.py)
 
 Checked for every import in every function, lazy or not (imports under ``if TYPE_CHECKING:`` excepted):
@@ -45,6 +46,8 @@ def layer_of(module: str) -> str:
         "views": "views",
         "_trace": "facade",
         "_api": "facade",
+        "_fx": "facade",
+        "_export": "facade",
         "models": "facade",
         "configs": "facade",
         "_frontends": "frontends",
