@@ -128,6 +128,13 @@ def test_to_empty_under_record_matches_a_real_to_empty() -> None:
     assert set(made.op) == {"aten.empty_like.default"}
     assert sorted(made.nbytes) == sorted(real_storages(real, "TiedLM").values())  # one per entry, 5 here
 
+    # a model the recording knows (modules=[...]): the storages to_empty makes carry the parameters' names
+    with torch.device("meta"):
+        model = TiedLM()
+    with fv.record(device="cuda:0", modules=[model]) as trace:
+        model.to_empty(device="cuda:0")
+    assert trace_weights(trace) == real_storages(real, "TiedLM")
+
     # re-tied and run in the block: the parameters are named, the untied copy is freed
     with torch.device("meta"):
         model = TiedLM()

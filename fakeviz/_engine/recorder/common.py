@@ -35,6 +35,8 @@ _OP_IN_END = field(OP_COLS, "in_end")
 _OP_OUT_END = field(OP_COLS, "out_end")
 _P_GRAD = field(P_COLS, "p_grad")
 _P_TENSOR = field(P_COLS, "p_tensor")
+_P_NAME = field(P_COLS, "p_name")
+_P_STORAGE = field(P_COLS, "p_storage")
 # an output's metadata, as the recorded op cache keeps it (Note: [recorded op cache]): interned
 # shape, stride, dtype and device ids, storage offset, nbytes (the C core reads the same tuple)
 _OUT_META = tuple(

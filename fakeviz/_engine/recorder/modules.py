@@ -17,6 +17,8 @@ from ..._core.schema import ROLE_BUFFER, ROLE_GRAD, ROLE_INPUT, ROLE_OPT, ROLE_P
 from .common import (
     _N_ST,
     _P_GRAD,
+    _P_NAME,
+    _P_STORAGE,
     _P_TENSOR,
     _ST_NAME,
     _current_node,
@@ -224,12 +226,31 @@ class ModulesMixin:
             root = ref()
             if root is not None and self.mod_names.get(key) is not None:
                 self.param_rows(key, root)
+        self._name_unnamed_storages()
         pd = self.b.pd
         g = _P_GRAD
         for row in self.p_rows.values():
             if row[g] < 0:
                 row = (*row[:g], self.grad_of.get(row[_P_TENSOR], -1), *row[g + 1 :])
             pd.extend(row)
+
+    def _name_unnamed_storages(self) -> None:
+        """Give each parameter/buffer storage still without a name the names of its table rows.
+
+        Parameters replaced in place (``to_empty``, ``.to(device)``: ``Module._apply`` writes
+        ``_parameters`` directly, past the registration hook) get new storages that no hook named;
+        a storage that already has a name keeps it.
+        """
+        b = self.b
+        strings = b.tables["names"].strings
+        found: dict[int, list[str]] = {}
+        for row in self.p_rows.values():
+            sid = row[_P_STORAGE]
+            if 0 <= sid < b.num_storages() and b.std[sid * _N_ST + _ST_NAME] < 0:
+                found.setdefault(sid, []).append(strings[row[_P_NAME]])
+        for sid, names in found.items():
+            text = "|".join(dict.fromkeys(names))
+            b.std[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
 
     def _param_row(self, t: Any, name_id: int, mid: int, kind: int) -> tuple[int, ...]:
         tid = self.tensor_id(t)
