@@ -18,6 +18,7 @@ from ._api import FakeSession, Recording, explore, fake_cuda_status, record
 from ._core.errors import DataDependentError, FakeVizError, FakeVizWarning, RecordError, TraceFormatError
 from ._engine import cuda_shim as _cuda_shim
 from ._engine.session import fake_mode, fakeify, is_fake, meta_like
+from ._export import ExportCheck, check_export
 from ._fx import prop
 from ._trace import CATEGORIES, PHASES, ROLES, Trace, load
 
@@ -44,6 +45,8 @@ __all__ = [
     "meta_like",
     "record",
     "prop",
+    "ExportCheck",
+    "check_export",
 ]
 
 

@@ -27,7 +27,7 @@ import torch.fx
 
 from .._engine.fx import Propagated, hint_of, target_text, user_line
 
-__all__ = ["COLUMNS", "node_table"]
+__all__ = ["COLUMNS", "INT_COLUMNS", "node_table", "typed"]
 
 COLUMNS = (
     "name",
@@ -46,6 +46,9 @@ COLUMNS = (
     "value",
     "user_line",
 )
+
+#: The integer columns of :func:`node_table` (-1 for none); every other column holds text (or a list).
+INT_COLUMNS = ("bytes", "bytes_hint", "storage")
 
 
 def _module_of(node: torch.fx.Node) -> str:
@@ -172,7 +175,13 @@ def node_table(prop: Propagated) -> Any:
             row["value"] = str(val)
             row["dtype"] = type(val).__name__
         rows.append(row)
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    return typed(pd.DataFrame(rows, columns=list(COLUMNS)))
+
+
+def typed(df: Any) -> Any:
+    """``df`` with :data:`INT_COLUMNS` as int64 and every other column object, so that an empty table has
+    the dtypes of a full one."""
+    return df.astype({c: "int64" if c in INT_COLUMNS else "object" for c in df.columns})
 
 
 def _several(items: list[Any], env: Any) -> dict[str, Any]:

@@ -27,9 +27,12 @@ naming the node.
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import re
 import sys
+import sysconfig
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,10 +55,10 @@ try:
 except ImportError:  # pragma: no cover - older torch
     GuardOnDataDependentSymNode = ()  # type: ignore[assignment,misc]
 
-__all__ = ["Propagated", "hint_of", "propagate", "target_text", "user_line"]
+__all__ = ["Propagated", "hint_of", "is_user_file", "propagate", "target_text", "user_frames", "user_line"]
 
 _DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
-_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([^\s,]+)')
 
 
 @dataclass
@@ -140,7 +143,8 @@ def _tensors(val: Any) -> Iterator[torch.Tensor]:
 
 
 def target_text(node: torch.fx.Node) -> str:
-    """The node's target as a reader wants it: ``aten.add.Tensor``, ``torch.relu``, ``fc1 (Linear)``, ``view``."""
+    """The node's target as a reader wants it: ``aten.add.Tensor``, ``torch.relu``, ``fc1 (Linear)``, ``view``,
+    ``higher_order.cond``, ``getitem``."""
     target = node.target
     if node.op == "call_module":
         try:
@@ -150,8 +154,10 @@ def target_text(node: torch.fx.Node) -> str:
         return f"{target} ({type(mod).__name__})"
     if node.op != "call_function":
         return str(target)
-    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order.{target.name()}"  # torch.cond -> higher_order.cond, as torch.ops spells it
     name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
     if name is None:
         return str(target)
@@ -167,21 +173,59 @@ def target_text(node: torch.fx.Node) -> str:
     return f"{module}.{name}" if module else name
 
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# --------------------------------------------------------------------- the user's line
+_TORCH_DIR = os.path.dirname(os.path.realpath(torch.__file__)) + os.sep
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+_STDLIB_DIRS = tuple({os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+# packages torch runs on the way to an error (guards are sympy expressions): never the user's code
+_TORCH_DEPS = ("functorch", "sympy", "optree", "typing_extensions")
+_dep_dirs: tuple[str, ...] | None = None
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    global _dep_dirs
+    if _dep_dirs is None:
+        dirs = []
+        for name in _TORCH_DEPS:
+            with contextlib.suppress(Exception):
+                spec = importlib.util.find_spec(name)
+                if spec is not None and spec.submodule_search_locations:
+                    dirs.append(os.path.realpath(list(spec.submodule_search_locations)[0]) + os.sep)
+        _dep_dirs = (_TORCH_DIR, _OWN_DIR, *dirs)
+    return _dep_dirs
+
+
+def is_user_file(filename: str) -> bool:
+    """True for the user's source files: not torch, fakeviz, the standard library or code torch generates."""
+    if filename.startswith("<"):
+        return filename.startswith(("<ipython-input", "<stdin>", "<string>"))
+    real = os.path.realpath(filename)
+    if real.startswith(_internal_dirs()) or filename.startswith(_internal_dirs()):
+        return False
+    if real.startswith(_STDLIB_DIRS):
+        return "site-packages" in real or "dist-packages" in real
+    return True
+
+
+def user_frames(text: str | None) -> list[tuple[str, int, str]]:
+    """The ``(file, line, function)`` of each user frame (:func:`is_user_file`) a text names with
+    ``File "...", line N, in f`` (a stack trace, or torch's message), outermost first."""
+    return [(m[0], int(m[1]), m[2]) for m in _FRAME.findall(text or "") if is_user_file(m[0])]
 
 
 def user_line(node: torch.fx.Node) -> str:
     """``"file:line in function"`` of the user's code that made ``node`` (from its stack trace), or ``""``.
 
-    The innermost frame outside torch's own sources: for a ``linear`` that is the user's ``self.fc1(x)``, not
-    ``torch/nn/modules/linear.py``. ``torch.export`` and dynamo record stack traces; ``torch.fx.symbolic_trace``
-    does not (unless its tracer has ``record_stack_traces = True``).
+    The innermost user frame (:func:`is_user_file`: not torch, fakeviz or the standard library): for a
+    ``linear`` that is the user's ``self.fc1(x)``, not ``torch/nn/modules/linear.py``. ``torch.export`` and
+    dynamo record stack traces; ``torch.fx.symbolic_trace`` does not (unless its tracer has
+    ``record_stack_traces = True``). This is the one definition of a node's user line (``fakeviz.prop``'s and
+    ``fakeviz.check_export``'s tables both use it).
     """
-    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
+    frames = user_frames(node.meta.get("stack_trace"))
     if not frames:
         return ""
-    mine = [f for f in frames if not f[0].startswith(_TORCH_DIR)]
-    path, line, func = (mine or frames)[-1]
+    path, line, func = frames[-1]
     return f"{path}:{line} in {func}"
 
 
