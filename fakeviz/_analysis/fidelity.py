@@ -107,6 +107,10 @@ def fidelity_report(trace: Record) -> dict[str, Any]:
     * ``fallbacks``: DataFrame of fallback-kernel runs (seq, op);
     * ``data_dependent``: DataFrame of calls with data-dependent output sizes;
     * ``attention``: DataFrame of attention calls and the backend chosen (fake cuda);
+    * ``deepcopies``: DataFrame (seq, tensor) of tensors made by ``copy.deepcopy`` while recording: a fake
+      deepcopy clones (``aten.clone``) where a real one copies the storage outside any aten op or goes
+      through ``Parameter.__deepcopy__`` (``detach``, ``clone``), so the op logs differ there while the
+      storages and their bytes are the same (Note: [deepcopy of recorded tensors]);
     * ``error``: the error that stopped the run, if any, and ``fake``: whether the
       run was fake (a real run's rules say how a fake run *would* fake it).
     """
@@ -150,5 +154,6 @@ def fidelity_report(trace: Record) -> dict[str, Any]:
         "fallbacks": fallbacks,
         "data_dependent": dd_calls,
         "attention": attention,
+        "deepcopies": pd.DataFrame(trace.meta.get("deepcopies") or [], columns=["seq", "tensor"]),
         "error": trace.error,
     }

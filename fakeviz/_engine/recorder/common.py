@@ -36,6 +36,8 @@ _OP_OUT_END = field(OP_COLS, "out_end")
 _P_GRAD = field(P_COLS, "p_grad")
 _P_TENSOR = field(P_COLS, "p_tensor")
 _P_NAME = field(P_COLS, "p_name")
+_OUT_TENSOR = field(OUT_COLS, "out_tensor")
+_OUT_STORAGE = field(OUT_COLS, "out_storage")
 _P_STORAGE = field(P_COLS, "p_storage")
 # an output's metadata, as the recorded op cache keeps it (Note: [recorded op cache]): interned
 # shape, stride, dtype and device ids, storage offset, nbytes (the C core reads the same tuple)

@@ -14,7 +14,10 @@ recording core sits in a plain private TorchDispatchMode.
 
 from __future__ import annotations
 
+import contextlib
 import types
+import warnings
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -146,6 +149,11 @@ class _FakeRecordingMode(FakeTensorMode):
 
     _fv_state: _State | None = None
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> _FakeRecordingMode:
+        # Note: [deepcopy of recorded tensors]: a deep-copied fake tensor belongs to the same mode (the
+        # mode is the session every fake tensor shares, not a value; copying it would copy the recorder)
+        return self
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         st = self._fv_state
         if func._namespace == "prim" or st is None or not st.active:
@@ -224,3 +232,25 @@ class _RealRecordingMode(TorchDispatchMode):
 
 def _real_dispatch(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
     return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def deepcopy_patch(state: _State) -> Iterator[None]:
+    """While recording, ``copy.deepcopy`` of a tensor keeps the copy's own tensor id (Note: [deepcopy of recorded
+    tensors]); restored on exit."""
+    original = torch.Tensor.__deepcopy__
+
+    def __deepcopy__(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+        with warnings.catch_warnings():
+            # torch's own __deepcopy__ asks a FakeTensor for its data_ptr() to choose the clone path
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            out = original(self, memo)
+        if out is not self and isinstance(out, torch.Tensor) and state.active:
+            state.copied(self, out)
+        return out
+
+    torch.Tensor.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__ = original  # type: ignore[method-assign]

@@ -13,7 +13,7 @@ from ..._core.errors import RecordError
 from ..._core.record import Record
 from .. import cuda_shim as _cuda_shim
 from ..session import check_device, new_fake_mode, session_patches
-from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks
+from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks, deepcopy_patch
 from .state import _State
 
 if TYPE_CHECKING:
@@ -104,6 +104,7 @@ class Recording:
             for h in hooks:
                 stack.callback(h.remove)
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(state.pack_saved, state.unpack_saved))
+            stack.enter_context(deepcopy_patch(state))
             stack.callback(self._deactivate)
             stack.callback(self._finish_state)
             for m in self.modules:

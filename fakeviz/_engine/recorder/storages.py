@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..._core.schema import ROLE_PARAM, TID_BITS
-from .common import _N_OP, _N_ST, _ST_FREE, _ST_OWNER, _ST_ROLES
+from .common import _N_OP, _N_OUT, _N_ST, _OUT_STORAGE, _OUT_TENSOR, _ST_FREE, _ST_OWNER, _ST_ROLES
 
 
 class _StorageRef(weakref.ref):
@@ -107,6 +107,30 @@ class StoragesMixin:
         live = self.live
         if live.get(ref.key) is ref:
             del live[ref.key]
+
+    def copied(self, src: Any, out: Any) -> None:
+        """Note: [deepcopy of recorded tensors]
+        ``Tensor.__deepcopy__`` makes the copy with recorded ops (fake: ``aten.clone``; real: ``new_empty``
+        and ``set_`` onto a storage copied without an op) and then assigns the source's ``__dict__`` to it,
+        which overwrites the copy's tensor id with the source's: every later op on the copy would name the
+        source. Give the copy back the id of the last recorded output on its storage (the clone, or the
+        ``set_``), or a fresh id on its first use when no op produced it. Listed in ``fidelity()``: the ops
+        of a fake deepcopy (clone) differ from a real one's (new_empty, set_); the storages do not."""
+        d = out.__dict__
+        if d.get("_fakeviz_tid") != src.__dict__.get("_fakeviz_tid"):
+            return
+        d.pop("_fakeviz_tid", None)
+        try:
+            hit = self.live.get(out.untyped_storage()._cdata)
+        except (NotImplementedError, RuntimeError):
+            hit = None
+        outd = self.b.outd
+        if hit is not None:
+            for row in range(len(outd) // _N_OUT - 1, max(-1, len(outd) // _N_OUT - 64), -1):
+                if outd[row * _N_OUT + _OUT_STORAGE] == hit.sid:
+                    d["_fakeviz_tid"] = self.tbase + outd[row * _N_OUT + _OUT_TENSOR]
+                    break
+        self.trace.meta.setdefault("deepcopies", []).append([self.b.num_ops(), self.tensor_id(out)])
 
     def _alias_lifted(self, src: Any, out: Any) -> None:
         """Note: [lift_fresh]
