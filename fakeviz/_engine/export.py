@@ -51,10 +51,11 @@ from typing import Any
 import torch
 from torch._guards import TracingContext, tracing
 
+from .._core.errors import DataDependentError
 from .._core.record import Record
 from .fx import is_user_file, user_frames
 from .recorder import FakeSession, record
-from .session import check_device, fakeify, new_fake_mode
+from .session import DATA_DEPENDENT_ERRORS, check_device, fakeify, new_fake_mode
 
 __all__ = ["ExportRun", "export_program", "user_frame"]
 
@@ -327,19 +328,14 @@ def _is(exc: BaseException, module: str, name: str) -> bool:
     return any(c.__name__ == name and c.__module__ == module for c in type(exc).__mro__)
 
 
-_DATA_DEPENDENT = (
-    ("torch.fx.experimental.symbolic_shapes", "GuardOnDataDependentSymNode"),
-    ("torch._subclasses.fake_tensor", "DataDependentOutputException"),
-    ("torch._subclasses.fake_tensor", "DynamicOutputShapeException"),
-    ("fakeviz._core.errors", "DataDependentError"),
-)
+_DATA_DEPENDENT = (*DATA_DEPENDENT_ERRORS, DataDependentError)
 
 
 def classify(exc: BaseException) -> str:
     """What made an export fail, in one word or two (see :attr:`ExportRun.kind`)."""
     chain = _chain(exc)
     text = "\n".join(str(e) for e in chain).lower()
-    if any(_is(e, m, n) for e in chain for m, n in _DATA_DEPENDENT) or "data-dependent" in text:
+    if any(isinstance(e, _DATA_DEPENDENT) for e in chain) or "data-dependent" in text:
         return "data-dependent"
     if any(_is(e, "torch._subclasses.fake_tensor", "FakeTensorDeviceMismatchError") for e in chain) or (
         "expected all tensors to be on the same device" in text

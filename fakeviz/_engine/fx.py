@@ -39,25 +39,14 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensor,
-    FakeTensorMode,
-)
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .._core.errors import DataDependentError, FakeVizError
-from .session import meta_like, new_fake_mode
-
-try:
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-except ImportError:  # pragma: no cover - older torch
-    GuardOnDataDependentSymNode = ()  # type: ignore[assignment,misc]
+from .session import DATA_DEPENDENT_ERRORS, meta_like, new_fake_mode
 
 __all__ = ["Propagated", "hint_of", "is_user_file", "propagate", "target_text", "user_frames", "user_line"]
 
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in ([^\s,]+)')
 
 
@@ -247,7 +236,7 @@ class _Prop(FakeTensorProp):
     def run_node(self, n: torch.fx.Node) -> Any:
         try:
             result = super().run_node(n)
-        except _DATA_DEPENDENT as exc:
+        except DATA_DEPENDENT_ERRORS as exc:
             raise _data_dependent(n, exc, self.symbolic) from exc
         except Exception as exc:
             line = user_line(n)

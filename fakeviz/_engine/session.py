@@ -16,12 +16,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeCopyMode,
+    FakeTensor,
+    FakeTensorMode,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .._core.errors import FakeVizError
 from . import cuda_shim as _cuda_shim
 
-__all__ = ["check_device", "fake_mode", "fakeify", "is_fake", "meta_like", "session_patches"]
+__all__ = [
+    "DATA_DEPENDENT_ERRORS", "check_device", "fake_mode", "fakeify", "is_fake", "meta_like", "session_patches",
+]  # fmt: skip
+
+#: What fake tensors raise when code needs a value they do not carry (``.item()``, ``nonzero``, a branch
+#: on data): the recorder, ``prop`` and ``check_export`` all name these "data-dependent".
+DATA_DEPENDENT_ERRORS = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
 
 
 def is_fake(tensor: Any) -> bool:

@@ -13,13 +13,12 @@ import sys
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 
 from ..._core.errors import DataDependentError, FakeVizError
 from ..._core.schema import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES
 from ..flops import op_flops as _op_flops
-from ..session import check_device
+from ..session import DATA_DEPENDENT_ERRORS, check_device
 from .common import (
     _DETACH,
     _LIFT_FRESH,
@@ -40,14 +39,6 @@ from .common import (
     _graph_task_id,
     _Tensor,
 )
-
-try:
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-except ImportError:  # pragma: no cover - older torch
-    GuardOnDataDependentSymNode = ()  # type: ignore[assignment,misc]
-
-_DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode)
-
 
 _SIMPLE = (int, bool, str, type(None))
 
@@ -509,7 +500,7 @@ class OpsMixin:
             "op": op, "module": module, "user_line": line, "phase": phase, "seq": self.b.num_ops(),
             "type": type(exc).__name__, "message": str(exc)[:2000],
         }  # fmt: skip
-        if isinstance(exc, _DATA_DEPENDENT):
+        if isinstance(exc, DATA_DEPENDENT_ERRORS):
             src = _source_text(line)
             first = str(exc).splitlines()[0] if str(exc) else ""
             msg = (
