@@ -186,7 +186,10 @@ def oplog_lines(rec: Record, *, limit: int | None = None, start: int = 0) -> lis
     """The op log, one line per op in the logging-tensor form.
 
     ``$3: bf16[8, 4096] cuda:0 = aten.mm.default($1, $2)``. Multi-output ops
-    list every output; ops with no tensor output start with ``_``.
+    list every output; ops with no tensor output start with ``_``. ``$N`` names a tensor object, as
+    torch's LoggingTensorMode numbers them: an in-place op's output keeps its input's number
+    (``$2: f32[4] cpu = aten.add_.Tensor($2, 1)``, Note: [op log numbering] in the recorder), and the
+    tensors in a list argument are named too (``aten.index.Tensor($0, [None, $3])``).
     """
     c, s = rec.columns(), rec.string_tables()
     n = len(c["op"])

@@ -72,23 +72,39 @@ def _key_safe(a: Any) -> bool:
     return True
 
 
+# Note: [tensor lists in the op log]
+# A ``Tensor[]`` argument (cat, stack) and a ``Tensor?[]`` one (index.Tensor, index_put_, _unsafe_index: None
+# for a dimension not indexed) are lists whose first item is a tensor or None. Every tensor in such a list
+# is an input of the op, named ``$N`` in the log and counted in its inputs (aliasing, lifetimes), like a
+# tensor argument: ``aten.index.Tensor($0, [None, $3])``, as torch's LoggingTensorMode prints it. The
+# template (``_template``), the Python recorder (``OpsMixin.record``) and the C core (``push_inputs`` in
+# ``csrc/fvcore/record.c``) apply the same test, so the ``{}`` of a template and the input ids agree.
+
+
+def _is_tensor_list(a: Any) -> bool:
+    """Whether ``a`` is a (possibly optional-) tensor list: Note: [tensor lists in the op log]."""
+    return type(a) is list and bool(a) and (isinstance(a[0], _Tensor) or a[0] is None)
+
+
 def _template(
     args: tuple[Any, ...], kwargs: dict[str, Any] | None
 ) -> tuple[str, bool, tuple[tuple[int, bool], ...] | None]:
     """The argument text of an op, ``{}`` for each tensor (in the order the recorder takes
-    their ids), whether it is a function of FakeTensorMode's cache key (``_key_safe``) once
-    the signs of the zeros in ``zeros`` are known, and ``zeros``: (position, negative) of
-    every positional argument that is a float zero, or None. ``normal_(w, 0.0, std)`` in
-    every layer's init shares one cache entry with ``normal_(w, -0.0, std)``: a cached
-    template is reused only for the same signs (Note: [recorded op cache])."""
+    their ids, Note: [tensor lists in the op log]), whether it is a function of FakeTensorMode's
+    cache key (``_key_safe``) once the signs of the zeros in ``zeros`` are known, and ``zeros``:
+    (position, negative) of every positional argument that is a float zero, or None.
+    ``normal_(w, 0.0, std)`` in every layer's init shares one cache entry with
+    ``normal_(w, -0.0, std)``: a cached template is reused only for the same signs
+    (Note: [recorded op cache])."""
     parts = []
     safe = True
     zeros = None
     for i, a in enumerate(args):
         if isinstance(a, _Tensor):
             parts.append("{}")
-        elif type(a) is list and a and isinstance(a[0], _Tensor):
-            parts.append("[" + ", ".join("{}" if isinstance(x, _Tensor) else _fmt_arg(x) for x in a) + "]")
+        elif _is_tensor_list(a):
+            parts.append(_list_template(a))
+            safe = safe and all(_key_safe(x) for x in a if not isinstance(x, _Tensor))
         elif type(a) is float and a == 0.0:
             parts.append(repr(a))
             zeros = (*(zeros or ()), (i, math.copysign(1.0, a) < 0))
@@ -99,10 +115,17 @@ def _template(
         for k, v in kwargs.items():
             if isinstance(v, _Tensor):
                 parts.append(k + "={}")
+            elif _is_tensor_list(v):
+                parts.append(k + "=" + _list_template(v))
+                safe = safe and all(_key_safe(x) for x in v if not isinstance(x, _Tensor))
             else:
                 parts.append(k + "=" + _fmt_arg(v))
                 safe = safe and _key_safe(v)
     return ", ".join(parts), safe, zeros
+
+
+def _list_template(a: list[Any]) -> str:
+    return "[" + ", ".join("{}" if isinstance(x, _Tensor) else _fmt_arg(x) for x in a) + "]"
 
 
 def _own_key(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> tuple[Any, ...] | None:
@@ -270,7 +293,8 @@ class OpsMixin:
             if isinstance(a, _Tensor):
                 tag = a.__dict__.get("_fakeviz_tid")
                 in_ids.append(tag - base if tag is not None and base <= tag < top else self.tensor_id(a))
-            elif type(a) is list and a and isinstance(a[0], _Tensor):
+            elif type(a) is list and a and (isinstance(a[0], _Tensor) or a[0] is None):
+                # Note: [tensor lists in the op log]
                 for x in a:
                     if isinstance(x, _Tensor):
                         in_ids.append(self.tensor_id(x))
@@ -278,6 +302,10 @@ class OpsMixin:
             for v in kwargs.values():
                 if isinstance(v, _Tensor):
                     in_ids.append(self.tensor_id(v))
+                elif _is_tensor_list(v):
+                    for x in v:
+                        if isinstance(x, _Tensor):
+                            in_ids.append(self.tensor_id(x))
         if entry is None and func is _DETACH and type(out) is _FakeTensor and len(args) == 1 and not kwargs:
             # no cache entry (Note: [fast fake detach]), but everything but the output's metadata is
             # the same for every plain detach: cache that much under the op itself
@@ -378,12 +406,25 @@ class OpsMixin:
 
     def _output(self, t: Any, m: tuple[int, ...] | None = None) -> int:
         """Append output ``t``'s row; ``m`` is its cached metadata (Note: [recorded op cache]):
-        interned shape, stride, dtype and device ids, storage offset and nbytes."""
+        interned shape, stride, dtype and device ids, storage offset and nbytes.
+
+        Note: [op log numbering]
+        ``$N`` names a tensor *object*, as torch's LoggingTensorMode does (``torch/testing/_internal/
+        logging_tensor.py``: one id per tensor in a weak dictionary, arguments numbered before results).
+        An input is named by the id it had before the op; a tensor never seen before (a user's input, a
+        parameter, the data ``torch.tensor(...)`` built without an op) takes the next id when it is first
+        read. An output that is a new tensor takes the next id; an output that *is* an input (an in-place
+        op ``add_``, ``uniform_``, ``index_put_``, an ``out=`` op, ``lift_fresh``, which returns its input
+        in a real run: Note: [lift_fresh]) keeps that input's id. So ``$2: f32[2, 3] cpu =
+        aten.add_.Tensor($2, 1)`` reads "tensor $2, after add_ wrote it", and ``$0 = lift_fresh($0)`` is
+        where the constant $0 enters the program. The numbers are those torch's own logging tensor gives
+        a real run, line for line (tests/engine/test_oplog.py compares them); the alias and lifetime
+        analyses rely on one id per tensor object (``alias.py`` counts an in-place output as a write)."""
         d = t.__dict__
         tag = d.get("_fakeviz_tid")
         base = self.tbase
         if tag is not None and base <= tag < self.ttop:
-            tid = tag - base  # in-place op returning its input
+            tid = tag - base  # the output is an input: Note: [op log numbering]
         else:
             tid = self.next_tensor
             self.next_tensor = tid + 1

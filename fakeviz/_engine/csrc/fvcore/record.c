@@ -38,6 +38,20 @@ static int push_input(Core *self, ibuf *ids, PyObject *a) {
     return ibuf_push(ids, tid);
 }
 
+/* the ids of an argument: a tensor, or every tensor of a Tensor[] / Tensor?[] list, whose first item is a
+ * tensor or None (Note: [tensor lists in the op log] in recorder/ops.py); anything else has none */
+static int push_inputs(Core *self, ibuf *ids, PyObject *a, PyTypeObject *tt) {
+    if (PyObject_TypeCheck(a, tt)) return push_input(self, ids, a);
+    if (!PyList_CheckExact(a) || !PyList_GET_SIZE(a)) return 0;
+    PyObject *first = PyList_GET_ITEM(a, 0);
+    if (first != Py_None && !PyObject_TypeCheck(first, tt)) return 0;
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(a); j++) {
+        PyObject *x = PyList_GET_ITEM(a, j);
+        if (PyObject_TypeCheck(x, tt) && push_input(self, ids, x) < 0) return -1;
+    }
+    return 0;
+}
+
 /* _same_zeros: do the float zeros of args have the signs the cached template was made for? */
 static int same_zeros(PyObject *fargs, PyObject *zeros) {
     if (zeros == Py_None) return 1;
@@ -224,22 +238,13 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
     PyObject *res = NULL, *entry_key = NULL, *own = NULL;
     PyTypeObject *tt = (PyTypeObject *)self->tensor_type;
     Py_ssize_t na = PyTuple_GET_SIZE(fargs);
-    for (Py_ssize_t i = 0; i < na; i++) {
-        PyObject *a = PyTuple_GET_ITEM(fargs, i);
-        if (PyObject_TypeCheck(a, tt)) {
-            if (push_input(self, &ids, a) < 0) goto done;
-        } else if (PyList_CheckExact(a) && PyList_GET_SIZE(a) && PyObject_TypeCheck(PyList_GET_ITEM(a, 0), tt)) {
-            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(a); j++) {
-                PyObject *x = PyList_GET_ITEM(a, j);
-                if (PyObject_TypeCheck(x, tt) && push_input(self, &ids, x) < 0) goto done;
-            }
-        }
-    }
+    for (Py_ssize_t i = 0; i < na; i++)
+        if (push_inputs(self, &ids, PyTuple_GET_ITEM(fargs, i), tt) < 0) goto done;
     if (kwargs != Py_None && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs)) {
         Py_ssize_t pos = 0;
         PyObject *k, *v;
         while (PyDict_Next(kwargs, &pos, &k, &v))
-            if (PyObject_TypeCheck(v, tt) && push_input(self, &ids, v) < 0) goto done;
+            if (push_inputs(self, &ids, v, tt) < 0) goto done;
     }
     if (extend(self->in_frombytes, ids.v, ids.n) < 0) goto done;
 

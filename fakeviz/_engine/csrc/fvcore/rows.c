@@ -63,7 +63,7 @@ static int output_row(Core *self, PyObject *t, PyObject *m, long long *flag) {
             return state_call_ll(self, s_output, flag, &t, 1); /* the Python path does it all */
         }
     }
-    /* tensor id: an in-place op returns its (tagged) input, anything else is new */
+    /* tensor id: an in-place op returns its (tagged) input, anything else is new (Note: [op log numbering]) */
     PyObject *d = NULL;
     long long tid;
     int f = own_tid(self, t, &d, &tid);
