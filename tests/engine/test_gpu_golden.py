@@ -1,0 +1,88 @@
+"""Fake cuda on this machine against a real NVIDIA H200: the op log and the allocated peak.
+
+``tests/fixtures/h200_golden.json`` was written on an H200 (torch 2.11.0+cu130, transformers 5.17) by
+``benchmarks/gpu_accuracy.py --oplogs``: for each case (``tests/zoo.py`` plus the benchmark's wider
+models), the op log of the real run recorded with ``fv.record(fake=False, device="cuda:0")``, the op log
+of its fake twin recorded on that GPU's CUDA build, and the real ``torch.cuda.memory_stats()`` peaks net
+of the warm-up baseline. On this CPU-only build the same step runs on fake ``cuda:0`` (the fake-cuda
+shim, Note: [fake cuda on a CPU-only build]); it must log what the GPU ran, op by op, and the allocator
+model on that record must give the GPU's ``max_memory_allocated``.
+
+Where the CPU-only build still differs from the GPU, the case is a strict xfail naming the difference;
+removing it once fixed is the test.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zoo
+
+import fakeviz as fv
+from fakeviz._analysis.allocator import simulate_trace
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = json.loads((REPO / "tests" / "fixtures" / "h200_golden.json").read_text())
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_accuracy  # noqa: E402 - the benchmark's own case definitions, so both run the same code
+
+CASES: dict[str, Any] = {n: functools.partial(zoo.run, n) for n in zoo.ZOO}
+CASES.update(gpu_accuracy.EXTRA_CASES)
+
+LIFT = "torch.tensor(...) on fake cuda: the CPU-only build lifts on cpu and copies (lift_fresh + _to_copy)"
+OPLOG_XFAIL: dict[str, str] = {
+    "convnet_channels_last": LIFT + "; batch norm runs native_batch_norm where the GPU runs cudnn_batch_norm",
+    "gpt2_tied": LIFT,
+    "llama": LIFT,
+    "bert": LIFT,
+    "t5": LIFT,
+    "views_inplace": LIFT,
+    "checkpointed": "torch.utils.checkpoint logs other ops on the CPU-only build",
+    "wide_mlp": LIFT,
+    "gpt_neox": LIFT,
+    "mixtral_bf16": "torch.cuda.get_device_capability raises on the CPU-only build",
+}
+ALLOC_XFAIL: dict[str, str] = {
+    "conv_large": "cuDNN convolution workspaces (allocated inside the op) are not modelled",
+    "llama": "lift_fresh on cpu + _to_copy: the small cuda tensors are made at other times",
+    "checkpointed": OPLOG_XFAIL["checkpointed"],
+    "wide_mlp": LIFT,
+    "gpt_neox": LIFT,
+    "mixtral_bf16": OPLOG_XFAIL["mixtral_bf16"],
+}
+
+_TRACES: dict[str, fv.Trace] = {}
+
+
+def _trace(name: str) -> fv.Trace:
+    if name not in _TRACES:
+        with fv.record(device="cuda:0") as trace:
+            CASES[name]()
+        _TRACES[name] = trace
+    return _TRACES[name]
+
+
+def _param(name: str, xfail: dict[str, str]) -> Any:
+    marks = [pytest.mark.xfail(strict=True, reason=xfail[name])] if name in xfail else []
+    return pytest.param(name, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("name", [_param(n, OPLOG_XFAIL) for n in GOLDEN["cases"]])
+def test_fake_cuda_oplog_equals_h200(name: str) -> None:
+    gold = GOLDEN["cases"][name]["real"]
+    lines = _trace(name).oplog_lines()
+    diff = list(difflib.unified_diff(gold, lines, "H200 real", "fake cuda here", lineterm="", n=1))
+    assert lines == gold, "\n".join(diff[:40])
+
+
+@pytest.mark.parametrize("name", [_param(n, ALLOC_XFAIL) for n in GOLDEN["cases"]])
+def test_fake_cuda_allocated_peak_equals_h200(name: str) -> None:
+    run = simulate_trace(_trace(name), "cuda:0")
+    assert run.peak_allocated == GOLDEN["cases"][name]["allocated"]
+    assert run.peak_requested == GOLDEN["cases"][name]["requested"]
