@@ -25,7 +25,13 @@ class RecordError(FakeVizError):
     Attributes: ``op`` (the aten overload name), ``module`` (module path at the
     time), ``user_line`` ("file:line" of the user's code), ``trace`` (the partial
     :class:`~fakeviz.Trace`, recorded up to the failing op; a plain record when the engine is used alone).
+    When the op failed inside library code (``model.generate()``), ``call`` is the library function the
+    user's code called (``"GenerationMixin.generate"``) and ``called_at`` the user's line that called it;
+    both are None otherwise.
     """
+
+    call: str | None = None
+    called_at: str | None = None
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import inspect
 import os
 import sys
 import sysconfig
@@ -43,6 +44,58 @@ _STDLIB_DIRS = tuple(
 # code object entered is kept alive in _CODES so its id is never reused.
 _INTERNAL_CODE: dict[tuple[str, ...], dict[int, bool]] = {}
 _CODES: list[CodeType] = []
+
+# Note: [errors inside library code]
+# An op that fails inside library code (``model.generate()``, a transformers init, accelerate) has, as its
+# user line, the innermost frame outside torch and fakeviz: a line of the library, and no module is
+# running, so "phase init, module <top level>" alone would not say what the user did. ``call_site`` walks
+# the stack from the failing op outwards: torch, fakeviz and the standard library are skipped; frames of
+# installed packages (site-packages, dist-packages) and of packages passed to ``exclude`` are library
+# frames; the first other frame is the user's. The error then names the user's line first, the library
+# function that line called (the outermost library frame below it: ``GenerationMixin.generate``) and the
+# innermost library line (``_prepare_special_tokens``), each with its source text (``OpsMixin.on_error``).
+_INTERNAL, _LIBRARY, _USER = range(3)
+_SITE_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _in_site_packages(filename: str) -> bool:
+    return any(d in filename for d in _SITE_DIRS)
+
+
+def _package_of(filename: str) -> str:
+    """The top-level package of an installed file (``transformers``), else the file's name."""
+    for d in _SITE_DIRS:
+        if d in filename:
+            rest = filename.rsplit(d, 1)[1]
+            return rest.split(os.sep, 1)[0].removesuffix(".py")
+    return os.path.basename(filename)
+
+
+def _is_wrapper(code: CodeType) -> bool:
+    """A decorator's wrapper (``def wrapper(*args, **kwargs)`` inside the decorator): not what the user called."""
+    flags = inspect.CO_VARARGS | inspect.CO_VARKEYWORDS
+    return "<locals>" in _qualname(code) and code.co_flags & flags == flags
+
+
+def _qualname(code: CodeType) -> str:
+    return getattr(code, "co_qualname", code.co_name)  # co_qualname: Python 3.11+
+
+
+def _frame_text(f: Any, *, short: bool = False) -> str:
+    """``file:line in function``, the op table's form; ``short``: installed files from their package."""
+    fn = f.f_code.co_filename
+    if short:
+        for d in _SITE_DIRS:
+            if d in fn:
+                fn = fn.rsplit(d, 1)[1]
+                break
+    return f"{fn}:{f.f_lineno} in {_qualname(f.f_code) if short else f.f_code.co_name}"
+
+
+def _frame_src(f: Any) -> str:
+    import linecache
+
+    return linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
 
 
 class ModulesMixin:
@@ -116,6 +169,53 @@ class ModulesMixin:
                 return i if i is not None else self._line_id(c, f.f_lineno)
             f = f.f_back
         return -1
+
+    def call_site(self, depth: int = 1) -> dict[str, str] | None:
+        """Where library code was running when an op failed: Note: [errors inside library code].
+
+        Returns None when the innermost frame outside torch and fakeviz is the user's own code (the op's
+        user line says it all) or when no frame is the user's; otherwise ``user`` (the user's line that
+        called into the library), ``call`` (the qualified name of the library function that line
+        called), ``package``, and ``inner`` (the innermost library line), each line with its ``*_src``.
+        """
+        try:
+            f = sys._getframe(depth + 1)
+        except ValueError:
+            return None
+        lib = []  # library frames, innermost first
+        user = None
+        while f is not None:
+            kind = self._frame_kind(f.f_code)
+            if kind == _USER:
+                user = f
+                break
+            if kind == _LIBRARY:
+                lib.append(f)
+            f = f.f_back
+        if not lib or user is None:  # the user's own line is innermost, or no user frame at all
+            return None
+        # the function the user called: the outermost library frame that is not a decorator's wrapper
+        entry = next((e for e in reversed(lib) if not _is_wrapper(e.f_code)), lib[-1])
+        inner = lib[0]
+        return {
+            "user": _frame_text(user),
+            "user_src": _frame_src(user),
+            "call": _qualname(entry.f_code),
+            "package": _package_of(entry.f_code.co_filename),
+            "inner": _frame_text(inner, short=True),
+            "inner_src": _frame_src(inner),
+        }
+
+    def _frame_kind(self, code: CodeType) -> int:
+        """``_INTERNAL`` (torch, fakeviz, the standard library), ``_LIBRARY`` (an installed package or one
+        the user excluded) or ``_USER``: Note: [errors inside library code]."""
+        fn = code.co_filename
+        if not self._is_internal(code):
+            return _LIBRARY if _in_site_packages(fn) else _USER
+        excluded = self.prefixes[3:]  # after torch, fakeviz and "<frozen "
+        if excluded and (fn.startswith(excluded) or os.path.realpath(fn).startswith(excluded)):
+            return _LIBRARY
+        return _INTERNAL
 
     def _line_id(self, code: CodeType, lineno: int) -> int:
         key = (id(code), lineno)

@@ -156,6 +156,27 @@ def _same_zeros(args: tuple[Any, ...], zeros: tuple[tuple[int, bool], ...] | Non
     return True
 
 
+def _where(op: str, phase: str, module: str | None, line: str | None, site: dict[str, str] | None) -> tuple[str, str]:
+    """How an error names a failing op: a one-line label and the lines under it (each ending in a newline).
+
+    Inside library code (``site``, Note: [errors inside library code]) the label names the library
+    function and the user's line that called it, and the lines under it give that line's source, then the
+    innermost library line with the phase and module, and its source.
+    """
+    if site is None:
+        src = _source_text(line)
+        return f"op {op} (phase {phase}, module {module or '<top level>'}, at {line or '<unknown line>'})", (
+            f"    {src}\n" if src else ""
+        )
+    where = f"op {op} (in {site['call']} of {site['package']}, called at {site['user']})"
+    context = (
+        (f"    {site['user_src']}\n" if site["user_src"] else "")
+        + f"  innermost: {site['inner']} (phase {phase}, module {module or '<top level>'})\n"
+        + (f"    {site['inner_src']}\n" if site["inner_src"] else "")
+    )
+    return where, context
+
+
 class _DeviceRangeError(FakeVizError, ValueError):
     """A fake cuda device index beyond what the shim provides (cuda:0 .. cuda:63)."""
 
@@ -536,17 +557,18 @@ class OpsMixin:
         module = modules[mod_id] if mod_id >= 0 else None
         line_id = self.bw_line if phase == "backward" else self.user_line(2)
         line = self.b.tables["lines"].strings[line_id] if line_id >= 0 else None
-        where = f"op {op} (phase {phase}, module {module or '<top level>'}, at {line or '<unknown line>'})"
+        site = self.call_site(1) if phase != "backward" else None  # Note: [errors inside library code]
+        where, context = _where(op, phase, module, line, site)
         self.trace.error = {
             "op": op, "module": module, "user_line": line, "phase": phase, "seq": self.b.num_ops(),
             "type": type(exc).__name__, "message": str(exc)[:2000],
+            "call": site["call"] if site else None, "called_at": site["user"] if site else None,
         }  # fmt: skip
         if isinstance(exc, DATA_DEPENDENT_ERRORS):
-            src = _source_text(line)
             first = str(exc).splitlines()[0] if str(exc) else ""
             msg = (
                 f"{where} needs the value of a tensor, but fake tensors carry no data.\n"
-                + (f"    {src}\n" if src else "")
+                + context
                 + "This comes from `.item()`, `int(t)`, `bool(t)`, `if t:` / `if t.sum() > 0:` on a tensor, "
                 "or an op whose output size depends on the values (nonzero, masked_select, unique).\n"
                 "What to do: pass the value in as a Python number or compute it outside the model; for ops "
@@ -556,10 +578,11 @@ class OpsMixin:
                 f"(torch said: {type(exc).__name__}: {first})"
             )
             err = DataDependentError(msg, op=op, module=module, user_line=line)
+            err.call, err.called_at = (site["call"], site["user"]) if site else (None, None)
             self.error_seen.add(id(err))
             return err
         try:
-            exc.add_note(f"fakeviz: raised by {where}")
+            exc.add_note(f"fakeviz: raised by {where}" + ("\n" + context.rstrip("\n") if site else ""))
         except Exception:  # noqa: BLE001 - add_note unsupported on exotic exceptions
             pass
         return exc
