@@ -50,9 +50,9 @@ def test_value_needed_inside_a_library_names_the_call(recorder: str) -> None:
     user = f"{THIS}:{_line(THIS, 'USER-GENERATE')} in test_value_needed_inside_a_library_names_the_call"
     lines = str(err).splitlines()
     # the user's line and what went wrong first, then the user's source, the innermost library line and its source
-    assert lines[0] == (
+    assert lines[0].startswith(
         f"op aten._local_scalar_dense.default (in Generator.generate of libdemo.py, called at {user}) "
-        "needs the value of a tensor, but fake tensors carry no data."
+        "needs the value of a tensor"
     )
     assert lines[1] == "    libdemo.Generator().generate(ids)  # USER-GENERATE"
     assert lines[2] == (
@@ -105,7 +105,7 @@ def test_transformers_function_needing_a_value() -> None:
     assert err.called_at == f"{THIS}:{_line(THIS, 'USER-UNPAD')} in test_transformers_function_needing_a_value"
     lines = str(err).splitlines()
     assert lines[0].startswith("op aten.")
-    assert lines[0].endswith(") needs the value of a tensor, but fake tensors carry no data.")
+    assert ") needs the value of a tensor" in lines[0]
     assert f"(in _get_unpad_data of transformers, called at {err.called_at})" in lines[0]
     assert lines[1] == "    _get_unpad_data(torch.empty(2, 5, dtype=torch.int32))  # USER-UNPAD"
     # the innermost line is the line of _get_unpad_data that needed a value (nonzero or .item())
