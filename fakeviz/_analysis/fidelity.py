@@ -5,6 +5,9 @@ trace this module says which rule FakeTensorMode used for it (in the order
 ``FakeTensorMode._dispatch_impl`` tries them, torch 2.x):
 
 ================  =============================================================
+fakeviz rule      fakeviz's own rule, for ops whose torch rule is not the real
+                  kernel's (``aten._grouped_mm``: Note: [grouped_mm under fake
+                  tensors] in ``fakeviz._engine.moe``)
 python meta       a Python meta function (``torch._decomp.meta_table``)
 decomposition     a Python decomposition into other ops (``torch._decomp``)
 composite         a CompositeImplicitAutograd decomposition
@@ -20,8 +23,10 @@ no rule           none of the above: the op fails under fake tensors
 
 plus what happened at run time: fallback kernels actually run (captured while
 recording), ops whose output size depends on data (unbacked symbolic sizes),
-the data-dependent error that stopped the run, and attention calls whose
-backend fakeviz chose (``fakeviz._engine.attention``).
+the data-dependent error that stopped the run, attention calls whose
+backend fakeviz chose (``fakeviz._engine.attention``), and the assumptions
+behind the record where a value was not known (``assumptions``, see
+:func:`fidelity_report`).
 """
 
 from __future__ import annotations
@@ -49,12 +54,15 @@ def op_rule(name: str) -> str:
     from torch._subclasses import fake_impls
 
     from .._engine.flops import resolve_op
+    from .._engine.moe import FAKE_RULE_OPS
 
     func = resolve_op(name)
     if func is not None and not torch._C._dispatch_has_kernel(func.name()):
         func = None  # a Python-only overload (aten.__and__.bool): nothing to dispatch
     if func is None:
         rule = "unknown op"
+    elif name in FAKE_RULE_OPS:
+        rule = "fakeviz rule"
     elif func in meta_table:
         rule = "python meta"
     elif func not in _cpp_meta_symint() and func in decomposition_table and _torch_decomp(func):
@@ -111,6 +119,12 @@ def fidelity_report(trace: Record) -> dict[str, Any]:
       deepcopy clones (``aten.clone``) where a real one copies the storage outside any aten op or goes
       through ``Parameter.__deepcopy__`` (``detach``, ``clone``), so the op logs differ there while the
       storages and their bytes are the same (Note: [deepcopy of recorded tensors]);
+    * ``assumptions``: DataFrame (seq, op, assumption, calls): what the record assumed where a value it
+      needed was not known, one row per assumption, in op order. Two sources: the engine appends
+      ``[seq, op, assumption]`` rows to ``trace.meta["assumptions"]`` while recording (one call each,
+      ``calls`` 1), and ops whose record rests on an assumption stated once for the op (the routing of
+      mixture-of-experts ops, :func:`fakeviz._engine.moe.op_assumption`) get one row at their first call,
+      with ``calls`` the number of calls it covers;
     * ``error``: the error that stopped the run, if any, and ``fake``: whether the
       run was fake (a real run's rules say how a fake run *would* fake it).
     """
@@ -155,5 +169,21 @@ def fidelity_report(trace: Record) -> dict[str, Any]:
         "data_dependent": dd_calls,
         "attention": attention,
         "deepcopies": pd.DataFrame(trace.meta.get("deepcopies") or [], columns=["seq", "tensor"]),
+        "assumptions": _assumptions(trace, table),
         "error": trace.error,
     }
+
+
+def _assumptions(trace: Record, table: Any) -> Any:
+    """The ``assumptions`` table of :func:`fidelity_report` (``table``: its ``ops`` table)."""
+    import pandas as pd
+
+    from .._engine.moe import op_assumption
+
+    rows = [(int(seq), str(op), str(text), 1) for seq, op, text, *_ in trace.meta.get("assumptions") or []]
+    for op, first, count in zip(table.op.tolist(), table.first_seq.tolist(), table["count"].tolist()):
+        text = op_assumption(op)
+        if text is not None:
+            rows.append((int(first), op, text, int(count)))
+    rows.sort(key=lambda r: r[0])
+    return pd.DataFrame(rows, columns=["seq", "op", "assumption", "calls"])

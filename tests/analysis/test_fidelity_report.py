@@ -67,3 +67,30 @@ def test_zoo_ops_all_have_meta_rules(name):
     assert rep["without_meta"].empty, rep["without_meta"]
     assert set(rep["ops"].rule) <= {"python meta", "decomposition", "composite", "fake impl", "meta kernel"}
     assert rep["ops"]["count"].sum() == trace.num_ops
+
+
+def test_grouped_mm_has_fakeviz_rule():
+    assert op_rule("aten._grouped_mm.default") == "fakeviz rule"  # Note: [grouped_mm under fake tensors]
+
+
+def test_assumptions_list_engine_rows_and_per_op_assumptions():
+    """``assumptions`` merges what the engine appended to ``trace.meta["assumptions"]`` while recording (one row
+    per call) with the assumption an op's record rests on (one row at its first call, ``calls`` its calls)."""
+    with fv.record() as plain:
+        torch.randn(4, 4).sum()
+    empty = plain.fidelity()["assumptions"]
+    assert list(empty.columns) == ["seq", "op", "assumption", "calls"] and len(empty) == 0
+
+    offs = torch.tensor([2, 5], dtype=torch.int32)
+    with fv.record() as trace:
+        a, b = torch.randn(5, 16), torch.randn(2, 16, 8)
+        torch._grouped_mm(a, b, offs=offs)
+        trace.meta.setdefault("assumptions", []).append([1, "aten.randn.default", "a value assumed for the test"])
+        torch._grouped_mm(a, b, offs=offs)
+    rows = trace.fidelity()["assumptions"]
+    assert list(rows.op) == ["aten.randn.default", "aten._grouped_mm.default"]
+    assert rows.calls.tolist() == [1, 2]
+    first_grouped = int(trace.ops[trace.ops.op == "aten._grouped_mm.default"].seq.iloc[0])
+    assert rows.seq.tolist() == [1, first_grouped]
+    assert rows.assumption.iloc[0] == "a value assumed for the test"
+    assert "every row is routed" in rows.assumption.iloc[1]

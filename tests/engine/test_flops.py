@@ -387,10 +387,13 @@ def test_custom_and_unresolvable_ops_are_unknown() -> None:
 
 def test_added_tables_resolve_on_this_torch() -> None:
     """Every op the tables name exists here, and every overload builds its formula."""
+    import transformers.integrations.moe  # noqa: F401 - registers the transformers:: ops named in the table
+
     for name in ADDED_FORMULAS:
-        packet = getattr(aten, name)
+        namespace, _, short = name.rpartition("::")
+        packet = getattr(getattr(torch.ops, namespace or "aten"), short)
         for overload in packet.overloads():
-            assert flop_kind(getattr(packet, overload)) == "added", f"aten.{name}.{overload}"
+            assert flop_kind(getattr(packet, overload)) == "added", f"{name}.{overload}"
     for name in _classify._ELEMENTWISE:
         packet = getattr(aten, name)
         for overload in packet.overloads():
@@ -515,3 +518,88 @@ def test_fused_foreach_and_single_tensor_optimizers_agree(cls: type, kwargs: dic
     fused = _optimizer_flops(lambda ps: cls(ps, **kwargs, fused=True))
     assert single == foreach == fused
     assert single[1] > 0
+
+
+# ------------------------------------------------------------------ mixture of experts
+def test_grouped_mm_flops_by_hand() -> None:
+    """``_grouped_mm``: ``2 * m_g * k_g * n_g`` per group, summed, for each layout; transformers' fallback op."""
+    import transformers.integrations.moe  # noqa: F401 - registers transformers::grouped_mm_fallback
+
+    offs = torch.tensor([3, 5, 9, 10], dtype=torch.int32)
+    sizes = [3, 2, 4, 1]  # rows (or columns, or contraction) per group
+
+    def grouped(a: torch.Tensor, b: torch.Tensor, **kw: Any) -> int:
+        return _flops_of(lambda: torch._grouped_mm(a, b, **kw))["aten._grouped_mm.default"]
+
+    # [rows, K] x [G, K, N]: group g multiplies its m_g rows by its [K, N]
+    assert grouped(torch.randn(10, 16), torch.randn(4, 16, 24), offs=offs) == sum(2 * m * 16 * 24 for m in sizes)
+    # [M, K] x [K, N] with K split by offs: group g contracts its k_g (the weight gradient)
+    assert grouped(torch.randn(10, 16).t(), torch.randn(10, 24), offs=offs) == sum(2 * 16 * k * 24 for k in sizes)
+    # [G, M, K] x [K, N] with N split: group g makes its n_g columns
+    assert grouped(torch.randn(4, 5, 16), torch.randn(16, 12), offs=offs) == sum(2 * 5 * 16 * n for n in [3, 2, 4, 3])
+    # [G, M, K] x [G, K, N]: a bmm, as the registry counts it
+    a3, b3 = torch.randn(4, 5, 16), torch.randn(4, 16, 24)
+    assert grouped(a3, b3) == _flops_of(lambda: torch.bmm(a3, b3))["aten.bmm.default"] == 2 * 4 * 5 * 16 * 24
+    assert flop_kind("aten._grouped_mm.default") == "added"
+
+    x, w = torch.randn(10, 16, requires_grad=True), torch.randn(4, 16, 8, requires_grad=True)
+    fb = _flops_of(lambda: torch.ops.transformers.grouped_mm_fallback(x, w, offs).sum().backward())
+    assert fb["transformers.grouped_mm_fallback.default"] == 2 * 10 * 16 * 8
+    assert fb["transformers.grouped_mm_fallback_backward.default"] == 2 * (2 * 10 * 16 * 8)  # input and weight grads
+    # the same numbers as the grouped op's forward and its two backward products
+    xg, wg = torch.randn(10, 16, requires_grad=True), torch.randn(4, 16, 8, requires_grad=True)
+    gm = _flops_of(lambda: torch._grouped_mm(xg, wg, offs=offs).pow(2).sum().backward())  # a dense gradient
+    assert gm["aten._grouped_mm.default"] == 3 * 2 * 10 * 16 * 8
+
+
+def _matmul_flops(trace: fv.Trace) -> int:
+    """FLOPs of the matmul-like ops of a trace: every op the registry counts, and the grouped matmuls."""
+    flops = trace.col("flops")
+    return sum(
+        int(flops[int(seq)])
+        for seq, op in zip(trace.ops.seq, trace.ops.op)
+        if flop_kind(op) == "registry" or op == "aten._grouped_mm.default"
+    )
+
+
+def test_moe_flops_equal_flop_counter_mode_on_a_per_expert_run() -> None:
+    """Mixtral fwd+bwd: our count of the grouped run (fake and real) is FlopCounterMode's on the eager experts.
+
+    transformers' eager experts run one ``linear`` per expert on its tokens (mm, which FlopCounterMode counts);
+    the grouped run does the same products in ``_grouped_mm`` calls, which FlopCounterMode does not count.
+    The two runs route the same tokens (same seed, same weights), and every row is routed in both.
+    """
+    from test_moe import record, step
+
+    fake, _ = record(step("mixtral"), device="cpu")
+    real, _ = record(step("mixtral"), device="cpu", fake=False)
+    with FlopCounterMode(display=False) as fc:
+        step("mixtral", experts_implementation="eager")()
+    eager = fc.get_total_flops()
+    assert _matmul_flops(fake) == _matmul_flops(real) == eager
+    with FlopCounterMode(display=False) as fc_grouped:
+        step("mixtral")()
+    assert fc_grouped.get_total_flops() < eager  # what FlopCounterMode alone would miss: the experts
+
+
+def test_moe_forward_flops_are_the_dense_rule() -> None:
+    """Mixtral forward: matmul FLOPs = 2 * tokens * active matmul parameters + attention's two matmuls."""
+    from test_moe import config, record, step
+
+    trace, _ = record(step("mixtral", backward=False), device="cpu")
+    c = config("mixtral")
+    hidden, layers, inter = c.hidden_size, c.num_hidden_layers, c.intermediate_size
+    heads, kv_heads, top_k = c.num_attention_heads, c.num_key_value_heads, c.num_experts_per_tok
+    head_dim = hidden // heads
+    batch, seq = 2, 8
+    tokens = batch * seq
+    per_layer = (
+        hidden * heads * head_dim  # q
+        + 2 * hidden * kv_heads * head_dim  # k, v
+        + heads * head_dim * hidden  # o
+        + c.num_local_experts * hidden  # router
+        + top_k * 3 * hidden * inter  # the active experts' gate, up and down projections
+    )
+    active = layers * per_layer + c.vocab_size * hidden  # the lm head; the embedding is a lookup
+    attention = layers * 2 * (2 * batch * heads * seq * seq * head_dim)  # q @ k^T and p @ v
+    assert _matmul_flops(trace) == 2 * tokens * active + attention

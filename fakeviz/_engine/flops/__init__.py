@@ -77,6 +77,12 @@ Conventions
   ``mv``, ``addmv``, ``dot``, ``vdot``, ``addr``, ``_int_mm``,
   ``_addmm_activation``): ``2 * m * n * k`` like ``mm`` (``addr``: ``k=1``;
   ``_addmm_activation`` adds 1 per output element for the activation).
+* Grouped matmuls of mixture-of-experts layers (``_grouped_mm``; transformers'
+  ``grouped_mm_fallback`` and its backward, whose count is twice the forward's):
+  ``2 * m_g * k_g * n_g`` per group, summed, which is ``2 * M * K * N`` of the
+  whole jagged operand whatever the split, as long as every row is routed
+  (``offs[-1]`` is the jagged length: the routing assumption listed by
+  ``fidelity()``, Note: [grouped_mm under fake tensors] in ``fakeviz._engine.moe``).
 * The CPU flash SDPA op ``_scaled_dot_product_flash_attention_for_cpu`` (and
   ``_scaled_dot_product_fused_attention_overrideable``) and their backward ops
   take ``(query, key, value)`` / ``(grad_out, query, key, value)`` as

@@ -5,8 +5,8 @@ Each ``OpOverload`` is classified once and its kind and formula cached (``_KIND`
 
 1. in ``torch.utils.flop_counter.flop_registry``: ``"registry"`` (torch's formula);
 2. not an ``OpOverload``: ``"unknown"``; a namespace in ``_ZERO_NAMESPACES``: ``"zero"``;
-3. an aten op named in ``ADDED_FORMULAS`` (:mod:`.formulas`): ``"added"``; ``_foreach_<op>``: the kind of
-   ``<op>`` over the tensor list; a name in ``_ZERO_NAMES``: ``"zero"``;
+3. an aten op named in ``ADDED_FORMULAS`` (:mod:`.formulas`; another namespace's op as ``"<ns>::<name>"``):
+   ``"added"``; ``_foreach_<op>``: the kind of ``<op>`` over the tensor list; a name in ``_ZERO_NAMES``: ``"zero"``;
 4. no tensor argument (factories, SymInt arithmetic) or a view: ``"zero"``;
 5. pointwise (``torch.Tag.pointwise`` on any overload of the op or its in-place/functional twin, or
    an aten name in ``_ELEMENTWISE``): ``"added"``, 1 FLOP per output element;
@@ -248,6 +248,10 @@ def _classify_uncached(func: Any) -> tuple[str, Formula]:
             return _classify_foreach(func, name)
         if name in _ZERO_NAMES:
             return ZERO, zero_formula
+    else:
+        factory = ADDED_FORMULAS.get(f"{namespace}::{name}")
+        if factory is not None:
+            return ADDED, factory(func)
     schema = func._schema
     if not any(_is_tensor_type(a.type) for a in schema.arguments):
         return ZERO, zero_formula  # factories, SymInt/scalar arithmetic

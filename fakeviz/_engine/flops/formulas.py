@@ -5,7 +5,8 @@ Where to add an op's FLOP formula
 * An op that does arithmetic which ``torch.utils.flop_counter.flop_registry``
   does not count: add ``"<aten op name>": <factory>`` to ``ADDED_FORMULAS`` at
   the end of this file (the entry covers every overload of that name; list
-  in-place variants by their own name). A factory gets the ``OpOverload`` once
+  in-place variants by their own name; an op of another namespace, such as a
+  library's custom op, as ``"<namespace>::<name>"``). A factory gets the ``OpOverload`` once
   (it may read the schema, e.g. with ``_getter``) and returns a ``Formula``,
   ``formula(args, kwargs, out) -> flops``, called on every recorded call of
   the op. Build it from the helpers here (``per_elem``, ``_matmul``,
@@ -419,10 +420,53 @@ def _pool(count: str) -> _Factory:
     return factory
 
 
+def _grouped_mm(func: OpOverload) -> Formula:
+    """``aten._grouped_mm``: ``2 * m_g * k_g * n_g`` per group, summed over the groups.
+
+    The group sizes (``offs``) are not needed: every layout sums to ``2 * M * K * N`` of the whole
+    jagged operand, as long as every row of it is routed (``offs[-1]`` = its length; Note: [grouped_mm
+    under fake tensors]):
+
+    * 2-D x 3-D ``[rows, K] x [G, K, N]``: group ``g`` multiplies its ``m_g`` rows, ``sum m_g = rows``;
+    * 2-D x 2-D ``[M, K] x [K, N]`` (the weight gradient): group ``g`` contracts its ``k_g`` of ``K``;
+    * 3-D x 2-D ``[G, M, K] x [K, N]``: group ``g`` makes its ``n_g`` of ``N`` columns;
+    * 3-D x 3-D ``[G, M, K] x [G, K, N]``: a ``bmm``.
+    """
+    get_a, get_b = _getter(func, "self"), _getter(func, "mat2")
+
+    def flops(args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> int:
+        a, b = get_a(args, kwargs), get_b(args, kwargs)
+        n = _as_int(b.shape[-1])
+        if a.dim() == 3 and b.dim() == 3:
+            return 2 * _numel(a) * n
+        if a.dim() == 3:  # [G, M, K] x [K, N]: one [M, K] per group
+            return 2 * _as_int(a.shape[1]) * _as_int(a.shape[2]) * n
+        return 2 * _numel(a) * n  # [rows, K] x [G, K, N] or [M, K] x [K, N]
+
+    return flops
+
+
+def _grouped_mm_fallback(*, backward: bool) -> _Factory:
+    """transformers' ``grouped_mm_fallback`` (``[S, K] x [E, K, N]`` by group): ``2 * S * K * N``; its backward
+    computes the input's and the weight's gradients: twice that. Every row routed, as for ``_grouped_mm``."""
+
+    def factory(func: OpOverload) -> Formula:
+        get_x, get_w = _getter(func, "input"), _getter(func, "weight")
+
+        def flops(args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> int:
+            one = 2 * _numel(get_x(args, kwargs)) * _as_int(get_w(args, kwargs).shape[-1])
+            return 2 * one if backward else one
+
+        return flops
+
+    return factory
+
+
 _FLASH = aten._scaled_dot_product_flash_attention
 _FLASH_BWD = aten._scaled_dot_product_flash_attention_backward
 
-#: Added formulas, by aten op name (every overload; in-place variants are listed by name).
+#: Added formulas, by aten op name (every overload; in-place variants are listed by name); ops of another
+#: namespace by ``"<namespace>::<name>"``.
 ADDED_FORMULAS: dict[str, _Factory] = {
     # attention: the registry's flash formulas on the same [batch, heads, seq, dim] shapes
     "_scaled_dot_product_flash_attention_for_cpu": _registry_of(_FLASH),
@@ -443,6 +487,10 @@ ADDED_FORMULAS: dict[str, _Factory] = {
     "vdot": _matmul("self", "other"),
     "addr": _matmul("vec1", "vec2", outer=True),
     "addr_": _matmul("vec1", "vec2", outer=True),
+    # mixture of experts: grouped matmuls, FLOPs summed over the groups (Note: [grouped_mm under fake tensors])
+    "_grouped_mm": _grouped_mm,
+    "transformers::grouped_mm_fallback": _grouped_mm_fallback(backward=False),
+    "transformers::grouped_mm_fallback_backward": _grouped_mm_fallback(backward=True),
     # softmax
     "_softmax": per_elem(5),
     "_log_softmax": per_elem(5),
