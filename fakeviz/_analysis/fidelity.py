@@ -119,12 +119,13 @@ def fidelity_report(trace: Record) -> dict[str, Any]:
       deepcopy clones (``aten.clone``) where a real one copies the storage outside any aten op or goes
       through ``Parameter.__deepcopy__`` (``detach``, ``clone``), so the op logs differ there while the
       storages and their bytes are the same (Note: [deepcopy of recorded tensors]);
-    * ``assumptions``: DataFrame (seq, op, assumption, calls): what the record assumed where a value it
-      needed was not known, one row per assumption, in op order. Two sources: the engine appends
-      ``[seq, op, assumption]`` rows to ``trace.meta["assumptions"]`` while recording (one call each,
-      ``calls`` 1), and ops whose record rests on an assumption stated once for the op (the routing of
-      mixture-of-experts ops, :func:`fakeviz._engine.moe.op_assumption`) get one row at their first call,
-      with ``calls`` the number of calls it covers;
+    * ``assumptions``: DataFrame (seq, op, assumption, calls, module, user_line): what the record assumed
+      where a value it needed was not known, one row per assumption, in op order. Two sources: the engine
+      appends ``[seq, op, assumption, module, user_line]`` rows to ``trace.meta["assumptions"]`` while
+      recording (one call each, ``calls`` 1; module and line may be left off), and ops whose record rests on
+      an assumption stated once for the op (the routing of mixture-of-experts ops,
+      :func:`fakeviz._engine.moe.op_assumption`) get one row at their first call (its module and line), with
+      ``calls`` the number of calls it covers;
     * ``error``: the error that stopped the run, if any, and ``fake``: whether the
       run was fake (a real run's rules say how a fake run *would* fake it).
     """
@@ -180,10 +181,15 @@ def _assumptions(trace: Record, table: Any) -> Any:
 
     from .._engine.moe import op_assumption
 
-    rows = [(int(seq), str(op), str(text), 1) for seq, op, text, *_ in trace.meta.get("assumptions") or []]
-    for op, first, count in zip(table.op.tolist(), table.first_seq.tolist(), table["count"].tolist()):
+    rows = []
+    for seq, op, text, *where in trace.meta.get("assumptions") or []:
+        module, line = (list(where) + [None, None])[:2]
+        rows.append((int(seq), str(op), str(text), 1, module, line))
+    for op, first, count, module, line in zip(
+        table.op.tolist(), table.first_seq.tolist(), table["count"].tolist(), table.module.tolist(), table.user_line
+    ):
         text = op_assumption(op)
         if text is not None:
-            rows.append((int(first), op, text, int(count)))
+            rows.append((int(first), op, text, int(count), module, line))
     rows.sort(key=lambda r: r[0])
-    return pd.DataFrame(rows, columns=["seq", "op", "assumption", "calls"])
+    return pd.DataFrame(rows, columns=["seq", "op", "assumption", "calls", "module", "user_line"])

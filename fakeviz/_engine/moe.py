@@ -44,7 +44,11 @@ FLOPs, ``2 * rows * K * N``, are the same for any split as long as every row is 
 (``offs[-1] == rows``, which transformers' experts guarantee unless expert parallelism marks rows as
 sentinels). That is the assumption, named for each such op by :func:`op_assumption` and listed by
 ``fidelity()["assumptions"]``. The time of the op on a GPU does depend on the split (and on which kernel
-runs, above); fakeviz does not model time.
+runs, above); fakeviz does not model time. So a balanced or a skewed routing gives the same record on this
+path (and on transformers' ``batched_mm`` path: a gather of the chosen experts' weights, then ``bmm``).
+Routing changes the record only where code reads it: transformers' ``eager`` experts loop over the experts
+hit (``nonzero``, ``torch.where`` of the routing mask), whose sizes follow the values the run knows or
+assumes (Note: [values under fake tensors]).
 """
 
 from __future__ import annotations
@@ -246,7 +250,8 @@ _install()
 # ------------------------------------------------------------------------ assumptions
 _ROUTED = (
     "routing: tokens per expert (offs) are not known without data; output shape and memory do not depend on "
-    "them, FLOPs assume every row is routed (offs[-1] = rows: {rows}), whatever the split among experts"
+    "them, FLOPs assume every row is routed (offs[-1] = rows: {rows}), whatever the split among experts "
+    "(balanced or skewed alike; the time on a GPU does depend on it, and is not modelled)"
 )
 
 #: Ops whose FLOPs or memory would depend on routing, and the argument that holds the jagged rows.

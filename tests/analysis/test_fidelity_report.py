@@ -79,7 +79,7 @@ def test_assumptions_list_engine_rows_and_per_op_assumptions():
     with fv.record() as plain:
         torch.randn(4, 4).sum()
     empty = plain.fidelity()["assumptions"]
-    assert list(empty.columns) == ["seq", "op", "assumption", "calls"] and len(empty) == 0
+    assert list(empty.columns) == ["seq", "op", "assumption", "calls", "module", "user_line"] and len(empty) == 0
 
     offs = torch.tensor([2, 5], dtype=torch.int32)
     with fv.record() as trace:
@@ -94,3 +94,4 @@ def test_assumptions_list_engine_rows_and_per_op_assumptions():
     assert rows.seq.tolist() == [1, first_grouped]
     assert rows.assumption.iloc[0] == "a value assumed for the test"
     assert "every row is routed" in rows.assumption.iloc[1]
+    assert rows.module.isna().all() and "test_fidelity_report.py" in rows.user_line.iloc[1]  # top level

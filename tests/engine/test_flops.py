@@ -551,6 +551,11 @@ def test_grouped_mm_flops_by_hand() -> None:
     gm = _flops_of(lambda: torch._grouped_mm(xg, wg, offs=offs).pow(2).sum().backward())  # a dense gradient
     assert gm["aten._grouped_mm.default"] == 3 * 2 * 10 * 16 * 8
 
+    # the router's bookkeeping: tokens per expert (histc, an add per token) and token index // top_k
+    ids = torch.randint(0, 4, (32,))
+    assert _flops_of(lambda: torch.histc(ids.float(), bins=4, min=0, max=3))["aten.histc.default"] == 32
+    assert _flops_of(lambda: ids // 2)["aten.floor_divide.default"] == 32
+
 
 def _matmul_flops(trace: fv.Trace) -> int:
     """FLOPs of the matmul-like ops of a trace: every op the registry counts, and the grouped matmuls."""

@@ -65,6 +65,7 @@ Conventions
   embedding_dense_backward               1 per grad_output element (adds)
   index_put(accumulate=True)             1 per values element, else 0
   index_add, scatter_add, scatter_reduce 1 per source/index element
+  histc                                  1 per input element
   avg_pool2d (+backward)                 1 per output element and window cell
   max_pool2d_with_indices / backward     same / 1 per grad_output element
   adaptive_avg_pool2d (+backward)        1 per input element

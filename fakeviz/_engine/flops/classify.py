@@ -67,6 +67,8 @@ _ELEMENTWISE: frozenset[str] = frozenset(
         "rrelu_with_noise_backward",
         "polar",
         "_masked_scale",
+        "floor_divide",  # torch leaves it untagged (MoE routers: token index // top_k)
+        "floor_divide_",
     }
 )
 

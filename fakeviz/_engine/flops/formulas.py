@@ -536,6 +536,7 @@ ADDED_FORMULAS: dict[str, _Factory] = {
     "scatter_add_": per_elem(1, "index"),
     "scatter_reduce": per_elem(1, "index"),
     "scatter_reduce_": per_elem(1, "index"),
+    "histc": per_elem(1),  # one add per input element into its bin (MoE: tokens per expert)
     "scatter": _if_arg("reduce", "index", when=lambda r: r is not None),
     "scatter_": _if_arg("reduce", "index", when=lambda r: r is not None),
     # scans
