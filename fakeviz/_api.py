@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ._analysis import cuda_stats as _cuda_stats
 from ._engine import cuda_shim as _cuda_shim
 from ._engine import recorder as _recorder
 from ._engine.recorder import FakeSession, Recording
@@ -27,10 +28,12 @@ def record(
     progress: Any = None,
     attention: str = "auto",
     gpu: str | None = None,
+    gpus: int | None = None,
 ) -> Recording:
     return _recorder.record(
         device=device, dtype=dtype, fake=fake, symbolic=symbolic, exclude=exclude, modules=modules,
-        session=session, progress=progress, attention=attention, gpu=gpu, record_cls=Trace,
+        session=session, progress=progress, attention=attention, gpu=gpu, record_cls=Trace, gpus=gpus,
+        memory_stats=_cuda_stats.memory_stats,
     )  # fmt: skip
 
 

@@ -17,7 +17,10 @@ from typing import Any
 
 from .fmt import format_bytes
 
-__all__ = ["CAPABILITY", "GPUS", "Capacity", "capacity_of", "gpu_capability", "parse_capacity"]
+__all__ = [
+    "CAPABILITY", "DEVICE_NAMES", "GPUS", "MULTIPROCESSORS", "ROCM_ARCH", "SM_LIMITS", "Capacity", "capacity_of",
+    "gpu_capability", "parse_capacity",
+]  # fmt: skip
 
 _MIB = 2**20
 GPUS: dict[str, int] = {
@@ -47,6 +50,34 @@ CAPABILITY: dict[str, tuple[int, int]] = {
     "A100 80GB": (8, 0), "A100 40GB": (8, 0), "A100": (8, 0), "L40S": (8, 9), "L4": (8, 9), "A10G": (8, 6),
     "T4": (7, 5), "V100 32GB": (7, 0), "V100 16GB": (7, 0), "RTX 4090": (8, 9), "RTX 3090": (8, 6),
 }  # fmt: skip
+
+# What a fake cuda session's torch.cuda.get_device_properties answers (fakeviz._engine.cuda_api):
+# the name the driver reports (torch.cuda.get_device_name, nvidia-smi / rocm-smi) ...
+DEVICE_NAMES: dict[str, str] = {
+    "H100": "NVIDIA H100 80GB HBM3", "H100 80GB": "NVIDIA H100 80GB HBM3", "H100 NVL": "NVIDIA H100 NVL",
+    "H200": "NVIDIA H200", "B200": "NVIDIA B200", "A100 80GB": "NVIDIA A100-SXM4-80GB",
+    "A100 40GB": "NVIDIA A100-SXM4-40GB", "A100": "NVIDIA A100-SXM4-80GB", "L40S": "NVIDIA L40S", "L4": "NVIDIA L4",
+    "A10G": "NVIDIA A10G", "T4": "Tesla T4", "V100 32GB": "Tesla V100-SXM2-32GB", "V100 16GB": "Tesla V100-SXM2-16GB",
+    "RTX 4090": "NVIDIA GeForce RTX 4090", "RTX 3090": "NVIDIA GeForce RTX 3090", "MI300X": "AMD Instinct MI300X",
+    "MI250X": "AMD Instinct MI250X/MI250",
+}  # fmt: skip
+# ... streaming multiprocessors (NVIDIA) or compute units (AMD; an MI250X is two devices of 110 CUs each) ...
+MULTIPROCESSORS: dict[str, int] = {
+    "H100": 132, "H100 80GB": 132, "H100 NVL": 132, "H200": 132, "B200": 148, "A100 80GB": 108, "A100 40GB": 108,
+    "A100": 108, "L40S": 142, "L4": 58, "A10G": 80, "T4": 40, "V100 32GB": 80, "V100 16GB": 80, "RTX 4090": 128,
+    "RTX 3090": 82, "MI300X": 304, "MI250X": 110,
+}  # fmt: skip
+# ... the gfx architecture and the (major, minor) ROCm builds of torch report for AMD GPUs ...
+ROCM_ARCH: dict[str, tuple[str, tuple[int, int]]] = {"MI300X": ("gfx942", (9, 4)), "MI250X": ("gfx90a", (9, 0))}
+# ... and the per-SM limits of each CUDA compute capability (CUDA C++ Programming Guide, "Technical Specifications
+# per Compute Capability"): (max threads per SM, shared memory per SM, shared memory per block opt-in), in bytes.
+SM_LIMITS: dict[tuple[int, int], tuple[int, int, int]] = {
+    (7, 0): (2048, 98304, 98304), (7, 5): (1024, 65536, 65536), (8, 0): (2048, 167936, 166912),
+    (8, 6): (1536, 102400, 101376), (8, 9): (1536, 102400, 101376), (9, 0): (2048, 233472, 232448),
+    (10, 0): (2048, 233472, 232448),
+}  # fmt: skip
+assert set(DEVICE_NAMES) == set(MULTIPROCESSORS) == set(GPUS), "one entry per catalog GPU"
+assert {CAPABILITY[g] for g in CAPABILITY} <= set(SM_LIMITS), "SM limits for every capability in the catalog"
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # fmt: skip

@@ -63,6 +63,7 @@ class ShimStatus:
 
 _status = ShimStatus(mode="not-loaded")
 _warned = False
+_lib: ctypes.CDLL | None = None  # the loaded shim (mode "shim")
 
 
 def status() -> ShimStatus:
@@ -146,7 +147,7 @@ def drain_autograd_workers(rounds: int = 4) -> None:
 
 def ensure_fake_cuda() -> ShimStatus:
     """Make fake cuda devices usable in this process; idempotent and thread-safe."""
-    global _status
+    global _status, _lib
     with _lock:
         if _status.mode != "not-loaded":
             return _status
@@ -163,10 +164,12 @@ def ensure_fake_cuda() -> ShimStatus:
             lib = ctypes.CDLL(str(path))
             lib.fakeviz_register_cuda_guard()
             lib.fakeviz_patch_cuda_hooks()
+            lib.fakeviz_exchange_device.argtypes = [ctypes.c_int]
             _status = ShimStatus(mode="shim", library=str(path), device_count=int(lib.fakeviz_device_count()))
         except Exception as exc:  # noqa: BLE001 - any failure means: no fake cuda, say why
             _status = ShimStatus(mode="unavailable", reason=str(exc))
             return _status
+        _lib = lib
         _status.backward_max_index = _probe_backward()
         atexit.register(drain_autograd_workers, 25)
         drain_autograd_workers()
@@ -183,6 +186,16 @@ def ensure_fake_cuda() -> ShimStatus:
                 "import fakeviz before running any backward to lift this"
             )
         return _status
+
+
+def current_device() -> int:
+    """The calling thread's current fake cuda device (the shim's device guard); 0 without the shim."""
+    return _lib.fakeviz_current_device() if _lib is not None else 0
+
+
+def exchange_device(index: int) -> int:
+    """Make ``index`` the calling thread's current fake cuda device (a negative index only reads); the old one."""
+    return _lib.fakeviz_exchange_device(index) if _lib is not None else 0
 
 
 def warn_if_unavailable(device: str | torch.device | None) -> None:

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .._core.errors import FakeVizError
+from . import cuda_api as _cuda_api
 from . import cuda_shim as _cuda_shim
 from . import moe as _moe
 
@@ -112,7 +113,8 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
 #     foreach kernels (as DTensor does on import): see Note: [foreach on fake tensors];
 #   * on the CPU-only shim, torch.cuda.amp.common.amp_definitely_not_available and
 #     torch.cuda.is_bf16_supported, so torch.autocast("cuda") runs under fake cuda as
-#     it would on a GPU instead of disabling itself.
+#     it would on a GPU instead of disabling itself (cuda_api.autocast_support). The rest of
+#     torch.cuda answers as a GPU only in a fake cuda session (Note: [torch.cuda on fake GPUs]).
 _backward_listeners: list[Any] = []
 
 
@@ -161,9 +163,6 @@ _backward = _autograd_entry(_original_backward, False)
 _grad = _autograd_entry(_original_grad, True)
 
 
-_saved: dict[str, Any] = {}
-
-
 # Note: [foreach on fake tensors]
 # Optimizers (SGD, Adam, AdamW, ...) and clip_grad_norm_ choose their multi-tensor "foreach" kernels by
 # ``type(p) in _foreach_supported_types`` and the device type: a real run on cuda takes foreach by
@@ -190,8 +189,6 @@ def _foreach_lists() -> tuple[list[Any], ...]:
 
 
 def _apply_patches(on: bool) -> None:
-    import torch.cuda.amp.common as amp_common
-
     for lst in _foreach_lists():
         if on and FakeTensor not in lst:
             lst.append(FakeTensor)
@@ -202,18 +199,11 @@ def _apply_patches(on: bool) -> None:
         torch.utils.swap_tensors = _swap_tensors
         torch.autograd.backward = _backward
         torch.autograd.grad = _grad
-        if _cuda_shim.status().mode == "shim":
-            _saved["amp"] = amp_common.amp_definitely_not_available
-            _saved["bf16"] = torch.cuda.is_bf16_supported
-            amp_common.amp_definitely_not_available = lambda: False
-            torch.cuda.is_bf16_supported = lambda *a, **k: True
     else:
         torch.utils.swap_tensors = _original_swap
         torch.autograd.backward = _original_backward
         torch.autograd.grad = _original_grad
-        if "amp" in _saved:
-            amp_common.amp_definitely_not_available = _saved.pop("amp")
-            torch.cuda.is_bf16_supported = _saved.pop("bf16")
+    _cuda_api.autocast_support(on)
 
 
 @contextlib.contextmanager
@@ -271,7 +261,8 @@ def fake_mode(*, device: str | torch.device | None = None, symbolic: bool = Fals
     """Instantiate every tensor created in this scope as a fake tensor.
 
     ``device`` optionally sets the default device inside the scope (``"cuda:0"``
-    works on a CPU-only torch build too). ``symbolic=True`` attaches a ShapeEnv
+    works on a CPU-only torch build too; with a cuda device ``torch.cuda`` answers as an H100
+    machine with ``index + 1`` GPUs, see :mod:`fakeviz._engine.cuda_api`). ``symbolic=True`` attaches a ShapeEnv
     so data-dependent output shapes (``nonzero``) become symbolic sizes.
     Yields the underlying :class:`~torch._subclasses.fake_tensor.FakeTensorMode`.
     """
@@ -282,6 +273,8 @@ def fake_mode(*, device: str | torch.device | None = None, symbolic: bool = Fals
     mode = new_fake_mode(symbolic=symbolic)
     with contextlib.ExitStack() as stack:
         stack.enter_context(session_patches())
+        on = _cuda_api.answers_as_gpu(fake=True, device=device, gpu=None, gpus=None)
+        stack.enter_context(_cuda_api.gpu_session(on=on, count=_cuda_api.device_count_for(device, None)))
         stack.enter_context(mode)
         if device is not None:
             stack.enter_context(torch.device(device))

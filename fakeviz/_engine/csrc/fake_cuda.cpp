@@ -103,4 +103,15 @@ int fakeviz_patch_cuda_hooks() {
 
 int fakeviz_device_count() { return kFakeDeviceCount; }
 
+// The calling thread's current fake cuda device, the one the guard above reports (the autograd
+// engine sets it on its device threads); fakeviz._engine.cuda_api answers torch.cuda.current_device,
+// set_device and torch.cuda.device(i) with these. Exchange with a negative index only reads.
+int fakeviz_current_device() { return current_index; }
+
+int fakeviz_exchange_device(int index) {
+  int old = current_index;
+  if (index >= 0) current_index = static_cast<c10::DeviceIndex>(index);
+  return old;
+}
+
 }  // extern "C"

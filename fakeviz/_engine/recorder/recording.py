@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,6 +12,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 
 from ..._core.errors import RecordError
 from ..._core.record import Record
+from .. import cuda_api as _cuda_api
 from .. import cuda_shim as _cuda_shim
 from ..session import check_device, new_fake_mode, session_patches
 from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks, deepcopy_patch
@@ -23,7 +25,12 @@ __all__ = ["Recording", "record"]
 
 
 class Recording:
-    """Context manager returned by :func:`record`; ``with fv.record() as trace``."""
+    """Context manager returned by :func:`record`; ``with fv.record() as trace``.
+
+    ``memory_stats(record, device, since) -> dict`` gives the ``torch.cuda.memory_stats()`` figures of the
+    record so far in a fake cuda session (the facade passes :func:`fakeviz._analysis.cuda_stats.memory_stats`,
+    the allocator model); without it ``torch.cuda``'s memory functions raise there.
+    """
 
     def __init__(
         self,
@@ -39,6 +46,8 @@ class Recording:
         attention: str = "auto",
         gpu: str | None = None,
         record_cls: type[Record] = Record,
+        gpus: int | None = None,
+        memory_stats: Callable[[Record, str, int], dict[str, int]] | None = None,
     ) -> None:
         from ..._core.gpus import Capacity
         from ..attention import SETTINGS
@@ -52,6 +61,9 @@ class Recording:
             if cap is not None:
                 self.capability = cap
         self.gpu = gpu
+        self.gpus = gpus
+        self.device_count = _cuda_api.device_count_for(device, gpus)  # a clear error for a bad gpus=
+        self.memory_stats = memory_stats
         if session is not None and not fake:
             raise ValueError("record(session=...) needs fake=True: a session is a lasting fake mode")
         self.session = session
@@ -91,6 +103,7 @@ class Recording:
         stack = self._stack = contextlib.ExitStack()
         try:
             stack.enter_context(session_patches(on_backward=state.backward_event))
+            stack.enter_context(self._gpu_session(state))
             mm = torch.nn.modules.module
             hooks = [
                 mm.register_module_forward_pre_hook(state.fw_pre),
@@ -160,6 +173,17 @@ class Recording:
             raise
         return self.trace
 
+    def _gpu_session(self, state: _State) -> Any:
+        """torch.cuda answering as the session's GPUs (Note: [torch.cuda on fake GPUs]), memory from the record."""
+        on = _cuda_api.answers_as_gpu(fake=self.fake, device=self.device, gpu=self.gpu, gpus=self.gpus)
+        trace, stats, b, live = self.trace, self.memory_stats, state.b, state.live
+        return _cuda_api.gpu_session(
+            on=on, gpu=self.gpu, count=self.device_count,
+            memory=(lambda device, since: stats(trace, device, since)) if stats is not None else None,
+            version=lambda: (b.num_ops(), b.num_storages(), len(live)), clock=b.num_ops, meta=trace.meta,
+            missing="this recording has no memory model (fakeviz.record gives it one)",
+        )  # fmt: skip
+
     def _deactivate(self) -> None:
         if self._state is not None:
             self._state.active = False
@@ -213,6 +237,8 @@ def record(
     attention: str = "auto",
     gpu: str | None = None,
     record_cls: type[Record] = Record,
+    gpus: int | None = None,
+    memory_stats: Callable[[Record, str, int], dict[str, int]] | None = None,
 ) -> Recording:
     """Record every dispatched aten op of the code in the ``with`` block.
 
@@ -241,7 +267,12 @@ def record(
             a CPU-only build). See :mod:`fakeviz._engine.attention`.
         gpu: a GPU name from the catalog (``"H100"``, ``"A100 40GB"``): its compute
             capability drives the attention rules (default H100) and its memory is
-            the capacity for the verdict and the allocator model.
+            the capacity for the verdict and the allocator model. In a fake cuda session
+            (``device="cuda..."``, or ``gpu``/``gpus`` given) ``torch.cuda`` answers as this GPU:
+            capability, properties, streams, seeding, and the memory figures (see
+            :mod:`fakeviz._engine.cuda_api`).
+        gpus: how many GPUs ``torch.cuda.device_count()`` reports in the block (default: the
+            device's index + 1).
 
     On an error inside the block the exception propagates unchanged (with a
     note naming the op, module and line) or, for data-dependent ops, as a
@@ -261,4 +292,6 @@ def record(
         attention=attention,
         gpu=gpu,
         record_cls=record_cls,
+        gpus=gpus,
+        memory_stats=memory_stats,
     )
