@@ -119,7 +119,9 @@ def fidelity_report(trace: Record) -> dict[str, Any]:
       deepcopy clones (``aten.clone``) where a real one copies the storage outside any aten op or goes
       through ``Parameter.__deepcopy__`` (``detach``, ``clone``), so the op logs differ there while the
       storages and their bytes are the same (Note: [deepcopy of recorded tensors]);
-    * ``assumptions``: DataFrame (seq, op, assumption, calls, module, user_line): what the record assumed
+    * ``assumptions``: DataFrame (seq, op, assumption, calls, module, user_line; seq -1 for the whole run):
+      what the record assumed, including what the fake ``torch.cuda`` API answered without a GPU
+      (``Event.elapsed_time``, ``empty_cache``); otherwise
       where a value it needed was not known, one row per assumption, in op order. Two sources: the engine
       appends ``[seq, op, assumption, module, user_line]`` rows to ``trace.meta["assumptions"]`` while
       recording (one call each, ``calls`` 1; module and line may be left off), and ops whose record rests on
@@ -191,5 +193,20 @@ def _assumptions(trace: Record, table: Any) -> Any:
         text = op_assumption(op)
         if text is not None:
             rows.append((int(first), op, text, int(count), module, line))
+    rows.extend(_cuda_api_rows(trace.meta.get("cuda_api") or {}))
     rows.sort(key=lambda r: r[0])
     return pd.DataFrame(rows, columns=["seq", "op", "assumption", "calls", "module", "user_line"])
+
+
+def _cuda_api_rows(notes: dict[str, Any]) -> list[tuple[int, str, str, int, Any, Any]]:
+    """What the fake ``torch.cuda`` API answered without a GPU behind it (``fakeviz._engine.cuda_api``)."""
+    rows: list[tuple[int, str, str, int, Any, Any]] = []
+    if notes.get("elapsed_time"):
+        rows.append((-1, "torch.cuda.Event.elapsed_time",
+                     "no kernel runs under fake tensors: every elapsed_time() answered 0.0 ms",
+                     int(notes["elapsed_time"]), None, None))  # fmt: skip
+    for seq in notes.get("empty_cache") or []:
+        rows.append((int(seq), "torch.cuda.empty_cache",
+                     "the allocator model releases no cached segment here: reserved memory after this point can "
+                     "be above a real run's (allocated memory is unaffected)", 1, None, None))  # fmt: skip
+    return rows

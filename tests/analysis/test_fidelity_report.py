@@ -95,3 +95,26 @@ def test_assumptions_list_engine_rows_and_per_op_assumptions():
     assert rows.assumption.iloc[0] == "a value assumed for the test"
     assert "every row is routed" in rows.assumption.iloc[1]
     assert rows.module.isna().all() and "test_fidelity_report.py" in rows.user_line.iloc[1]  # top level
+
+
+def test_fake_cuda_api_stand_ins_are_assumptions() -> None:
+    """What the fake torch.cuda API answers without a GPU (elapsed time, empty_cache) is listed, never silent."""
+    import torch
+
+    import fakeviz as fv
+
+    with fv.record(device="cuda:0", gpu="H100") as trace:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        x = torch.ones(256, 256)
+        (x @ x).sum()
+        end.record()
+        end.synchronize()
+        assert start.elapsed_time(end) == 0.0
+        torch.cuda.empty_cache()
+    rows = trace.fidelity()["assumptions"]
+    timing = rows[rows.op == "torch.cuda.Event.elapsed_time"]
+    assert len(timing) == 1 and int(timing.calls.iloc[0]) == 1 and int(timing.seq.iloc[0]) == -1
+    cache = rows[rows.op == "torch.cuda.empty_cache"]
+    assert len(cache) == 1 and int(cache.seq.iloc[0]) == trace.num_ops  # after the last op
+    assert "reserved" in cache.assumption.iloc[0]
