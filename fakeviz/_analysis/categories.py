@@ -10,6 +10,9 @@ Parameter           a parameter of a module seen in the run
 Buffer              a registered buffer
 Gradient            the ``.grad`` of a leaf after a backward (or at an optimizer step)
 Optimizer state     a tensor in ``optimizer.state`` after a step
+KV cache            held by a KV cache (a transformers ``Cache``: its layers' keys and
+                    values) at a top-level model call, as ``fakeviz._engine.kv_cache``
+                    finds them (Note: [KV cache storages])
 Input               an argument of a top-level module call (not a parameter)
 Activation          saved for backward, as autograd's saved-tensor hooks report it
 Temporary           anything else created once the run started: in forward,
@@ -30,6 +33,10 @@ Activations are the storages autograd saved for backward (MemTracker's "Act"
 is every tensor created in a module's forward). A view of a parameter saved for
 backward stays a Parameter; checkpointed regions save nothing, so their
 recomputed tensors are Temporary.
+
+A KV cache storage is KV cache even when it was also an input (the cache passed
+back to the model at each decode step) or saved for backward: what holds it
+across calls is the cache.
 """
 
 from __future__ import annotations
@@ -43,23 +50,26 @@ from .._core.schema import (
     ROLE_BUFFER,
     ROLE_GRAD,
     ROLE_INPUT,
+    ROLE_KV,
     ROLE_OPT,
     ROLE_PARAM,
     ROLE_SAVED,
 )
 
-__all__ = ["C_ACT", "storage_categories"]
+__all__ = ["C_ACT", "C_KV", "storage_categories"]
 
-C_PARAM, C_BUFFER, C_GRAD, C_OPT, C_ACT, C_TEMP, C_INPUT, C_OTHER = range(len(CATEGORIES))
+C_PARAM, C_BUFFER, C_GRAD, C_OPT, C_ACT, C_KV, C_TEMP, C_INPUT, C_OTHER = range(len(CATEGORIES))
 _P_FORWARD, _P_BACKWARD, _P_OPTIMIZER, _P_OTHER = (
     PHASES.index(p) for p in ("forward", "backward", "optimizer", "other")
 )
+assert (CATEGORIES[C_ACT], CATEGORIES[C_KV], CATEGORIES[C_OTHER]) == ("Activation", "KV cache", "Other")
 # (role bit, category) in priority order
 _ROLE_ORDER = (
     (ROLE_PARAM, C_PARAM),
     (ROLE_BUFFER, C_BUFFER),
     (ROLE_GRAD, C_GRAD),
     (ROLE_OPT, C_OPT),
+    (ROLE_KV, C_KV),
     (ROLE_INPUT, C_INPUT),
     (ROLE_SAVED, C_ACT),
 )

@@ -16,6 +16,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "Gradient": "#F58518",
     "Optimizer state": "#E45756",
     "Activation": "#54A24B",
+    "KV cache": "#72B7B2",
     "Temporary": "#EECA3B",
     "Input": "#B279A2",
     "Other": "#BAB0AC",

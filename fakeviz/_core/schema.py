@@ -15,11 +15,15 @@ __all__ = [
 PHASES = ("init", "forward", "backward", "optimizer", "other")
 # What the recorder saw a storage used as (a bitmask per storage, bit i = ROLES[i]):
 # a parameter or buffer of a module, an input of a top-level module call, the .grad
-# of a leaf, optimizer state, or saved for backward (autograd's saved-tensor hooks).
-ROLES = ("parameter", "buffer", "input", "gradient", "optimizer", "saved")
-ROLE_PARAM, ROLE_BUFFER, ROLE_INPUT, ROLE_GRAD, ROLE_OPT, ROLE_SAVED = (1 << i for i in range(len(ROLES)))
-# Memory categories (see fakeviz._analysis.memory for how roles and phases map onto them).
-CATEGORIES = ("Parameter", "Buffer", "Gradient", "Optimizer state", "Activation", "Temporary", "Input", "Other")
+# of a leaf, optimizer state, saved for backward (autograd's saved-tensor hooks), or held
+# by a KV cache (a transformers Cache seen at a top-level call: fakeviz._engine.kv_cache).
+# st_roles is an int8: at most 7 roles.
+ROLES = ("parameter", "buffer", "input", "gradient", "optimizer", "saved", "kv_cache")
+ROLE_PARAM, ROLE_BUFFER, ROLE_INPUT, ROLE_GRAD, ROLE_OPT, ROLE_SAVED, ROLE_KV = (1 << i for i in range(len(ROLES)))
+# Memory categories (see fakeviz._analysis.categories for how roles and phases map onto them).
+CATEGORIES = (
+    "Parameter", "Buffer", "Gradient", "Optimizer state", "Activation", "KV cache", "Temporary", "Input", "Other",
+)  # fmt: skip
 
 FLAG_VIEW = 1  # the op's output aliases an input (schema alias info, no write)
 FLAG_INPLACE = 2  # the op writes one of its inputs (in-place or out= variant)

@@ -416,6 +416,17 @@ def memory_timeline(
         if run["n_ops"] >= 0.04 * span:
             shape["label"] = dict(text=esc(run["phase"]), textposition="top center", font=dict(size=11))
         shapes.append(shape)
+    # generation steps (Note: [KV cache storages]): a dotted line where prefill and each decode step begin
+    steps = (source.meta.get("steps") or []) if isinstance(source, Record) else []
+    every = max(1, len(steps) // 12)  # label at most about a dozen
+    for k, (start, _stop, label) in enumerate(steps):
+        shape = dict(
+            type="line", xref="x", yref="paper", x0=start - 0.5, x1=start - 0.5, y0=0, y1=1, name=str(label),
+            line=dict(color="#555555", width=1, dash="dot"), layer="below",
+        )  # fmt: skip
+        if k % every == 0:
+            shape["label"] = dict(text=esc(label), textposition="end", textangle=-90, font=dict(size=10))
+        shapes.append(shape)
     if capacity is not None:
         spec = Capacity.parse(capacity)
         cap = spec.bytes

@@ -226,3 +226,121 @@ def test_verdict_uses_the_allocator_model():
     tight = trace.verdict(pk.bytes)
     assert not tight["fits"] and "cuda:0" in tight["text"]
     assert tight["devices"]["cuda:0"]["raw"] == pk.bytes
+
+
+# --------------------------------------------------------------------------------------------- KV cache
+# A tiny Llama generating N tokens after a prompt of P, greedy (min_new_tokens = max_new_tokens = N): the
+# KV cache holds keys and values of P + N - 1 positions at the end (the last token is never fed back).
+KV_P, KV_N, KV_B = 5, 4, 2
+
+
+def _generate(impl: str, *, keep_cache: bool = True) -> dict:
+    import arch_zoo
+
+    torch.manual_seed(0)
+    model = arch_zoo.build("llama").eval()
+    ids = torch.randint(2, model.config.vocab_size, (KV_B, KV_P))
+    out = model.generate(
+        ids, max_new_tokens=KV_N, min_new_tokens=KV_N, do_sample=False, cache_implementation=impl,
+        return_dict_in_generate=keep_cache, pad_token_id=0,
+    )  # fmt: skip
+    return {"model": model, "out": out}
+
+
+def _kv_bytes(cfg, positions: int, dtype_size: int = F32) -> int:
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * KV_B * cfg.num_key_value_heads * head_dim * positions * dtype_size
+
+
+@pytest.fixture(scope="module", params=["dynamic", "static"])
+def kv_traces(request):
+    traces = {}
+    for fake in (False, True):
+        gc.collect()
+        with fv.record(fake=fake) as trace:
+            got = _generate(request.param)
+        traces[fake] = (trace, got)
+    return request.param, traces
+
+
+def test_kv_cache_bytes_match_the_formula_fake_and_real(kv_traces):
+    impl, traces = kv_traces
+    (real, got), (fake, _) = traces[False], traces[True]
+    cfg = got["model"].config
+    expected = _kv_bytes(cfg, KV_P + KV_N - 1)
+    for trace in (real, fake):
+        mem = trace.memory()
+        # the cache is returned (return_dict_in_generate): alive at the end, exactly the formula
+        assert mem["KV cache"].iloc[-1] == expected
+        st = trace.storages
+        kv = st[st.category == "KV cache"]
+        assert (kv.phase == "forward").all()
+        assert kv.roles.str.contains("kv_cache").all()
+        assert (kv.free_seq == -1).sum() == 2 * cfg.num_hidden_layers  # the returned cache's keys and values
+        # StaticCache allocates every position in the prefill call; DynamicCache grows by torch.cat
+        assert set(kv.op) == ({"aten.zeros.default"} if impl == "static" else {"aten.cat.default"})
+    # fake == real, op by op
+    assert real.memory()["KV cache"].tolist() == fake.memory()["KV cache"].tolist()
+    assert real.storages.category.tolist() == fake.storages.category.tolist()
+    if impl == "dynamic":
+        # each cat holds a layer's old and grown tensor at once: the most is at the last layer's values
+        # in the last step, all else grown and that one tensor of P + N - 2 positions still alive
+        one_old = _kv_bytes(cfg, KV_P + KV_N - 2) // (2 * cfg.num_hidden_layers)
+        assert real.memory()["KV cache"].max() == expected + one_old
+    else:
+        assert real.memory()["KV cache"].max() == expected
+
+
+def test_generation_steps_are_marked(kv_traces):
+    from fakeviz.views import memory_timeline
+
+    impl, traces = kv_traces
+    (real, got), fake = traces[False], traces[True][0]
+    cfg = got["model"].config
+    steps = real.meta["steps"]
+    assert [s[2] for s in steps] == ["prefill", *(f"decode {i}" for i in range(1, KV_N))]
+    assert steps == fake.meta["steps"]
+    ops = real.ops
+    for first, stop, _ in steps:  # each step is one top-level forward of the model
+        assert first < stop and set(ops.phase.iloc[first:stop]) == {"forward"}
+    # at each step's end: one position more per step (dynamic), every position from the prefill on (static)
+    mem = real.memory()["KV cache"]
+    ends = [int(mem.iloc[stop - 1]) for _, stop, _ in steps]
+    if impl == "dynamic":
+        assert ends == [_kv_bytes(cfg, KV_P + k) for k in range(KV_N)]
+    else:
+        assert ends == [_kv_bytes(cfg, KV_P + KV_N - 1)] * KV_N
+    fig = memory_timeline(real)
+    assert [sh.name for sh in fig.layout.shapes if sh.type == "line" and sh.name][: len(steps)] == [s[2] for s in steps]
+
+
+def test_kv_cache_freed_with_generate_output():
+    """Without return_dict_in_generate the cache dies when generate returns: KV cache bytes end at 0."""
+    gc.collect()
+    with fv.record() as trace:
+        got = _generate("dynamic", keep_cache=False)
+    cfg = got["model"].config
+    st = trace.storages
+    kv = st[st.category == "KV cache"]
+    assert (kv.free_seq >= 0).all() and kv.free_seq.max() == len(trace.ops)  # freed after the last op
+    assert trace.memory()["KV cache"].iloc[-1] == _kv_bytes(cfg, KV_P + KV_N - 1)  # alive at the last op
+
+
+def test_kv_cache_in_a_hand_written_decode_loop():
+    """model(ids, use_cache=True) returns a new cache (prefill); feeding it back is a decode step."""
+    import arch_zoo
+
+    for fake in (False, True):
+        gc.collect()
+        with fv.record(fake=fake) as trace:
+            torch.manual_seed(0)
+            model = arch_zoo.build("llama").eval()
+            ids = torch.randint(2, model.config.vocab_size, (KV_B, KV_P))
+            with torch.no_grad():
+                out = model(ids, use_cache=True)
+                nxt = out.logits[:, -1:].argmax(-1)
+                out = model(nxt, cache=out.cache, use_cache=True)
+                model(nxt, use_cache=False)  # no cache: not a step
+        assert [s[2] for s in trace.meta["steps"]] == ["prefill", "decode 1"]
+        assert trace.memory()["KV cache"].iloc[-1] == _kv_bytes(model.config, KV_P + 1)
+        del out

@@ -422,6 +422,7 @@ class ModulesMixin:
                 self._mark_inputs(mod, args)
             except Exception as exc:  # noqa: BLE001 - never break the user's forward
                 self.internal_note("inputs", exc)
+            self.kv_pre(mod, args)  # type: ignore[attr-defined]  # Note: [KV cache storages]
         self.fw_stack.append(mid)
         cls = type(mod)
         internal = self.internal_cls.get(cls)
@@ -444,6 +445,8 @@ class ModulesMixin:
             i = len(stack) - 1 - stack[::-1].index(mid)
             del stack[i]
             del self.fw_lines[i]
+        if not stack and self.kv_open is not None:  # type: ignore[attr-defined]
+            self.kv_post(mod, output)  # type: ignore[attr-defined]  # Note: [KV cache storages]
         self._mark()
 
     @_no_torch_function

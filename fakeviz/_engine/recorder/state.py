@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorConfig as _FakeTensorConfig
 from ..._core.record import Record
 from ..._core.schema import ROLE_SAVED
 from .. import native as _native
+from ..kv_cache import KVCacheMixin
 from .autograd import AutogradMixin
 from .common import (
     _DETACH,
@@ -49,7 +50,7 @@ from .ops import OpsMixin, _DeviceRangeError
 from .storages import StoragesMixin, _StorageRef
 
 
-class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin):
+class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin, KVCacheMixin):
     """Recording state shared by the fused fake mode and the real-run mode."""
 
     def __init__(self, trace: Record, *, exclude: tuple[str, ...] = ()) -> None:
@@ -69,6 +70,7 @@ class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin):
         self._init_ops()
         self._init_modules(exclude)
         self._init_autograd()
+        self._init_kv()
         self.core = None
         mod = _native.core()
         if mod is not None:  # Note: [recorder core in C]
