@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DataDependentError", "FakeVizError", "FakeVizWarning", "RecordError", "TraceFormatError"]
+__all__ = [
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "DataDependentError",
+    "FakeVizError",
+    "FakeVizWarning",
+    "RecordError",
+    "TraceFormatError",
+    "UnknownModelError",
+]
 
 
 class FakeVizWarning(UserWarning):
@@ -58,3 +67,46 @@ class DataDependentError(RecordError):
     Fake tensors carry no data, so the value cannot be known. See the message for
     ways around it.
     """
+
+
+class UnknownModelError(FakeVizError, ValueError):
+    """A model name that is not in the catalog, not a folder and not a ``config.json``.
+
+    Attributes: ``name`` (what was asked for), ``suggestions`` (near catalog names, best first).
+    """
+
+    def __init__(self, message: str, *, name: str = "", suggestions: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.name = name
+        self.suggestions = tuple(suggestions)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ValueError, (str(self),))
+
+
+class CheckpointError(FakeVizError, ValueError):
+    """A checkpoint cannot be read: no weights, a malformed or truncated file, a missing shard."""
+
+
+class CheckpointMismatchError(FakeVizError, ValueError):
+    """A checkpoint's tensors disagree with the model its config builds (``from_pretrained(strict=True)``).
+
+    Attributes: ``missing`` (model tensors the checkpoint lacks), ``unexpected`` (checkpoint tensors the
+    model lacks), ``shapes`` (name -> (checkpoint shape, model shape)).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        missing: tuple[str, ...] = (),
+        unexpected: tuple[str, ...] = (),
+        shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.missing = tuple(missing)
+        self.unexpected = tuple(unexpected)
+        self.shapes = dict(shapes or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ValueError, (str(self),))

@@ -1,0 +1,58 @@
+"""Published models by name, and checkpoints without their data (shapes only, never weights).
+
+``build("meta-llama/Llama-3.1-70B")`` builds the fake model of a published config shipped with fakeviz
+(``catalog()`` lists them; hub ids, their last part and short aliases all work, any case), of a local
+folder or ``config.json``, or of a transformers config. ``from_pretrained(folder)`` builds the fake model
+a checkpoint folder describes, reading only its safetensors headers. Requires the ``hf`` extra
+(transformers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._build import as_dtype, building, config, instantiate, spec_of
+from ._catalog import CatalogEntry, catalog, entries, resolve
+from ._inputs import inputs, task_of
+from ._pretrained import from_pretrained
+
+__all__ = ["CatalogEntry", "available", "build", "catalog", "config", "from_pretrained", "inputs", "resolve", "task_of"]
+
+
+def available() -> list[str]:
+    """The hub ids of the catalog, sorted."""
+    return sorted(e.name for e in entries())
+
+
+def build(
+    name_or_path_or_config: Any,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    **config_overrides: Any,
+) -> torch.nn.Module:
+    """The fake model of a published model name, a folder / ``config.json``, a dict, or a transformers config.
+
+    Args:
+        name_or_path_or_config: a catalog name (``"meta-llama/Llama-3.1-70B"``, ``"Llama-3.1-70B"``,
+            ``"llama3.1-70b"``), a folder holding ``config.json``, a ``config.json`` path, a dict of its
+            values, or a ``transformers.PretrainedConfig``. Local paths win over catalog names.
+        device: where the parameters live (``"cuda:0"`` works on a CPU-only build); default: the caller's
+            context (``fv.record(device=...)``), else cpu.
+        dtype: parameter dtype (``torch.bfloat16`` or ``"bf16"``); default: the published weights' dtype
+            (the config's ``torch_dtype``), else torch's default dtype.
+        **config_overrides: config fields to replace (``num_hidden_layers=2``).
+
+    Returns:
+        The model, built under the caller's fake mode or recording if one is active (Note: [build in the
+        caller's mode]), else inside a new ``fv.fake_mode()``: its parameters are fake and take no memory.
+
+    Raises:
+        UnknownModelError: (a ``ValueError``) an unknown name; the message suggests near names.
+        CheckpointError: a folder without ``config.json``, or a config transformers does not know.
+    """
+    spec = spec_of(name_or_path_or_config, config_overrides)
+    with building(device):
+        return instantiate(spec, as_dtype(dtype))

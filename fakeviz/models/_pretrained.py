@@ -1,0 +1,168 @@
+"""``from_pretrained``: the fake model a checkpoint folder describes, its tensors read from headers only."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._core.errors import CheckpointError, CheckpointMismatchError, FakeVizWarning
+from .._engine.checkpoint import Checkpoint, TensorInfo, read_checkpoint
+from ._build import as_dtype, building, instantiate, spec_of
+
+__all__ = ["Match", "from_pretrained", "match"]
+
+
+@dataclass
+class Match:
+    """How a checkpoint's tensors line up with a model's state dict.
+
+    Attributes:
+        names: model state-dict name -> the checkpoint tensor that fills it (the first source of a
+            merged tensor, such as transformers' fused MoE experts).
+        missing: model tensors no checkpoint tensor fills (tied copies excepted).
+        unexpected: checkpoint tensors that fill no model tensor.
+        shapes: model name -> (checkpoint shape, model shape) where they differ (merged tensors unchecked).
+        merged: model names filled by several checkpoint tensors (a transformers conversion).
+    """
+
+    names: dict[str, TensorInfo] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    merged: set[str] = field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        """No tensor missing, unexpected or of another shape."""
+        return not (self.missing or self.unexpected or self.shapes)
+
+    def describe(self, limit: int = 8) -> str:
+        """A short report naming the tensors that disagree."""
+        lines = []
+        for what, names in (("missing from the checkpoint", self.missing), ("not in the model", self.unexpected)):
+            if names:
+                shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+                lines.append(f"{len(names)} tensor(s) {what}: {shown}")
+        if self.shapes:
+            items = list(self.shapes.items())
+            lines.append(f"{len(items)} tensor(s) of another shape: " + ", ".join(
+                f"{n} (checkpoint {list(c)}, model {list(m)})" for n, (c, m) in items[:limit]
+            ) + (f" and {len(items) - limit} more" if len(items) > limit else ""))  # fmt: skip
+        return "\n".join(lines)
+
+
+def _renamer(model: torch.nn.Module, sd: dict[str, Any]) -> Any:
+    """transformers' own checkpoint-key renaming for this model (legacy names, fused MoE experts), if available."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, rename_source_key
+
+        transforms = get_model_conversion_mapping(model)
+    except Exception:  # noqa: BLE001 - an older or newer transformers: fall back to the names as they are
+        transforms = None
+    prefix = getattr(model, "base_model_prefix", None) or None
+    if transforms is None:
+        return lambda key: (key, None)
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    return lambda key: rename_source_key(key, renamings, converters, prefix, sd)
+
+
+def match(model: torch.nn.Module, ckpt: Checkpoint) -> Match:
+    """Line up ``ckpt``'s tensors with ``model``'s state dict (tied weights once, transformers' renames applied)."""
+    sd = model.state_dict(keep_vars=True)
+    rename = _renamer(model, sd)
+    out = Match()
+    sources: dict[str, list[str]] = {}
+    for key, info in ckpt.tensors.items():
+        target, converter = rename(key)
+        if target not in sd:
+            out.unexpected.append(key)
+            continue
+        sources.setdefault(target, []).append(key)
+        out.names.setdefault(target, info)
+        if converter is not None:
+            out.merged.add(target)
+    filled = {id(sd[n]) for n in out.names}
+    out.missing = [n for n, t in sd.items() if n not in out.names and id(t) not in filled]
+    for name, info in out.names.items():
+        if name not in out.merged and len(sources[name]) == 1 and tuple(sd[name].shape) != info.shape:
+            out.shapes[name] = (info.shape, tuple(sd[name].shape))
+    return out
+
+
+def _swap_dtypes(model: torch.nn.Module, m: Match) -> int:
+    """Give each parameter/buffer the dtype its checkpoint tensor has (ties kept); returns how many changed."""
+    sd = model.state_dict(keep_vars=True)
+    want = {id(sd[n]): info.dtype for n, info in m.names.items() if sd[n].dtype != info.dtype and n not in m.shapes}
+    made: dict[int, torch.Tensor] = {}
+    for mod in model.modules():
+        for table, is_param in ((mod._parameters, True), (mod._buffers, False)):
+            for name, t in list(table.items()):
+                if t is None or id(t) not in want:
+                    continue
+                if id(t) not in made:
+                    new = torch.empty(t.shape, dtype=want[id(t)], device=t.device)
+                    grad = is_param and t.requires_grad and (new.is_floating_point() or new.is_complex())
+                    made[id(t)] = torch.nn.Parameter(new, requires_grad=grad) if is_param else new
+                table[name] = made[id(t)]
+    return len(made)
+
+
+def from_pretrained(
+    path: str | os.PathLike[str],
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    strict: bool = False,
+) -> torch.nn.Module:
+    """The fake model a checkpoint folder describes: ``config.json`` + weights, read without their data.
+
+    Safetensors weights (one file or a sharded ``model.safetensors.index.json``) are read from their
+    headers only, ``.bin``/``.pt`` files as meta tensors (:mod:`fakeviz._engine.checkpoint`); no tensor
+    data is read, so a 140 GB checkpoint opens in about the time its config takes to build.
+
+    Args:
+        path: the checkpoint folder (or its ``config.json``).
+        device: where the fake parameters live (``"cuda:0"`` works on a CPU-only build); default: the
+            caller's context.
+        dtype: build every floating tensor at this dtype. None: each tensor takes its checkpoint dtype
+            (mixed checkpoints stay mixed; the model is built at the dtype most elements have).
+        strict: raise :class:`~fakeviz.CheckpointMismatchError` instead of warning when names or shapes of
+            the checkpoint disagree with the config's model.
+
+    Returns:
+        The fake model (built under the caller's fake mode or recording if one is active, else in a new
+        ``fv.fake_mode()``), in training mode as transformers builds it.
+
+    Raises:
+        CheckpointError: no ``config.json``, no weights, or a malformed/truncated weight file.
+        CheckpointMismatchError: ``strict=True`` and the checkpoint disagrees with the model.
+    """
+    folder = Path(path).expanduser()
+    if folder.is_file() and folder.name == "config.json":
+        folder = folder.parent
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder}: no config.json here\nfrom_pretrained needs a checkpoint folder "
+                              "(config.json + weights); fakeviz.models.build() takes a config alone.")  # fmt: skip
+    ckpt = read_checkpoint(folder)
+    want = as_dtype(dtype)
+    spec = spec_of(folder / "config.json", {})
+    with building(device):
+        model = instantiate(spec, want or ckpt.main_dtype())
+        m = match(model, ckpt)
+        if want is None:
+            _swap_dtypes(model, m)
+    if not m.ok:
+        msg = f"{folder}: the checkpoint disagrees with the model its config.json builds\n{m.describe()}"
+        if strict:
+            raise CheckpointMismatchError(msg, missing=tuple(m.missing), unexpected=tuple(m.unexpected),
+                                          shapes=m.shapes)  # fmt: skip
+        warnings.warn(msg + "\nThe model keeps the config's shapes (strict=True raises instead).", FakeVizWarning,
+                      stacklevel=2)  # fmt: skip
+    return model
