@@ -1,0 +1,158 @@
+"""Models by name and checkpoints without their data, as a user of the command line meets them (issue 16).
+
+Sections (``--sections``, default all):
+
+* ``from_pretrained``: ``fakeviz.models.from_pretrained`` on a Llama-3.1-70B-shaped sharded checkpoint
+  (30 safetensors shards, 141 GB, written as sparse files whose data regions are holes) against
+  ``fakeviz.models.build`` of the same config.json, interleaved run by run; reports the ratio of the
+  medians (goal: within 1.2x), the bytes read (``/proc/self/io`` rchar) and the RSS growth of one
+  from_pretrained.
+* (the ``fakeviz report`` wall time and peak RSS section is added next to it.)
+
+    python benchmarks/cli.py [--sections from_pretrained] [--runs 5] [--shards 30]
+
+Results are printed and written to benchmarks/results/cli.json (merged with the other sections' results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "results" / "cli.json"
+MODEL = "meta-llama/Llama-3.1-70B"
+
+
+# ------------------------------------------------------------------------------------- helpers
+def _rchar() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return -1
+
+
+def _rss() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _sparse_shard(path: Path, tensors: dict[str, tuple[int, ...]]) -> int:
+    """A bf16 safetensors file whose data region is a hole (never written): returns its size."""
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        n = 2
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return 8 + len(raw) + offset
+
+
+def make_sparse_checkpoint(folder: Path, name: str = MODEL, shards: int = 30) -> int:
+    """config.json + a sharded safetensors index of ``name`` (bf16, sparse files); returns the bytes of the shards."""
+    import torch
+
+    from fakeviz import models
+
+    entry = models.resolve(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(entry.config))
+    sd = models.build(folder, device="meta", dtype=torch.bfloat16).state_dict()
+    names = list(sd)
+    per = -(-len(names) // shards)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        part = names[i * per : (i + 1) * per]
+        total += _sparse_shard(folder / file, {k: tuple(sd[k].shape) for k in part})
+        weight_map.update(dict.fromkeys(part, file))
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return total
+
+
+# ------------------------------------------------------------------------------ from_pretrained
+def bench_from_pretrained(runs: int = 5, shards: int = 30) -> dict[str, Any]:
+    """from_pretrained on a 70B-shaped sparse sharded checkpoint vs build from its config.json."""
+    import torch
+    import transformers
+
+    from fakeviz import models
+
+    transformers.logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory(prefix="fakeviz-bench-") as tmp:
+        folder = Path(tmp) / "Llama-3.1-70B"
+        size = make_sparse_checkpoint(folder, shards=shards)
+        on_disk = sum(os.stat(f).st_blocks * 512 for f in folder.iterdir())
+        models.build(folder / "config.json", device="cuda:0", dtype=torch.bfloat16)  # warm imports and caches
+        models.from_pretrained(folder, device="cuda:0")
+        t_build, t_pre = [], []
+        for _ in range(runs):  # interleaved, so a drift of the machine's speed hits both alike
+            t = time.perf_counter()
+            models.build(folder / "config.json", device="cuda:0", dtype=torch.bfloat16)
+            t_build.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            models.from_pretrained(folder, device="cuda:0")
+            t_pre.append(time.perf_counter() - t)
+        r0, m0 = _rchar(), _rss()
+        model = models.from_pretrained(folder, device="cuda:0")
+        read, grew = _rchar() - r0, _rss() - m0
+        params = sum(p.numel() for p in model.parameters())
+    res = {
+        "model": MODEL,
+        "shards": shards,
+        "checkpoint_bytes": size,
+        "bytes_on_disk": on_disk,
+        "parameters": params,
+        "runs": runs,
+        "build_s": [round(x, 3) for x in t_build],
+        "from_pretrained_s": [round(x, 3) for x in t_pre],
+        "ratio_of_medians": round(statistics.median(t_pre) / statistics.median(t_build), 3),
+        "bytes_read_one_from_pretrained": read,
+        "rss_growth_one_from_pretrained": grew,
+        "goal": "ratio <= 1.2",
+    }
+    print(
+        f"from_pretrained ({shards} sparse shards, {size / 1e9:.0f} GB, {on_disk / 1e6:.1f} MB on disk): "
+        f"median {statistics.median(t_pre):.2f}s vs build {statistics.median(t_build):.2f}s -> "
+        f"{res['ratio_of_medians']:.2f}x (goal <= 1.2x); read {read / 1e6:.2f} MB, RSS +{grew / 2**20:.0f} MiB"
+    )
+    return res
+
+
+SECTIONS = {"from_pretrained": bench_from_pretrained}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--shards", type=int, default=30)
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args(argv)
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    for name in args.sections:
+        if name == "from_pretrained":
+            results[name] = bench_from_pretrained(runs=args.runs, shards=args.shards)
+        else:
+            results[name] = SECTIONS[name]()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
