@@ -173,30 +173,49 @@ class Trace(Record):
         return to_html(self, path, capacity, title=title)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        """The explorer widget plus ``text/plain`` and a compact ``text/html`` summary.
+        """``text/plain`` and the static summary as ``text/html`` (what nbviewer and GitHub show).
 
-        The HTML summary is what GitHub and nbviewer show for an executed notebook; a
-        front end with widgets shows the explorer. Without ipywidgets, or before the
-        JS bundle is built, the widget part is left out.
+        A notebook shows the explorer instead (:meth:`_ipython_display_`).
         """
-        bundle: dict[str, Any] = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        return {"text/plain": repr(self), "text/html": self._repr_html_()}
+
+    def _ipython_display_(self) -> None:
+        """In a notebook: the static summary, then the explorer (Note: [static fallback] in ``_views/explorer.py``).
+
+        Without ipywidgets, before the JS bundle is built, while recording or for an empty trace, the
+        text and static HTML alone.
+        """
+        from IPython.display import display
+
         if not self.recording and len(self):
             try:
                 from ._views.explorer import Explorer
 
-                widget_bundle = Explorer.from_trace(self)._repr_mimebundle_()
-                data = widget_bundle[0] if isinstance(widget_bundle, tuple) else widget_bundle
-                if data:
-                    bundle.update({k: v for k, v in data.items() if k not in ("text/plain",)})
+                widget = Explorer.from_trace(self)
             except Exception:  # noqa: BLE001 - no widgets here: the text and HTML parts still show
-                pass
-        return bundle
+                widget = None
+            if widget is not None:
+                widget._ipython_display_()
+                return
+        display(self._repr_mimebundle_(), raw=True)
+
+    def panels(self, capacity: Any = None, **kwargs: Any) -> Any:
+        """Linked plotly panels: layer tree icicle, memory bars, timeline and alias graph (``FigureWidget``s).
+
+        Click a module in the icicle and the other three show that module. See
+        :func:`fakeviz._views.panels.panels` for the options. Needs ipywidgets and plotly.
+        """
+        from ._views.panels import panels
+
+        return panels(self, capacity, **kwargs)
 
     def __repr__(self) -> str:
         return _text.trace_repr(self)
 
     def _repr_html_(self) -> str:
-        return _text.summary_html(self)
+        from ._views.static import static_html
+
+        return static_html(self)
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:

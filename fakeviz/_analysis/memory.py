@@ -17,7 +17,6 @@ import numpy as np
 
 from .._core.devices import uses_caching_allocator
 from .._core.fmt import format_bytes
-from .._core.gpus import capacity_of
 from .._core.record import Record
 from .._core.schema import CATEGORIES, PHASES
 from .categories import storage_categories
@@ -129,9 +128,17 @@ def allocator_run(trace: Record, dev: str, capacity: int | None = None) -> Any:
 
 
 def _allocator_run(trace: Record, dev: str) -> Any:
-    """The allocator model with the trace's own capacity (``meta["capacity"]``), as the views show it."""
-    cap = capacity_of(trace.meta)
-    return allocator_run(trace, dev, cap.bytes if cap is not None else None)
+    """The allocator model without a limit: the one source of "reserved at peak" (Note: [reserved at peak]).
+
+    Note: [reserved at peak]
+    "Reserved at peak" is the caching-allocator model's ``reserved_bytes.all.peak`` on a device that
+    never runs out (no capacity): what the run reserves, whatever GPU it is judged against. The
+    timeline's ``reserved`` curve, :attr:`Peak.reserved`, the explorer, the text summary and
+    ``verdict()["devices"][dev]["peak"]`` all read this run, so one trace has one figure. A capacity
+    only decides *whether* it fits: the model is run again with that limit (it empties its cache
+    before giving up, as PyTorch does) and the first op it cannot serve is where it fails.
+    """
+    return allocator_run(trace, dev)
 
 
 def decimate_minmax(values: np.ndarray, max_points: int, keep: Iterable[int] = ()) -> np.ndarray:

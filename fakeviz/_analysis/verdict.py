@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .._core.devices import is_host, uses_caching_allocator
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity
 from .._core.record import Record
-from .memory import allocator_run, peak_bytes
+from .._core.schema import PHASES
+from .memory import allocator_run, live_bytes, peak_bytes
 
 __all__ = ["verdict"]
 
@@ -18,32 +21,48 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
 
     On cuda devices the caching-allocator model (``fakeviz._analysis.allocator``) is run
     with that capacity: the device fits when the model never runs out of memory
-    (it frees cached segments first, as PyTorch does); ``peak`` is the reserved
-    peak (what the GPU must hold), ``allocated`` and ``raw`` the allocated and
-    raw tensor-byte peaks. Other non-host devices are judged on raw bytes.
+    (it frees cached segments first, as PyTorch does). ``peak`` is "reserved at peak", the one
+    figure every view shows (Note: [reserved at peak] in ``fakeviz._analysis.memory``: the model
+    without a limit, whatever the capacity); ``allocated`` and ``raw`` are the allocated and raw
+    tensor-byte peaks. Other non-host devices are judged on raw bytes (``peak == raw``).
+
+    When a device does not fit, ``first_oom`` says where the run would fail: the first op the
+    model cannot serve (``seq``, ``op``, ``module``, ``line``, ``phase``), the bytes of tensors
+    live just before it (``live``), the rounded request that failed (``request``) and the free
+    device memory the model had left (``free``); None when it fits.
 
     A record stopped by an error (``record.error``) is incomplete: it never fits, and the text says
     where it stopped and what the recorded part peaked at.
 
     Returns ``{"fits": bool, "incomplete": bool, "capacity": bytes, "devices": {dev: {"peak",
-    "allocated", "raw", "headroom", "fits", "oom_seq"}}, "text"}``.
+    "allocated", "raw", "headroom", "fits", "oom_seq", "first_oom"}}, "text"}``.
     """
     cap = Capacity.parse(capacity).bytes
     devices = {}
+    live = live_bytes(trace)
     for dev, pk in peak_bytes(trace).items():
         if is_host(dev):
             continue
         raw = pk["bytes"]
+        first_oom = None
         if uses_caching_allocator(dev):
+            whole = allocator_run(trace, dev)  # Note: [reserved at peak]
+            peak, allocated = int(whole.peak_reserved), int(whole.peak_allocated)
             run = allocator_run(trace, dev, cap)
-            peak, allocated, fits = int(run.peak_reserved), int(run.peak_allocated), run.oom_seq < 0
-            oom = int(run.oom_seq)
-            if not fits:  # how much would have been needed: the model without a limit
-                peak = int(allocator_run(trace, dev).peak_reserved)
+            fits, oom = run.oom_seq < 0, int(run.oom_seq)
+            if not fits:
+                ev = next(e for e in run.events if e[0] == "oom")  # (oom, seq, storage, free, request)
+                first_oom = _at_op(trace, oom, live[dev], request=int(ev[4]), free=int(ev[3]))
         else:
             peak, allocated, fits, oom = raw, raw, raw <= cap, -1
+            if not fits:
+                curve = live[dev]
+                oom = int(np.argmax(curve > cap))
+                first_oom = _at_op(trace, oom, curve, request=int(curve[oom] - (curve[oom - 1] if oom else 0)),
+                                   free=int(cap - (curve[oom - 1] if oom else 0)))  # fmt: skip
         devices[dev] = {
             "peak": peak, "allocated": allocated, "raw": raw, "headroom": cap - peak, "fits": fits, "oom_seq": oom,
+            "first_oom": first_oom,
         }  # fmt: skip
     fits = all(d["fits"] for d in devices.values())
     stopped = _stopped_at(trace)
@@ -52,15 +71,11 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
     elif fits:
         worst = min(devices.items(), key=lambda kv: kv[1]["headroom"])
         text = f"fits: {worst[0]} peaks at {format_bytes(worst[1]['peak'])} of {format_bytes(cap)}"
+        if worst[1]["headroom"] < 0:  # over the capacity without a limit: fits by emptying the cache
+            text += " reserved, by freeing cached blocks as it goes"
     else:
-        over = [
-            f"{d} over by {format_bytes(-v['headroom'])}"
-            if v["headroom"] < 0
-            else f"{d} runs out at op {v['oom_seq']} (fragmentation: {format_bytes(v['peak'])} reserved at peak)"
-            for d, v in devices.items()
-            if not v["fits"]
-        ]
-        text = f"does not fit {format_bytes(cap)}: " + ", ".join(over)
+        over = [_over_text(d, v) for d, v in devices.items() if not v["fits"]]
+        text = f"does not fit {format_bytes(cap)}: " + "; ".join(over)
     if stopped is not None:
         # Only the part before the error was recorded: what came after is unknown, so never "fits".
         if fits:
@@ -70,6 +85,37 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
             text = f"{text} (and the run stopped at {stopped}: the rest is unknown)"
         fits = False
     return {"fits": fits, "incomplete": stopped is not None, "capacity": cap, "devices": devices, "text": text}
+
+
+def _at_op(trace: Record, seq: int, curve: np.ndarray, *, request: int, free: int) -> dict[str, Any]:
+    """Op ``seq``: its op, module, user line and phase, the bytes live just before it, the failed request."""
+    strings = trace.strings
+    m, ln = int(trace.col("module")[seq]), int(trace.col("line")[seq])
+    return {
+        "seq": seq,
+        "op": strings("ops")[int(trace.col("op")[seq])],
+        "module": strings("modules")[m] if m >= 0 else None,
+        "line": strings("lines")[ln] if ln >= 0 else None,
+        "phase": PHASES[int(trace.col("phase")[seq])],
+        "live": int(curve[seq - 1]) if seq > 0 else 0,
+        "request": request,
+        "free": max(free, 0),
+    }
+
+
+def _over_text(dev: str, v: dict[str, Any]) -> str:
+    """``cuda:0 needs 90 GiB reserved at peak (over by 10 GiB); first fails at op 12 aten.mm ...``."""
+    if v["headroom"] < 0:
+        head = f"{dev} needs {format_bytes(v['peak'])} reserved at peak (over by {format_bytes(-v['headroom'])})"
+    else:  # the peak fits, the segments do not: the cache cannot hold a large enough free block
+        head = f"{dev} runs out by fragmentation ({format_bytes(v['peak'])} reserved at peak)"
+    o = v.get("first_oom")
+    if not o:
+        return head
+    where = f"op {o['seq']} {o['op']} in {o['module'] or '<top level>'}"
+    if o["line"]:
+        where += f" at {o['line']}"
+    return f"{head}; first fails at {where}, with {format_bytes(o['live'])} live"
 
 
 def _stopped_at(trace: Record) -> str | None:

@@ -37,8 +37,9 @@ from .._analysis.selection import storage_modules
 from .._core.record import Record
 from .._core.schema import PHASES
 from .payload import SIZE_BY, alias_pack, build_state, unpack
+from .static import static_html
 
-__all__ = ["STATIC", "Explorer"]
+__all__ = ["STATIC", "Explorer", "display_with_fallback", "fallback_bundle"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 _BUNDLE = STATIC / "explorer.js"
@@ -76,6 +77,7 @@ class Explorer(anywidget.AnyWidget):
     phase = traitlets.Unicode("", help="phase filtered on ('' = all)").tag(sync=True)
     search = traitlets.Unicode("", help="text searched in module paths").tag(sync=True)
     size_by = traitlets.Unicode("param_bytes", help=f"figure that sizes the tree: one of {SIZE_BY}").tag(sync=True)
+    static_id = traitlets.Unicode("", help="data-fv-static of the static summary the live panel hides").tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
         """A panel with the given traits (use :meth:`from_trace`); needs the built JavaScript bundle."""
@@ -153,11 +155,71 @@ class Explorer(anywidget.AnyWidget):
         widget = cls(**build_state(trace, capacity, max_points=max_points, alias_nodes=alias_nodes, around=around,
                                    max_ops=max_ops), **kwargs)  # fmt: skip
         widget._alias_source = (trace, storage_modules(trace), alias_nodes, around)
+        widget._static = (trace, capacity)
+        widget.static_id = f"fv-{widget.model_id}"
         widget.selected_module = selected  # draws the alias graph around it
         return widget
+
+    _static: Any = None  # (trace, capacity) for the static summary
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        """The widget view plus ``text/plain`` and the static summary as ``text/html`` (one bundle).
+
+        Displaying the panel in a notebook (:meth:`_ipython_display_`) writes the summary as an output
+        of its own instead, the one JupyterLab shows when the widget model is gone (Note: [static fallback]).
+        """
+        return fallback_bundle(super()._repr_mimebundle_(**kwargs), self._static_html(), "fakeviz explorer")
+
+    def _ipython_display_(self) -> None:
+        """Show the static summary, then the live panel (which hides the summary while it runs)."""
+        display_with_fallback(super()._repr_mimebundle_(), self._static_html(), "fakeviz explorer")
+
+    def _static_html(self) -> str | None:
+        if self._static is None:
+            return None
+        trace, capacity = self._static
+        return static_html(trace, capacity, static_id=self.static_id)
 
     def decoded(self, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, list[str]]]:
         """One data trait (``tree``, ``memory``, ``ops`` or ``alias``) decoded: ``(meta, arrays, strings)``."""
         if name not in ("tree", "memory", "ops", "alias"):
             raise ValueError(f"{name!r} is not a packed trait (tree, memory, ops, alias)")
         return unpack(getattr(self, name))
+
+
+# Note: [static fallback]
+# JupyterLab saves a notebook without widget state by default. Reopened, an output whose bundle holds
+# the widget-view mimetype is drawn by the widget manager, which finds no model and writes "Error
+# displaying widget: model not found": it never falls back to the bundle's text/html
+# (@jupyter-widgets/jupyterlab-manager's WidgetRenderer.renderModel, checked in tests/browser). So a
+# widget is displayed as two outputs: first the static summary (text/html with no script, see
+# fakeviz._views.static; nbviewer, GitHub and an untrusted notebook show it too), then the widget
+# (widget-view and a one-line text/plain). While the widget lives, its front end hides the summary
+# (found by ``data-fv-static``); once the model is gone, the summary's one CSS rule hides the widget's
+# empty error line under it, so a reopened notebook shows the summary alone.
+_HIDE_DEAD_WIDGET = (
+    "<style>.jp-OutputArea-child:has([data-fv-static]) + .jp-OutputArea-child "
+    ".jp-OutputArea-output.jupyter-widgets:not(:has(*)){display:none}</style>"
+)
+
+
+def fallback_bundle(widget_bundle: Any, html: str | None, label: str) -> dict[str, Any]:
+    """A widget's mimebundle with ``text/plain`` (``label``) and ``html`` as ``text/html`` added."""
+    data = widget_bundle[0] if isinstance(widget_bundle, tuple) else widget_bundle
+    data = dict(data or {})
+    data["text/plain"] = f"<{label}: run the cell with a kernel to see it>"
+    if html is not None:
+        data["text/html"] = html
+    return data
+
+
+def display_with_fallback(widget_bundle: Any, html: str | None, label: str) -> None:
+    """Display ``html`` (the static summary), then the widget's own bundle, as two outputs.
+
+    Note: [static fallback]. ``widget_bundle`` is what ipywidgets' ``_repr_mimebundle_`` gives.
+    """
+    from IPython.display import display
+
+    if html is not None:
+        display({"text/html": _HIDE_DEAD_WIDGET + html, "text/plain": f"{label} (static summary)"}, raw=True)
+    display(fallback_bundle(widget_bundle, None, label), raw=True)

@@ -49,6 +49,8 @@ def _graph_candidates(trace: Record, around: Any) -> int:
     if around is not None:
         if isinstance(around, tuple) and around and around[0] == "storage":
             sids = {int(around[1])}
+        elif isinstance(around, tuple) and around and around[0] == "storages":
+            sids = {int(x) for x in around[1]}
         else:
             sids = set(aliases(trace, around).storage.tolist())
         tt = tt[tt.storage.isin(sids)]
@@ -63,7 +65,7 @@ def alias_graph_data(trace: Record, around: Any = None, max_nodes: int = 200) ->
         trace: a recorded trace.
         around: restrict to the storage of one tensor and what aliases it (a
             ``$N`` id, a parameter name such as ``"lm_head.weight"``, or
-            ``("storage", id)``); ``None`` for the whole run.
+            ``("storage", id)``, or ``("storages", [ids])``); ``None`` for the whole run.
         max_nodes: the most nodes shown (storages, tensors and names together).
             Names of untied parameters are folded into their tensor's hover
             first, then tied names, then the least important tensors go.
@@ -252,7 +254,7 @@ def alias_graph(source: Record | GraphData, around: Any = None, max_nodes: int =
                 )
             )  # fmt: skip
     recs = nodes.assign(is_tied=nodes["id"].isin(tied_ids)).to_dict("records")
-    show_text = len(nodes) <= 60
+    n_rows = int(-nodes["y"].min()) + 1 if len(nodes) else 1
     for kind, symbol in (("storage", "square"), ("tensor", "circle"), ("name", "diamond")):
         sel = [r for r in recs if r["kind"] == kind]
         if not sel:
@@ -268,10 +270,10 @@ def alias_graph(source: Record | GraphData, around: Any = None, max_nodes: int =
             lines = ["#333333"] * len(sel)
         fig.add_trace(
             go.Scatter(
-                x=[r["x"] for r in sel], y=[r["y"] for r in sel], mode="markers+text" if show_text else "markers",
+                x=[r["x"] for r in sel], y=[r["y"] for r in sel], mode="markers+text",
                 name=f"{kind}s", marker=dict(symbol=symbol, size=14 if kind == "storage" else 11, color=colors,
                 line=dict(color=lines, width=2)), hovertext=[_node_hover(r) for r in sel], hoverinfo="text",
-                text=[esc(r["label"] if kind != "storage" else f"s{r['ref']}") for r in sel] if show_text else None,
+                text=[esc(_short(r["label"]) if kind != "storage" else f"s{r['ref']}") for r in sel],
                 textposition="middle left" if kind == "name" else "top center", textfont=dict(size=9),
             )
         )  # fmt: skip
@@ -285,13 +287,38 @@ def alias_graph(source: Record | GraphData, around: Any = None, max_nodes: int =
     if data.dropped:
         shown = data.total - data.dropped
         title += f"<br><sup>showing {shown} of {data.total} storages and tensors (max_nodes)</sup>"
-    n_rows = int(-nodes["y"].min()) + 1 if len(nodes) else 1
+    # a column header over each kind of node, so the figure reads without hovering
+    heads = [
+        dict(x=float(nodes.loc[nodes["kind"] == kind, "x"].mean()), y=1, xref="x", yref="paper", yanchor="bottom",
+             text=f"<b>{label}</b>", showarrow=False, font=dict(size=11), name=f"header {kind}")
+        for kind, label in (("storage", "storages"), ("tensor", "tensors and views"), ("name", "names"))
+        if (nodes["kind"] == kind).any()
+    ]  # fmt: skip
+    # at most _MAX_HEIGHT px: a taller graph shows its first rows and scrolls by dragging (pan)
+    fit_rows = max(1, (_MAX_HEIGHT - 160) // _ROW_PX)
+    yaxis: dict[str, Any] = dict(visible=False)
+    if n_rows > fit_rows:
+        yaxis["range"] = [-(fit_rows - 0.5), 0.6]
+        title += f"<br><sup>rows 1-{fit_rows} of {n_rows}: drag up and down to scroll</sup>"
     fig.update_layout(
         title=dict(text=title),
         xaxis=dict(visible=False),
-        yaxis=dict(visible=False),
+        yaxis=yaxis,
         plot_bgcolor="white",
-        height=int(min(4000, max(450, 26 * n_rows + 140))),
+        height=int(min(_MAX_HEIGHT, max(360, _ROW_PX * n_rows + 160))),
         hovermode="closest",
+        dragmode="pan",
+        annotations=heads,
+        margin=dict(t=90, l=10, r=10, b=10),
     )
     return fig
+
+
+_MAX_HEIGHT = 720  # px: the alias graph never grows taller than a screen
+_ROW_PX = 26  # px per row of nodes, enough for a label
+
+
+def _short(label: Any, width: int = 32) -> str:
+    """A node label cut to ``width`` characters from the left (the end of a dotted name tells most)."""
+    text = str(label)
+    return text if len(text) <= width else "…" + text[-(width - 1) :]

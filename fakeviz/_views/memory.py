@@ -114,7 +114,9 @@ def bars_data(trace: Record, capacity: str | int | float | None = None) -> BarsD
     )
 
 
-def memory_bars(source: Record | BarsData, capacity: str | int | float | None = None) -> go.Figure:
+def memory_bars(
+    source: Record | BarsData, capacity: str | int | float | None = None, *, full_capacity: bool = False
+) -> go.Figure:
     """One stacked bar per device at that device's peak, by category, with capacity and verdict.
 
     Args:
@@ -182,7 +184,7 @@ def memory_bars(source: Record | BarsData, capacity: str | int | float | None = 
     shapes = []
     annotations = []
     if data.capacity is not None:
-        ymax = max(ymax, float(data.capacity))
+        ymax = _fit_capacity(ymax, data.capacity, data.capacity_label, full_capacity, annotations, 1.12)
         x_index = {d: i for i, d in enumerate(t["device"])}
         for r in t.to_dict("records"):
             if r["fits"] is None:
@@ -197,7 +199,7 @@ def memory_bars(source: Record | BarsData, capacity: str | int | float | None = 
             room = r["headroom"]
             annotations.append(
                 dict(
-                    x=devs[i], y=data.capacity, yref="y", xref="x", yshift=12, showarrow=False,
+                    x=devs[i], y=min(data.capacity, ymax), yref="y", xref="x", yshift=12, showarrow=False,
                     text=(f"headroom {format_bytes(room)}" if room >= 0 else f"<b>over by {format_bytes(-room)}</b>"),
                     font=dict(color="#2CA02C" if r["fits"] else "#D62728"),
                 )
@@ -208,7 +210,7 @@ def memory_bars(source: Record | BarsData, capacity: str | int | float | None = 
                 name=f"capacity {esc(data.capacity_label)}", hoverinfo="skip",
             )
         )  # fmt: skip
-    tickvals, ticktext = byte_ticks(ymax * 1.08)
+    tickvals, ticktext = byte_ticks(ymax * 1.12)
     sub = "peak live tensor bytes per device, by category"
     if not cuda.empty:
         sub += "; markers: CUDA caching-allocator model"
@@ -223,6 +225,37 @@ def memory_bars(source: Record | BarsData, capacity: str | int | float | None = 
         plot_bgcolor="white",
     )
     return fig
+
+
+def _op_ticks(x: Any) -> dict[str, Any]:
+    """Tick settings for an op-seq axis: one tick per op below a dozen ops, plotly's own above."""
+    if not len(x):
+        return {}
+    lo, hi = int(x[0]), int(x[-1])
+    if hi - lo < 12:
+        return dict(tickmode="linear", tick0=lo, dtick=1, range=[lo - 0.5, hi + 0.5])
+    return {}
+
+
+def _fit_capacity(
+    ymax: float, cap: int, label: Any, full: bool, annotations: list[dict[str, Any]], pad: float
+) -> float:
+    """The y axis top for data up to ``ymax`` and a capacity line at ``cap``.
+
+    The axis fits the data: a capacity far above it (more than ``pad`` times the top) would squash
+    the curves into the bottom of the plot, so it is named in a note at the top instead
+    (``full=True`` runs the axis up to the capacity).
+    """
+    if full or cap <= ymax * pad:
+        return max(ymax, float(cap))
+    annotations.append(
+        dict(
+            xref="paper", yref="paper", x=1, y=1, xanchor="right", yanchor="bottom", showarrow=False,
+            text=f"capacity {esc(label) if label else format_bytes(cap)} is above the axis ↑",
+            font=dict(color="#D62728", size=11), name="capacity-note",
+        )
+    )  # fmt: skip
+    return ymax
 
 
 # ------------------------------------------------------------------ timeline
@@ -318,6 +351,7 @@ def memory_timeline(
     capacity: str | int | float | None = None,
     runs: pd.DataFrame | None = None,
     max_phase_runs: int = 300,
+    full_capacity: bool = False,
 ) -> go.Figure:
     """Live bytes by category against op seq, phases shaded, the peak marked.
 
@@ -329,6 +363,8 @@ def memory_timeline(
         runs: phase runs (:func:`phase_runs`); taken from the trace when ``source`` is one,
             else from the downsampled rows.
         max_phase_runs: the most phase bands drawn (the longest, and one of every phase).
+        full_capacity: let the y axis run up to the capacity. By default it fits the data, and a
+            capacity above it is named in a note at the top instead of squashing the curves.
 
     Returns:
         A plotly Figure: stacked areas (one per category, step-shaped), the
@@ -430,13 +466,13 @@ def memory_timeline(
     if capacity is not None:
         spec = Capacity.parse(capacity)
         cap = spec.bytes
-        ymax = max(ymax, float(cap))
+        ymax = _fit_capacity(ymax, cap, spec.label, full_capacity, annotations, 1.1)
         shapes.append(
             dict(type="line", xref="paper", yref="y", x0=0, x1=1, y0=cap, y1=cap, name="capacity",
                  line=dict(color="#D62728", width=2, dash="dash"),
                  label=dict(text=esc(f"capacity {spec.label}"), textposition="end"))
         )  # fmt: skip
-    tickvals, ticktext = byte_ticks(ymax * 1.08)
+    tickvals, ticktext = byte_ticks(ymax * 1.1)
     n_rows = len(df)
     title = f"Memory on {esc(dev)}"
     if n_rows and len(x) and n_rows < int(x[-1] - x[0] + 1):
@@ -444,7 +480,8 @@ def memory_timeline(
     fig.update_layout(
         title=dict(text=title),
         hovermode="x unified",
-        xaxis=dict(title=dict(text="op seq")),
+        # whole op numbers only; a handful of ops gets one tick per op (a one-op run: one tick, "0")
+        xaxis=dict(title=dict(text="op seq"), tickformat="d", **_op_ticks(x)),
         yaxis=dict(title=dict(text="live bytes"), tickvals=tickvals, ticktext=ticktext, range=[0, ymax * 1.1 or 1]),
         shapes=shapes,
         annotations=annotations,

@@ -83,11 +83,14 @@ def ops_table(
         needle = op.lower()
         mask &= ops["op"].isin([c for c in cats if needle in c.lower()]).to_numpy()
     idx = np.flatnonzero(mask)
+    matched = len(idx)
     if limit is not None:
         idx = idx[: max(0, int(limit))]
     out = ops.iloc[idx].copy()
     out["flops"] = flops[idx] if len(flops) else np.zeros(0, np.int64)
-    return out.reset_index(drop=True)
+    out = out.reset_index(drop=True)
+    out.attrs["matched"] = matched  # how many ops matched before the limit (the figure says "500 of 3,123")
+    return out
 
 
 def ops_table_figure(
@@ -152,8 +155,10 @@ def ops_table_figure(
         for k, v in (("module", module), ("phase", phase), ("device", device), ("op", op))
         if v is not None and not isinstance(source, pd.DataFrame)
     ]
-    title = f"{len(df)} ops" + (" (" + ", ".join(filt) + ")" if filt else "")
-    if limit is not None and len(df) >= limit and not isinstance(source, pd.DataFrame):
-        title += f", first {limit} shown"
+    matched = int(df.attrs.get("matched", len(df)))
+    shown = f"{len(df):,} of {matched:,} ops" if matched > len(df) else f"{len(df):,} ops"
+    title = shown + (" (" + ", ".join(filt) + ")" if filt else "")
+    if matched > len(df):
+        title += f", the first {len(df):,} in op order"
     fig.update_layout(title=dict(text=title), margin=dict(t=50, l=10, r=10, b=10))
     return fig

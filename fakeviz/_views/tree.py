@@ -251,6 +251,7 @@ def layer_tree(
     t = data.table
     if kind not in ("icicle", "treemap"):
         raise ValueError(f"unknown kind {kind!r}; use 'icicle' or 'treemap'")
+    t = _drawable(t)
     common = dict(
         ids=[esc(x) for x in t["id"]],
         parents=[esc(x) for x in t["parent_id"]],
@@ -296,3 +297,25 @@ def layer_tree(
         legend=dict(title=dict(text=esc(data.color))),
     )
     return fig
+
+
+def _drawable(t: pd.DataFrame) -> pd.DataFrame:
+    """The rows an icicle can draw: the root, and every module of positive size under a drawn parent.
+
+    plotly.js gives a zero-size sector (a module without parameters, in a tree sized by parameters)
+    an empty box, and drilling down into its parent then animates paths with NaN coordinates
+    ("Error: <path> attribute d: Expected number" in the browser console). They are left out, as the
+    explorer leaves them out; the hover of their parent still counts them.
+    """
+    if not len(t):
+        return t
+    values = t["value"].astype(float).to_numpy()
+    keep = np.isfinite(values) & (values > 0)
+    keep[0] = True
+    kept: set[str] = set()
+    rows = []
+    for i, (ident, parent) in enumerate(zip(t["id"].tolist(), t["parent_id"].tolist())):
+        if i == 0 or (keep[i] and parent in kept):  # parents come before their children
+            kept.add(ident)
+            rows.append(i)
+    return t.iloc[rows]

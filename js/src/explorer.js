@@ -5,7 +5,24 @@ import { h } from "./dom.js";
 // a new alias graph (redrawn by the kernel around a selection) is handled by the panel itself
 const DATA_TRAITS = ["summary", "tree", "memory", "ops"];
 
+/**
+ * Hide the static summary written beside this panel while the panel lives (Note: [static fallback] in
+ * fakeviz/_views/explorer.py): the output that holds `[data-fv-static=<id>]`, or the element itself.
+ */
+export function hideStatic(id, doc = globalThis.document) {
+  if (!id || !doc) return 0;
+  let n = 0;
+  for (const node of doc.querySelectorAll("[data-fv-static]")) {
+    if (node.getAttribute("data-fv-static") !== id) continue;
+    const box = node.closest(".jp-OutputArea-child") || node;
+    box.style.display = "none";
+    n += 1;
+  }
+  return n;
+}
+
 function render({ model, el }) {
+  hideStatic(model.get("static_id"));
   const root = h("div", { class: "fv-root", "data-testid": "fv-explorer" });
   el.appendChild(root);
   let app = null;

@@ -36,7 +36,7 @@ def test_stopped_run_is_incomplete_never_fits(tmp_path: Path) -> None:
     trace = _stopped()
     v = trace.verdict("H100")
     assert v["incomplete"] and v["fits"] is False
-    assert v["text"].startswith("incomplete: the run stopped at op ") and "aten.nonzero.default" in v["text"]
+    assert v["text"].startswith("incomplete: the run stopped at op ") and trace.error["op"] in v["text"]
     assert "the rest is unknown" in v["text"]
     # what was recorded before the error is the complete run's memory, per device
     assert v["devices"]["cuda:0"]["raw"] >= complete.verdict("H100")["devices"]["cuda:0"]["raw"]
@@ -47,4 +47,51 @@ def test_stopped_run_is_incomplete_never_fits(tmp_path: Path) -> None:
 def test_stopped_run_over_capacity_says_both() -> None:
     v = _stopped().verdict(4096)
     assert not v["fits"] and v["incomplete"]
-    assert v["text"].startswith("does not fit 4.0 KiB: cuda:0 over by") and "the run stopped at op" in v["text"]
+    assert v["text"].startswith("does not fit 4.0 KiB: cuda:0 needs") and "the run stopped at op" in v["text"]
+
+
+def _grows() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three 32 MiB tensors made one after another on a fake cuda:0, then one of 64 MiB."""
+    a = torch.empty(8 << 20)
+    b = torch.empty(8 << 20)
+    c = torch.empty(8 << 20)
+    return torch.cat([a, b]), c  # line of the 64 MiB request
+
+
+def test_one_reserved_at_peak_everywhere() -> None:
+    """verdict(), Peak, the timeline, the text summary and the explorer's summary show one reserved peak."""
+    from fakeviz._core.fmt import format_bytes
+    from fakeviz._views.payload import build_state
+    from fakeviz._views.text import summary
+
+    with fv.record(device="cuda:0", gpu="H100") as trace:
+        _grows()
+    reserved = trace.peak()["cuda:0"].reserved
+    assert reserved == trace.memory()["reserved"].max() > 0
+    for cap in ("H100", 100 << 20, 60 << 20):  # fits, does not fit (twice): the figure does not move
+        v = trace.verdict(cap)
+        assert v["devices"]["cuda:0"]["peak"] == reserved
+        state = build_state(trace, cap)
+        assert state["summary"]["verdict"]["devices"]["cuda:0"]["peak"] == reserved
+    trace.meta["capacity"] = 60 << 20
+    assert format_bytes(reserved) in summary(trace)
+
+
+def test_first_failing_op_is_named() -> None:
+    """A device that does not fit names the first op the allocator model cannot serve and what was live."""
+    with fv.record(device="cuda:0", gpu="H100") as trace:
+        _grows()
+    cap = 100 << 20  # three 32 MiB segments fit, the 64 MiB cat does not
+    v = trace.verdict(cap)
+    assert not v["fits"]
+    o = v["devices"]["cuda:0"]["first_oom"]
+    cat = int((trace.ops.op == "aten.cat.default").to_numpy().argmax())
+    assert o["seq"] == v["devices"]["cuda:0"]["oom_seq"] == cat and o["op"] == "aten.cat.default"
+    assert o["live"] == 3 * (32 << 20) == trace.live_bytes()["cuda:0"][cat - 1]
+    assert o["request"] == 64 << 20 and o["line"].endswith(
+        f"test_verdict.py:{_grows.__code__.co_firstlineno + 5} in _grows"
+    )
+    assert f"first fails at op {cat} aten.cat.default" in v["text"] and "with 96.0 MiB live" in v["text"]
+    # it fits where the whole run fits, and then names no failing op
+    ok = trace.verdict("H100")["devices"]["cuda:0"]
+    assert ok["fits"] and ok["first_oom"] is None and ok["oom_seq"] == -1

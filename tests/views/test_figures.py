@@ -225,8 +225,14 @@ def test_bars_capacity_line_at_the_catalog_value(mlp_trace, gpu):
     for dev in ("cuda:0", "cuda:1"):
         v = verdict["devices"][dev]
         assert t.loc[dev, "headroom"] == v["headroom"] == cap - v["peak"] and t.loc[dev, "fits"]
-    notes = [a.text for a in fig.layout.annotations]
+    notes = [a.text for a in fig.layout.annotations if a.text.startswith("headroom")]
     assert notes == [f"headroom {V.format_bytes(t.loc[d, 'headroom'])}" for d in ("cuda:0", "cuda:1")]
+    # the axis fits the data, far below the capacity, which a note names; full_capacity runs it up to the capacity
+    top = max(t["total"].max(), t["reserved"].max())
+    assert top <= fig.layout.yaxis.range[1] < cap
+    assert any(a.text.startswith("capacity ") and "above the axis" in a.text for a in fig.layout.annotations)
+    full = V.memory_bars(data, full_capacity=True)
+    assert full.layout.yaxis.range[1] >= cap and not any("above the axis" in a.text for a in full.layout.annotations)
 
 
 def test_bars_verdict_when_it_does_not_fit(mlp_trace):
@@ -234,7 +240,8 @@ def test_bars_verdict_when_it_does_not_fit(mlp_trace):
     cap = pk.bytes // 2
     data = V.bars_data(mlp_trace, cap)
     assert data.capacity == cap
-    assert data.title.startswith(f"does not fit {V.format_bytes(cap)}") and "cuda:0 over by" in data.title
+    assert data.title.startswith(f"does not fit {V.format_bytes(cap)}") and "cuda:0 needs" in data.title and "(over by" in data.title
+    assert "first fails at op 0 " in data.title  # the first allocation already needs a 2 MiB segment
     row = data.table.set_index("device").loc["cuda:0"]
     assert not row["fits"] and row["headroom"] < 0
     fig = V.memory_bars(data)
@@ -412,7 +419,7 @@ def test_timeline_figure(llama_trace):
     covered = sorted((s.x0, s.x1) for s in bands)
     assert covered[0][0] == -0.5 and covered[-1][1] == llama_trace.num_ops - 0.5
     assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
-    cap = [s for s in fig.layout.shapes if s.type == "line"]
+    cap = [s for s in fig.layout.shapes if s.type == "line" and s.name == "capacity"]
     assert len(cap) == 1 and cap[0].y0 == GPUS["H100"]
     # the figure from the data alone
     df = V.timeline_data(llama_trace, max_points=300)
@@ -620,3 +627,47 @@ def test_js_formats_bytes_as_python(tmp_path):
     got = json.loads(proc.stdout)
     want = [format_bytes(v) for v in BYTE_VALUES]
     assert got == want, [(v, g, w) for v, g, w in zip(BYTE_VALUES, got, want) if g != w]
+
+
+# ------------------------------------------------------------------ issue 15: axes, counts, sizes
+def test_timeline_axis_fits_the_data_and_one_op_has_one_tick():
+    with fv.record(device="cuda:0") as trace:
+        torch.empty(10)
+    fig = V.memory_timeline(trace, capacity="H100")
+    assert fig.layout.yaxis.range[1] < GPUS["H100"]  # the curve is not squashed under an 80 GB axis
+    assert any("above the axis" in a.text for a in fig.layout.annotations)
+    assert [s.y0 for s in fig.layout.shapes if s.name == "capacity"] == [GPUS["H100"]]
+    # one op: whole-number ticks, one per op, and the range around it
+    assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick == 1
+    assert tuple(fig.layout.xaxis.range) == (-0.5, 0.5)
+    full = V.memory_timeline(trace, capacity="H100", full_capacity=True)
+    assert full.layout.yaxis.range[1] >= GPUS["H100"]
+
+
+def test_ops_table_figure_says_how_many_of_how_many(llama_trace):
+    n = llama_trace.num_ops
+    assert n > 50
+    fig = V.ops_table_figure(llama_trace, limit=50)
+    assert fig.layout.title.text.startswith(f"50 of {n:,} ops")
+    assert V.ops_table(llama_trace, limit=50).attrs["matched"] == n
+    assert V.ops_table_figure(llama_trace, limit=None).layout.title.text.startswith(f"{n:,} ops")
+
+
+def test_alias_graph_is_labelled_and_at_most_a_screen_tall(llama_trace):
+    fig = V.alias_graph(llama_trace, max_nodes=200)
+    assert fig.layout.height <= 720
+    nodes = [tr for tr in fig.data if tr.name in ("storages", "tensors", "names")]
+    assert nodes and all(tr.mode == "markers+text" and tr.text and all(tr.text) for tr in nodes)
+    heads = {a.text for a in fig.layout.annotations}
+    assert {"<b>storages</b>", "<b>tensors and views</b>"} <= heads
+    if "drag up and down" in fig.layout.title.text:  # taller than a screen: shows the first rows, pans
+        assert fig.layout.dragmode == "pan" and fig.layout.yaxis.range is not None
+
+
+def test_icicle_draws_no_zero_size_sector(mlp_trace):
+    """Zero-size sectors make plotly.js animate NaN paths on drill-down: the icicle leaves them out."""
+    data = V.tree_data(mlp_trace, "params")
+    zero = set(data.table.loc[data.table["value"] <= 0, "id"].astype(str))
+    ids = set(V.layer_tree(mlp_trace, "params").data[0].ids)
+    assert zero and not (zero - {data.table["id"].iloc[0]}) & ids
+    assert all(v > 0 for v in V.layer_tree(mlp_trace, "params").data[0]["values"])

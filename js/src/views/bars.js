@@ -27,20 +27,29 @@ export function barsView(ctx) {
   function deviceVerdict(dev) {
     const v = summary.verdict?.devices?.[dev];
     if (!v) return null;
+    // "reserved at peak" is one figure everywhere (Note: [reserved at peak] in fakeviz/_analysis/memory.py)
+    const reserved = `${fmtBytes(v.peak)} reserved at peak`;
+    const o = v.first_oom;
+    const fails = o ? `; first fails at op ${fmtInt(o.seq)} ${o.op} in ${o.module || "<top level>"}` +
+      `${o.line ? ` (${o.line})` : ""} with ${fmtBytes(o.live)} live` : "";
     if (Object.keys(summary.verdict.devices).length < 2) {
       // one device: the verdict above names it; say only the headroom here
       const text = v.fits
-        ? `headroom ${fmtBytes(v.headroom)} (${fmtBytes(v.peak)} reserved at peak)`
+        ? v.headroom < 0
+          ? `fits by freeing cached blocks (${reserved} without a limit)`
+          : `headroom ${fmtBytes(v.headroom)} (${reserved})`
         : v.headroom < 0
-          ? `short by ${fmtBytes(-v.headroom)} (${fmtBytes(v.peak)} reserved at peak)`
-          : `runs out at op ${fmtInt(v.oom_seq)}: fragmentation (${fmtBytes(v.peak)} reserved at peak)`;
+          ? `short by ${fmtBytes(-v.headroom)} (${reserved})`
+          : `runs out at op ${fmtInt(v.oom_seq)}: fragmentation (${reserved})`;
       return h("p", { class: "fv-hint fv-headroom", text });
     }
     const text = v.fits
-      ? `fits: ${fmtBytes(v.peak)} reserved at peak, ${fmtBytes(v.headroom)} to spare`
+      ? v.headroom < 0
+        ? `fits by freeing cached blocks (${reserved} without a limit)`
+        : `fits: ${reserved}, ${fmtBytes(v.headroom)} to spare`
       : v.headroom < 0
-        ? `does not fit: over by ${fmtBytes(-v.headroom)} (${fmtBytes(v.peak)} reserved at peak)`
-        : `does not fit: runs out at op ${fmtInt(v.oom_seq)} (fragmentation, ${fmtBytes(v.peak)} reserved at peak)`;
+        ? `does not fit: over by ${fmtBytes(-v.headroom)} (${reserved})${fails}`
+        : `does not fit: runs out at op ${fmtInt(v.oom_seq)} (fragmentation, ${reserved})${fails}`;
     return h("p", { class: `fv-verdict ${v.fits ? "fv-fits" : "fv-over"}`, text });
   }
 
