@@ -1,24 +1,517 @@
-"""Command line: ``python -m fakeviz demo`` and ``python -m fakeviz report FILE``."""
+"""The command line: ``fakeviz report MODEL_OR_FOLDER`` (also ``python -m fakeviz``), ``fakeviz demo``.
+
+``fakeviz report meta-llama/Llama-3.1-405B --train --seq 4096 --gpus 8xH100 --html out.html`` builds the
+model of a catalog name (``fakeviz.models``), a checkpoint folder or a ``config.json`` under fake tensors,
+records one run of it (inference forward, ``--train`` steps or ``--generate N`` tokens), prints a short
+table (parameters, peak per device by category, the verdict and the first op that fails) and writes the
+explorer as one self-contained HTML file. ``fakeviz report trace.fvz`` summarises a saved trace.
+
+Exit codes: 0 a report was made (whether or not the model fits), 1 the run failed (the partial record is
+reported), 2 a usage error (a bad option, an unknown model: one line, no traceback; ``--verbose`` shows it).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
-
-from .._core.gpus import gpu_capability
-from .._trace import load
-from .._views.text import summary, summary_html
+from typing import Any, NoReturn
 
 __all__ = ["main"]
 
+_DTYPES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+}  # fmt: skip
+_OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+_DEFAULT_GPU = "H100"
 
+
+class UsageError(Exception):
+    """A bad command line: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # argparse prints usage + message and exits; we want one line
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+# ------------------------------------------------------------------------------------------ options
+def _positive(name: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} takes a whole number, not {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 1, not {v}")
+        return v
+
+    return parse
+
+
+def _dtype(text: str) -> str:
+    v = _DTYPES.get(text.lower().removeprefix("torch."))
+    if v is None:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use bf16, fp16 or fp32")
+    return v
+
+
+def parse_gpus(text: str) -> tuple[int, str]:
+    """``"8xH100"`` -> ``(8, "H100")``; ``"H100"`` -> ``(1, "H100")``; ``"2x80GB"`` -> ``(2, "80GB")``.
+
+    Raises:
+        ValueError: a bad count or an unknown GPU / size (the message of ``Capacity.parse``).
+    """
+    from .._core.gpus import Capacity
+
+    count, sep, what = text.strip().partition("x")
+    if not sep or not count.strip().isdigit():
+        count, what = "1", text.strip()
+    n = int(count)
+    if not 1 <= n <= 64:
+        raise ValueError(f"--gpus {text!r}: between 1 and 64 GPUs")
+    Capacity.parse(what)  # a clear error for an unknown name or size
+    return n, what.strip()
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="fakeviz", description="fakeviz: memory, FLOPs and ops of a PyTorch run, without the hardware.")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    r = sub.add_parser(
+        "report", help="record a model (catalog name, checkpoint folder, config.json) or summarise a saved .fvz",
+        description="Build MODEL under fake tensors, record one run and report its memory (or summarise a .fvz).",
+    )  # fmt: skip
+    r.add_argument("model", metavar="MODEL_OR_FOLDER", help="catalog name or alias, folder, config.json, or .fvz")
+    r.add_argument("--batch", type=_positive("--batch"), default=1, help="batch size (default 1)")
+    r.add_argument("--seq", type=_positive("--seq"), default=2048,
+                   help="sequence length, capped at the model's context (default 2048); the prompt with --generate")  # fmt: skip
+    r.add_argument("--dtype", type=_dtype, default=None, help="bf16, fp16 or fp32 (default: the published weights')")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--train", action="store_true", help="training steps: forward with a loss, backward, step")
+    mode.add_argument("--generate", type=_positive("--generate"), metavar="N", default=0,
+                      help="generate N tokens after a --seq prompt (greedy, KV cache)")  # fmt: skip
+    r.add_argument("--optimizer", choices=_OPTIMIZERS, default=None, help="with --train (default adamw)")
+    r.add_argument("--steps", type=_positive("--steps"), default=None,
+                   help="training steps (default 2: the second holds the first's optimizer state, as later ones do)")  # fmt: skip
+    r.add_argument("--checkpointing", action="store_true", help="with --train: activation (gradient) checkpointing")
+    r.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="KV cache with --generate")
+    where = r.add_mutually_exclusive_group()
+    where.add_argument("--gpus", default=None, metavar="NxGPU",
+                       help=f"GPUs, e.g. 8xH100 or H100 (default {_DEFAULT_GPU}): the verdict, torch.cuda's answers")  # fmt: skip
+    where.add_argument("--capacity", default=None, help="memory per device for the verdict, e.g. 80GB")
+    r.add_argument("--device", default="cuda:0", help="where the model runs (default cuda:0)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set num_hidden_layers=4 (repeatable)")  # fmt: skip
+    r.add_argument("--html", type=Path, default=None, help="write the explorer as one self-contained HTML file")
+    r.add_argument("--json", type=Path, default=None, help="write the report as JSON")
+    r.add_argument("--save", type=Path, default=None, help="save the trace (.fvz)")
+    r.add_argument("--oplog", type=int, default=0, help="also print the first N op-log lines")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress line on stderr while recording (default: when stderr is a terminal)")  # fmt: skip
+    r.add_argument("--verbose", action="store_true", help="tracebacks for errors")
+    r.set_defaults(fn=report)
+    d = sub.add_parser("demo", help="record a Llama-3-70B-shaped fwd+bwd under fake tensors")
+    d.add_argument("--model", default="llama3-70b")
+    d.add_argument("--layers", type=int, default=0, help="override the number of layers (0: the config's)")
+    d.add_argument("--device", default="cuda:0")
+    d.add_argument("--batch", type=int, default=1)
+    d.add_argument("--seq", type=int, default=2048)
+    d.add_argument("-o", "--output", default="fakeviz-demo.fvz")
+    d.add_argument("--gpu", default="H100", help="GPU (catalog name) or capacity for the fits / does-not-fit verdict")
+    d.add_argument("--verbose", action="store_true", help="tracebacks for errors")
+    d.set_defaults(fn=demo)
+    return p
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip().isidentifier():
+            raise UsageError(f"--set {item!r}: use KEY=VALUE, e.g. --set num_hidden_layers=4")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Option combinations argparse cannot express."""
+    if not args.train:
+        for flag, given in (("--optimizer", args.optimizer), ("--steps", args.steps), ("--checkpointing",
+                            args.checkpointing)):  # fmt: skip
+            if given:
+                raise UsageError(f"{flag} needs --train")
+    if args.cache != "dynamic" and not args.generate:
+        raise UsageError("--cache needs --generate")
+    if args.gpus is not None:
+        try:
+            args.gpus_parsed = parse_gpus(args.gpus)
+        except ValueError as exc:
+            raise UsageError(f"--gpus {args.gpus!r}: {_first_line(exc)}") from exc
+    if args.capacity is not None:
+        from .._core.gpus import Capacity
+
+        try:
+            Capacity.parse(args.capacity)
+        except ValueError as exc:
+            raise UsageError(f"--capacity {args.capacity!r}: {_first_line(exc)}") from exc
+    import torch
+
+    try:
+        torch.device(args.device)
+    except RuntimeError as exc:
+        raise UsageError(f"--device {args.device!r}: {_first_line(exc)}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+# ----------------------------------------------------------------------------------------- progress
+class _Progress:
+    """One line on stderr, rewritten in place at most 10 times a second: what is being recorded."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.last = 0.0
+        self.t0 = time.perf_counter()
+        self.width = 0
+
+    def say(self, text: str, *, force: bool = False) -> None:
+        if not self.on:
+            return
+        now = time.perf_counter()
+        if not force and now - self.last < 0.1:
+            return
+        self.last = now
+        line = f"fakeviz: {text} [{now - self.t0:.0f} s]"[:160]
+        sys.stderr.write("\r" + line.ljust(self.width))
+        sys.stderr.flush()
+        self.width = len(line)
+
+    def __call__(self, n_ops: int, phase: str, module: str | None) -> None:  # the recorder's progress callback
+        self.say(f"recording {n_ops:,} ops, {phase} {module or ''}".rstrip())
+
+    def done(self) -> None:
+        if self.on and self.width:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            sys.stderr.flush()
+            self.width = 0
+
+
+# ------------------------------------------------------------------------------------------- report
+def report(args: argparse.Namespace) -> int:
+    path = Path(args.model)
+    if path.suffix == ".fvz":
+        if not path.is_file():
+            raise FileNotFoundError(f"no such trace file: {path}")
+        return _report_saved(args, path)
+    _check(args)
+    return _report_model(args)
+
+
+def _report_saved(args: argparse.Namespace, path: Path) -> int:
+    from .._trace import load
+    from .._views.text import summary
+
+    trace = load(path)
+    if args.capacity or args.gpus:
+        trace.meta["capacity"] = args.capacity or parse_gpus(args.gpus)[1]
+    print(summary(trace))
+    if args.oplog:
+        print(trace.oplog(limit=args.oplog))
+    _write_outputs(args, trace, None)
+    return 0
+
+
+def _report_model(args: argparse.Namespace) -> int:
+    progress = _Progress(args.progress if args.progress is not None else sys.stderr.isatty())
+    progress.say("importing torch and transformers", force=True)
+    import torch
+
+    from .. import models
+    from .._api import record
+    from .._core.errors import RecordError
+    from .._core.gpus import Capacity
+
+    n_gpus, gpu = args.gpus_parsed if args.gpus else (1, None)
+    capacity = args.capacity or gpu or _DEFAULT_GPU
+    named = Capacity.parse(capacity).capability is not None
+    on_cuda = torch.device(args.device).type == "cuda"
+    overrides = _overrides(args.set)
+    info: dict[str, Any] = {
+        "model": args.model, "capacity": capacity, "capacity_label": Capacity.parse(capacity).label, "gpus": n_gpus,
+    }  # fmt: skip
+    t0 = time.perf_counter()
+    trace = None
+    error: BaseException | None = None
+    progress.say("building the model", force=True)
+    # Built before the recording, in a fake mode of its own that the recording adopts: the record starts
+    # with the weights in place, as after loading a checkpoint, without what __init__ allocates and drops.
+    model = _build(models, args, overrides)
+    info.update(_describe(model))
+    progress.say(f"recording the run on fake {args.device}", force=True)
+    try:
+        with record(
+            device=args.device, gpu=capacity if named and on_cuda else None, gpus=n_gpus if on_cuda else None,
+            progress=progress if progress.on else None, modules=[model],
+        ) as trace:  # fmt: skip
+            _run(models, model, args, info)
+            del model
+    except RecordError as exc:  # the model's run failed: report what was recorded
+        error = exc
+        trace = exc.trace if exc.trace is not None else trace
+    finally:
+        progress.done()
+    info["seconds"] = time.perf_counter() - t0
+    if trace is None:
+        raise error if error is not None else RuntimeError("nothing was recorded")
+    trace.meta["capacity"] = capacity
+    trace.meta["capacity_spec"] = f"{n_gpus}x{capacity}" if n_gpus > 1 else capacity
+    data = report_data(trace, info)
+    print(report_table(data))
+    if error is not None:
+        print(f"\nthe run stopped: {error}", file=sys.stderr)
+    if args.oplog:
+        print(trace.oplog(limit=args.oplog))
+    _write_outputs(args, trace, data)
+    return 1 if error is not None else 0
+
+
+def _build(models: Any, args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
+    """The model of a catalog name, a checkpoint folder (safetensors / .bin headers) or a config."""
+    path = Path(args.model)
+    if path.is_dir() and not overrides and (any(path.glob("*.safetensors*")) or any(path.glob("*.bin"))):
+        return models.from_pretrained(path, device=args.device, dtype=args.dtype)
+    if not path.exists():
+        models.resolve(args.model)  # an unknown name: UnknownModelError with near names, before any work
+    return models.build(args.model, device=args.device, dtype=args.dtype, **overrides)
+
+
+def _describe(model: Any) -> dict[str, Any]:
+    params = {id(p): p for p in model.parameters()}.values()
+    dtypes: dict[str, int] = {}
+    for p in params:
+        key = str(p.dtype).removeprefix("torch.")
+        dtypes[key] = dtypes.get(key, 0) + p.numel() * p.element_size()
+    return {
+        "class": type(model).__name__,
+        "parameters": int(sum(p.numel() for p in params)),
+        "parameter_bytes": int(sum(dtypes.values())),
+        "dtype": max(dtypes, key=dtypes.__getitem__) if dtypes else None,
+    }
+
+
+def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]) -> None:
+    """One recorded run: inference forward, training steps or generation."""
+    import torch
+
+    if args.train:
+        opt_name = args.optimizer or "adamw"
+        steps = args.steps or 2
+        info["run"] = f"train, {steps} step{'s' if steps > 1 else ''}" + (
+            f", {opt_name}" if opt_name != "none" else ", no optimizer"
+        ) + (", activation checkpointing" if args.checkpointing else "")  # fmt: skip
+        model.train()
+        if args.checkpointing:
+            if not getattr(model, "supports_gradient_checkpointing", False):
+                raise UsageError(f"--checkpointing: {type(model).__name__} does not support gradient checkpointing")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=True)
+        opt = _optimizer(opt_name, model)
+        for _ in range(steps):
+            out = model(**batch)
+            loss = out["loss"] if isinstance(out, dict) else out[0]
+            loss.backward()
+            del out, loss
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    elif args.generate:
+        info["run"] = f"generate {args.generate} tokens ({args.cache} KV cache)"
+        model.eval()
+        try:
+            task = models.task_of(model)
+        except ValueError:
+            task = None
+        if task not in ("causal_lm", "seq2seq", "speech_seq2seq") or not hasattr(model, "generate"):
+            raise UsageError(f"--generate: {type(model).__name__} does not generate text")
+        batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=False)
+        batch.pop("decoder_input_ids", None)
+        pad = getattr(model.generation_config, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(model.generation_config, "eos_token_id", None) or 0
+            pad = pad[0] if isinstance(pad, (list, tuple)) else pad
+        with torch.no_grad():
+            model.generate(
+                **batch, max_new_tokens=args.generate, min_new_tokens=args.generate, do_sample=False,
+                num_beams=1, cache_implementation=args.cache, pad_token_id=pad,
+            )  # fmt: skip
+    else:
+        info["run"] = "inference forward"
+        model.eval()
+        batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=False)
+        with torch.no_grad():
+            model(**batch)
+    shape = next((v.shape for v in batch.values() if isinstance(v, torch.Tensor)), None)
+    info["inputs"] = {k: list(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    info["input_shape"] = list(shape) if shape is not None else None
+
+
+def _optimizer(name: str, model: Any) -> Any:
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "none":
+        return None
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, lr=1e-4)
+
+
+# ----------------------------------------------------------------------------------- data and table
+def report_data(trace: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """The report as plain data (what ``--json`` writes): the run, peaks per device by category, the verdict."""
+    from .._core.schema import CATEGORIES
+
+    v = trace.verdict(trace.meta["capacity"])
+    devices = {}
+    for dev, pk in trace.peak(top=0).items():
+        vd = v["devices"].get(dev, {})
+        devices[dev] = {
+            "peak": int(vd.get("peak", pk.bytes)),  # reserved at peak on cuda (the allocator model), else tensors
+            "tensors": int(pk.bytes),
+            "allocated": pk.allocated,
+            "reserved": pk.reserved,
+            "by_category": {c: int(pk.by_category.get(c, 0)) for c in CATEGORIES},
+            "at": {"seq": pk.seq, "op": pk.op, "phase": pk.phase, "module": pk.module, "line": pk.user_line},
+            "fits": vd.get("fits"),
+            "first_oom": vd.get("first_oom"),
+        }
+    return {
+        **info,
+        "ops": int(trace.num_ops),
+        "steps": trace.meta.get("steps", []),
+        "devices": devices,
+        "verdict": {
+            "fits": bool(v["fits"]),
+            "incomplete": bool(v["incomplete"]),
+            "capacity": int(v["capacity"]),
+            "text": v["text"],
+        },  # fmt: skip
+        "error": {k: trace.error.get(k) for k in ("type", "op", "message")} if trace.error else None,
+    }
+
+
+def report_table(data: dict[str, Any]) -> str:
+    """The concise text report: run, parameters, a table of the peak per device by category, the verdict."""
+    from .._core.fmt import format_bytes
+    from .._core.schema import CATEGORIES
+
+    head = f"{data['model']}"
+    if data.get("class"):
+        head += f" ({data['class']})"
+    lines = [head]
+    if data.get("parameters") is not None:
+        lines.append(f"  parameters  {data['parameters'] / 1e9:,.3f} B ({format_bytes(data['parameter_bytes'])}"
+                     f"{', ' + data['dtype'] if data.get('dtype') else ''})")  # fmt: skip
+    if data.get("run"):
+        shape = "x".join(str(x) for x in data.get("input_shape") or [])
+        lines.append(f"  run         {data['run']}" + (f", input {shape}" if shape else ""))
+    gpus = f"{data['gpus']} x " if data.get("gpus", 1) > 1 else ""
+    cap = data.get("capacity_label") or data["capacity"]
+    lines.append(f"  recorded    {data['ops']:,} ops in {data.get('seconds', 0):.1f} s, capacity {gpus}{cap}")
+    devs = data["devices"]
+    if devs:
+        cats = [c for c in CATEGORIES if any(d["by_category"][c] for d in devs.values())]
+        cols = ["device", "peak", *cats]
+        rows = [cols]
+        for dev, d in devs.items():
+            rows.append([dev, format_bytes(d["peak"]), *(format_bytes(d["by_category"][c]) for c in cats)])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+        lines.append("")
+        lines.append("peak per device (reserved at peak on cuda; tensors live at the peak, by category):")
+        for r in rows:
+            lines.append("  " + "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
+    lines.append("")
+    v, cap_text = data["verdict"], format_bytes(data["verdict"]["capacity"])
+    if v["incomplete"]:
+        lines.append(f"verdict: {v['text']}")
+    elif not devs or all(d["fits"] is None for d in devs.values()):
+        lines.append(f"verdict: {v['text']}")
+    elif v["fits"]:
+        worst = max((d for d in devs.values() if d["fits"] is not None), key=lambda d: d["peak"])
+        lines.append(f"verdict: FITS {cap_text} per device (peak {format_bytes(worst['peak'])})")
+    else:
+        lines.append(f"verdict: DOES NOT FIT {cap_text} per device")
+    for dev, d in devs.items():
+        if d["fits"] is False:
+            over = d["peak"] - v["capacity"]
+            lines.append(f"  {dev} needs {format_bytes(d['peak'])} at peak"
+                         + (f", over by {format_bytes(over)}" if over > 0 else ", but runs out by fragmentation"))  # fmt: skip
+        o = d.get("first_oom")
+        if o:
+            lines.append(f"  first op that fails: #{o['seq']} {o['op']} ({o['phase']}) in "
+                         f"{o['module'] or '<top level>'}, asking {format_bytes(o['request'])} with "
+                         f"{format_bytes(o['live'])} live")  # fmt: skip
+            if o.get("line"):
+                lines.append(f"    at {o['line']}")
+    if data.get("error"):
+        e = data["error"]
+        lines.append(f"  the run stopped at {e.get('op')}: {e.get('type')} (the figures are up to there)")
+    return "\n".join(lines)
+
+
+def _write_outputs(args: argparse.Namespace, trace: Any, data: dict[str, Any] | None) -> None:
+    capacity = trace.meta.get("capacity")
+    if getattr(args, "json", None) is not None:
+        payload = data if data is not None else {"model": str(args.model), "ops": int(trace.num_ops)}
+        args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        print(f"report written to {args.json}")
+    if getattr(args, "save", None) is not None:
+        trace.save(args.save)
+        print(f"trace written to {args.save}")
+    if getattr(args, "html", None) is not None:
+        what = _write_html(trace, args.html, capacity, title=f"fakeviz: {args.model}")
+        print(f"{what} written to {args.html}")
+
+
+def _write_html(trace: Any, path: Path, capacity: Any, *, title: str | None = None) -> str:
+    """The explorer as one self-contained HTML file; a static summary page when the JS bundle is not built."""
+    import html
+
+    from .._views.text import summary_html
+
+    try:
+        trace.to_html(path, capacity, title=title)
+        return "explorer (one self-contained HTML file; works offline)"
+    except FileNotFoundError as exc:  # the JS bundle was not built (no npm): a static summary instead
+        print(f"fakeviz: {_first_line(exc)}", file=sys.stderr)
+        path.write_text(
+            f"<!doctype html><meta charset='utf-8'><title>{html.escape(title or 'fakeviz')}</title>"
+            + summary_html(trace)
+            + "<pre>"
+            + html.escape("\n".join(trace.oplog_lines(limit=200)))
+            + "</pre>"
+        )
+        return "summary page"
+
+
+# --------------------------------------------------------------------------------------------- demo
 def demo(args: argparse.Namespace) -> int:
     import torch
 
     from .. import models
     from .._api import fake_cuda_status, record
+    from .._core.gpus import gpu_capability
+    from .._views.text import summary
 
     cfg = models.config(args.model, **({"num_hidden_layers": args.layers} if args.layers else {}))
     print(
@@ -42,49 +535,48 @@ def demo(args: argparse.Namespace) -> int:
     out_path = Path(args.output)
     trace.save(out_path)
     html_path = out_path.with_suffix(".html")
-    try:
-        trace.to_html(html_path, args.gpu)
-        what = "explorer (open it in a browser; works offline)"
-    except FileNotFoundError as exc:  # the JS bundle was not built (no npm): a static summary instead
-        print(exc, file=sys.stderr)
-        html_path.write_text(
-            "<!doctype html><meta charset='utf-8'><title>fakeviz demo</title>"
-            + summary_html(trace)
-            + "<pre>"
-            + __import__("html").escape("\n".join(trace.oplog_lines(limit=200)))
-            + "</pre>"
-        )
-        what = "summary page"
+    what = _write_html(trace, html_path, args.gpu, title="fakeviz demo")
     print(f"trace written to {out_path}, {what}: {html_path}")
     return 0
 
 
-def report(args: argparse.Namespace) -> int:
-    trace = load(args.file)
-    print(summary(trace))
-    if args.oplog:
-        print(trace.oplog(limit=args.oplog))
-    return 0
+# --------------------------------------------------------------------------------------------- main
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from .._core import errors
+    from .._core.errors import FakeVizError, TraceFormatError, UnknownModelError
+
+    found: list[type[BaseException]] = [UsageError, UnknownModelError, TraceFormatError, FileNotFoundError]
+    for name in ("CheckpointError", "CheckpointMismatchError"):
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, FakeVizError):
+            found.append(cls)
+    return tuple(found)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fakeviz", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("demo", help="record a Llama-3-70B-shaped fwd+bwd under fake tensors")
-    d.add_argument("--model", default="llama3-70b")
-    d.add_argument("--layers", type=int, default=0, help="override the number of layers (0: the config's)")
-    d.add_argument("--device", default="cuda:0")
-    d.add_argument("--batch", type=int, default=1)
-    d.add_argument("--seq", type=int, default=2048)
-    d.add_argument("-o", "--output", default="fakeviz-demo.fvz")
-    d.add_argument("--gpu", default="H100", help="GPU (catalog name) or capacity for the fits / does-not-fit verdict")
-    d.set_defaults(fn=demo)
-    r = sub.add_parser("report", help="summarise a saved trace")
-    r.add_argument("file")
-    r.add_argument("--oplog", type=int, default=0, help="also print the first N op-log lines")
-    r.set_defaults(fn=report)
-    args = p.parse_args(argv)
-    return args.fn(args)
+    """Run the command line; returns the exit code (0 report made, 1 the run failed, 2 usage error)."""
+    verbose = "--verbose" in (sys.argv[1:] if argv is None else argv) or bool(os.environ.get("FAKEVIZ_VERBOSE"))
+    try:
+        args = _parser().parse_args(argv)
+        return int(args.fn(args))
+    except UsageError as exc:
+        if verbose:
+            traceback.print_exc()
+        print(f"fakeviz: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fakeviz: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - no traceback for user errors; --verbose shows every one
+        if verbose:
+            traceback.print_exc()
+        user = isinstance(exc, _user_errors())
+        msg = str(exc).strip() if user else f"{type(exc).__name__}: {_first_line(exc)}"
+        lines = msg.splitlines() or [type(exc).__name__]
+        print("fakeviz: error: " + "\n  ".join(lines[:25]), file=sys.stderr)
+        if not verbose and not user:
+            print("  (--verbose shows the traceback)", file=sys.stderr)
+        return 2 if user else 1
 
 
 if __name__ == "__main__":

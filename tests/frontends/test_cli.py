@@ -1,0 +1,199 @@
+"""``fakeviz report`` on the command line, in a subprocess and in-process.
+
+The figures the CLI prints and writes are checked against the same run made with the API (``fv.record``
+around ``fakeviz.models.build`` and the same steps): the CLI adds no figure of its own. Usage errors are
+one line on stderr and exit code 2, without a traceback unless ``--verbose``. Models are catalog entries
+cut to one or two layers with ``--set``, so each run records a few hundred ops.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fakeviz as fv
+from fakeviz import models
+from fakeviz._frontends.cli import main, parse_gpus
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY_GPT2 = ["gpt2", "--set", "n_layer=1", "--seq", "16"]
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "fakeviz", *argv], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600
+    )
+
+
+def test_report_in_a_subprocess(tmp_path):
+    html, js = tmp_path / "out.html", tmp_path / "out.json"
+    r = _cli("report", *TINY_GPT2, "--train", "--steps", "1", "--gpus", "8xH100", "--progress",
+             "--html", str(html), "--json", str(js))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "GPT2LMHeadModel" in out and "parameters" in out and "peak per device" in out
+    assert "verdict: FITS" in out and "train, 1 step, adamw" in out
+    assert "recording" in r.stderr  # the progress line, asked for with --progress (stderr is not a terminal)
+    assert "Traceback" not in r.stderr
+    page = html.read_text()
+    assert page.startswith("<!doctype html>") or page.lower().startswith("<!doctype html")
+    assert "<script src=" not in page  # self-contained
+    data = json.loads(js.read_text())
+    assert data["gpus"] == 8 and data["capacity"] == "H100" and data["verdict"]["fits"] is True
+    dev = data["devices"]["cuda:0"]
+    assert dev["by_category"]["Gradient"] > 0 and dev["by_category"]["Optimizer state"] > 0
+
+
+def test_no_progress_line_when_not_asked(tmp_path):
+    r = _cli("report", *TINY_GPT2)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # stderr is a pipe: no progress line, nothing else
+    assert "inference forward" in r.stdout
+
+
+def _api_run(train: bool, generate: int = 0) -> tuple[fv.Trace, int]:
+    """What the CLI does, with the API: build outside the recording, record the run."""
+    gc.collect()
+    model = models.build("gpt2", device="cuda:0", n_layer=1)
+    n_params = sum(p.numel() for p in model.parameters())
+    with fv.record(device="cuda:0", gpu="H100", gpus=1, modules=[model]) as trace:
+        if train:
+            model.train()
+            batch = models.inputs(model, batch=2, seq=16, labels=True)
+            opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+            for _ in range(2):
+                out = model(**batch)
+                loss = out["loss"]
+                loss.backward()
+                del out, loss
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        else:
+            model.eval()
+            batch = models.inputs(model, batch=2, seq=16, labels=False)
+            with torch.no_grad():
+                model.generate(**batch, max_new_tokens=generate, min_new_tokens=generate, do_sample=False,
+                               num_beams=1, cache_implementation="dynamic", pad_token_id=50256)  # fmt: skip
+        del model
+    return trace, n_params
+
+
+@pytest.mark.parametrize("mode", ["train", "generate"])
+def test_report_equals_the_api_run(tmp_path, capsys, mode):
+    js = tmp_path / "r.json"
+    extra = ["--train"] if mode == "train" else ["--generate", "3"]
+    rc = main(["report", *TINY_GPT2, "--batch", "2", *extra, "--json", str(js)])
+    assert rc == 0
+    data = json.loads(js.read_text())
+    trace, n_params = _api_run(mode == "train", 3)
+    assert data["parameters"] == n_params
+    assert data["ops"] == trace.num_ops
+    pk = trace.peak()["cuda:0"]
+    dev = data["devices"]["cuda:0"]
+    assert dev["tensors"] == pk.bytes and dev["by_category"] == {c: pk.by_category[c] for c in fv.CATEGORIES}
+    assert dev["peak"] == trace.verdict("H100")["devices"]["cuda:0"]["peak"]
+    if mode == "generate":
+        assert [s[2] for s in data["steps"]] == ["prefill", "decode 1", "decode 2"]
+        assert data["steps"] == trace.meta["steps"]
+        assert trace.memory()["KV cache"].max() > 0
+    out = capsys.readouterr().out
+    assert f"{n_params / 1e9:,.3f} B" in out
+
+
+def test_does_not_fit_names_the_first_op_that_fails(tmp_path, capsys):
+    js = tmp_path / "r.json"
+    rc = main(["report", *TINY_GPT2, "--train", "--steps", "1", "--capacity", "300MB", "--json", str(js)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    data = json.loads(js.read_text())
+    assert data["verdict"]["fits"] is False
+    o = data["devices"]["cuda:0"]["first_oom"]
+    assert o is not None and o["seq"] >= 0
+    assert "DOES NOT FIT" in out and f"first op that fails: #{o['seq']} {o['op']}" in out
+
+
+def test_unknown_model_suggests_near_names():
+    r = _cli("report", "llama-3.1-450b")
+    assert r.returncode == 2
+    assert "unknown model 'llama-3.1-450b'" in r.stderr and "meta-llama/Llama-3.1-405B" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    v = _cli("report", "llama-3.1-450b", "--verbose")
+    assert v.returncode == 2 and "Traceback" in v.stderr and "UnknownModelError" in v.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--batch", "0"], "--batch must be at least 1"),
+        (["--seq", "x"], "--seq takes a whole number"),
+        (["--dtype", "int3"], "unknown dtype 'int3'"),
+        (["--gpus", "8xH900"], "unknown GPU or capacity 'H900'"),
+        (["--gpus", "100xH100"], "between 1 and 64 GPUs"),
+        (["--capacity", "lots"], "--capacity 'lots'"),
+        (["--gpus", "H100", "--capacity", "80GB"], "not allowed with argument --gpus"),
+        (["--train", "--generate", "2"], "not allowed with argument --train"),
+        (["--optimizer", "adamw"], "--optimizer needs --train"),
+        (["--checkpointing"], "--checkpointing needs --train"),
+        (["--cache", "static"], "--cache needs --generate"),
+        (["--set", "n_layer"], "use KEY=VALUE"),
+        (["--optimizer", "lion", "--train"], "invalid choice: 'lion'"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(capsys, argv, says):
+    assert main(["report", "gpt2", *argv]) == 2
+    err = capsys.readouterr()
+    lines = err.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fakeviz: error: ") and says in lines[0], err.err
+    assert err.out == ""
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    assert main([]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_parse_gpus():
+    assert parse_gpus("8xH100") == (8, "H100")
+    assert parse_gpus("H100") == (1, "H100")
+    assert parse_gpus("2x80GB") == (2, "80GB")
+    with pytest.raises(ValueError, match="unknown GPU"):
+        parse_gpus("4xH900")
+
+
+def test_saved_trace_report_and_missing_file(tmp_path, capsys):
+    fvz = tmp_path / "t.fvz"
+    assert main(["report", *TINY_GPT2, "--save", str(fvz)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(fvz), "--oplog", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "ops recorded" in out and "peak memory per device" in out
+    assert main(["report", str(tmp_path / "missing.fvz")]) == 2
+    assert "no such trace file" in capsys.readouterr().err
+
+
+def test_config_json_folder(tmp_path, capsys):
+    """A folder with only a config.json is built from it (no weights): the same model as the catalog's."""
+    cfg = models.config("gpt2", n_layer=1)
+    cfg.save_pretrained(tmp_path)
+    js = tmp_path / "r.json"
+    assert main(["report", str(tmp_path), "--seq", "16", "--json", str(js)]) == 0
+    folder = json.loads(js.read_text())
+    assert main(["report", *TINY_GPT2, "--json", str(js)]) == 0
+    named = json.loads(js.read_text())
+    assert folder["parameters"] == named["parameters"] and folder["devices"] == named["devices"]
+
+
+def test_demo_still_runs(tmp_path, capsys):
+    out = tmp_path / "demo.fvz"
+    assert main(["demo", "--layers", "1", "--seq", "16", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "B parameters, recorded in" in text and out.exists() and out.with_suffix(".html").exists()
