@@ -15,7 +15,16 @@ This module is the thin public facade; CONTRIBUTING.md maps the layers behind it
 from __future__ import annotations
 
 from ._api import FakeSession, Recording, explore, fake_cuda_status, record
-from ._core.errors import DataDependentError, FakeVizError, FakeVizWarning, RecordError, TraceFormatError
+from ._core.errors import (
+    CheckpointError,
+    CheckpointMismatchError,
+    DataDependentError,
+    FakeVizError,
+    FakeVizWarning,
+    RecordError,
+    TraceFormatError,
+    UnknownModelError,
+)
 from ._engine import cuda_shim as _cuda_shim
 from ._engine.session import fake_mode, fakeify, is_fake, meta_like
 from ._export import ExportCheck, check_export
@@ -47,6 +56,9 @@ __all__ = [
     "prop",
     "ExportCheck",
     "check_export",
+    "UnknownModelError",
+    "CheckpointError",
+    "CheckpointMismatchError",
 ]
 
 

@@ -16,6 +16,7 @@ BEFORE = [
     "is_fake", "load", "meta_like", "record",
 ]  # fmt: skip
 RECORD_PARAMS = ["device", "dtype", "fake", "symbolic", "exclude", "modules", "session", "progress", "attention", "gpu"]
+RECORD_PARAMS += ["gpus"]  # appended by issue 14 (how many fake GPUs torch.cuda.device_count() reports)
 
 
 def test_all_keeps_every_name() -> None:
