@@ -22,6 +22,10 @@ Other               anything else (created at init, before the first forward,
                     or before recording)
 ==================  ==========================================================
 
+A storage carried into a ``%%fake`` cell from an earlier cell of the same fake
+session (``st_carried``) keeps its roles and the phase of the op that made it
+there, so it has the category it would have in one recording of both cells.
+
 The category holds for the storage's whole life. This is where we differ from
 PyTorch's MemTracker on purpose: MemTracker labels a tensor when it first sees
 it, so a gradient produced by a backward op is counted as "Temp" until the
@@ -85,6 +89,8 @@ def storage_categories(trace: Record) -> np.ndarray:
     phase = np.full(len(alloc), -1, np.int64)
     if n_ops:
         phase[made] = phase_col[alloc[made]]
+    carried = trace.col("st_carried")  # kept from the earlier cell that made it (its roles are carried too)
+    phase = np.where(carried >= 0, carried, phase)
     in_run = (phase == _P_FORWARD) | (phase == _P_BACKWARD) | (phase == _P_OPTIMIZER) | (phase == _P_OTHER)
     cat = np.where(in_run, C_TEMP, C_OTHER).astype(np.int8)
     for bit, code in reversed(_ROLE_ORDER):  # highest priority written last

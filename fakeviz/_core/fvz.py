@@ -1,10 +1,10 @@
 """The ``.fvz`` file format: a record on disk, read without unpickling.
 
-File format (``.fvz``), version 2
+File format (``.fvz``), version 3
 ---------------------------------
 A ZIP archive (deflated, CRC-checked) holding
 
-* ``fakeviz.json``: ``{"format": "fakeviz-trace", "version": 2, "meta": {...}, "error": {...} | null,
+* ``fakeviz.json``: ``{"format": "fakeviz-trace", "version": 3, "meta": {...}, "error": {...} | null,
   "strings": {table: [str, ...]}, "columns": {name: {"dtype": str, "length": int}}}``
 * one ``columns/<name>.npy`` per column, plain NumPy ``.npy`` of a numeric dtype.
 
@@ -12,6 +12,8 @@ Loading never unpickles: JSON is parsed with :mod:`json` and arrays with
 ``numpy.load(allow_pickle=False)``; every column's dtype and length is checked
 against the header, and cross-references (string ids, offsets) are bounds-checked.
 ``tests/core/test_fvz_compat.py`` loads a file written before the layer restructure.
+Version 2 files (before ``st_carried``: storages carried in from an earlier cell of a fake session) are
+read with that column all -1 (nothing carried in), which is what they recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from .schema import ALL_COLS, OP_COLS, P_COLS, PHASES, ROLES, ST_COLS, STRING_TA
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "read", "write"]
 
 FORMAT_NAME = "fakeviz-trace"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+_READS = {2: {"st_carried": -1}, 3: {}}  # version -> columns it lacks and the value that fills them
 R = TypeVar("R", bound=Record)
 
 
@@ -94,6 +97,9 @@ def read(path: str | Path, cls: type[R] = Record) -> R:  # type: ignore[assignme
         raise
     except Exception as exc:  # zlib, zipfile, numpy, json: any damage means "unreadable"
         raise TraceFormatError(f"{path}: not a readable fakeviz trace ({type(exc).__name__}: {exc})") from exc
+    n_st = len(cols["st_device"]) if "st_device" in cols else 0
+    for name, fill in _READS[header["version"]].items():
+        cols.setdefault(name, np.full(n_st, fill, column_dtype(name)))
     missing = set(ALL_COLS) - set(cols)
     if missing:
         raise TraceFormatError(f"{path}: missing columns {sorted(missing)}")
@@ -106,9 +112,10 @@ def _check_header(path: Path, header: Any) -> None:
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         fmt = header.get("format") if isinstance(header, dict) else None
         raise TraceFormatError(f"{path}: not a fakeviz trace (format field is {fmt!r})")
-    if header.get("version") != FORMAT_VERSION:
+    if header.get("version") not in _READS:
         raise TraceFormatError(
-            f"{path}: trace format version {header.get('version')!r}; this fakeviz reads version {FORMAT_VERSION}"
+            f"{path}: trace format version {header.get('version')!r}; this fakeviz reads versions "
+            f"{', '.join(map(str, _READS))}"
         )
     strings = header.get("strings")
     if not isinstance(strings, dict) or any(
@@ -139,6 +146,8 @@ def _check_refs(path: Path, c: dict[str, np.ndarray], s: dict[str, list[str]]) -
         raise TraceFormatError(f"{path}: phase codes out of range")
     if len(c["st_roles"]) and (c["st_roles"].min() < 0 or c["st_roles"].max() >= 1 << len(ROLES)):
         raise TraceFormatError(f"{path}: storage role bits out of range")
+    if len(c["st_carried"]) and (c["st_carried"].min() < -1 or c["st_carried"].max() >= len(PHASES)):
+        raise TraceFormatError(f"{path}: carried-in phase codes out of range")
     n_st = len(c["st_device"])
     for col in ST_COLS:
         if len(c[col]) != n_st:

@@ -65,6 +65,10 @@ ST_COLS = {
     "st_roles": "b",  # bitmask of ROLES
     "st_name": "i",  # string id in "names" (parameter/buffer FQNs joined by "|"), -1
     "st_owner": "q",  # tensor id of the parameter whose gradient/optimizer state this is, -1
+    # carried in: alive when this record started, left by an earlier record of the same fake session
+    # (a %%fake cell before): the phase code of the op that made it there (init when it existed before
+    # any), so it keeps its category; -1 not carried (made here, or an input first seen here)
+    "st_carried": "b",
 }
 # one row per parameter/buffer name of every module seen (tied names get one row each)
 P_COLS = {

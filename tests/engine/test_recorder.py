@@ -324,7 +324,7 @@ def test_save_load_round_trip(tmp_path):
         names = zf.namelist()
         assert "fakeviz.json" in names and all(n == "fakeviz.json" or n.endswith(".npy") for n in names)
         header = json.loads(zf.read("fakeviz.json"))
-        assert header["format"] == "fakeviz-trace" and header["version"] == 2
+        assert header["format"] == "fakeviz-trace" and header["version"] == 3
 
 
 def test_load_rejects_corrupted_files(tmp_path):

@@ -122,6 +122,8 @@ class Recording:
             stack.callback(self._finish_state)
             for m in self.modules:
                 state.module_id(m)
+            if self.session is not None:
+                self.session.start(state)  # Note: [carried storages]
             if self.dtype is not None:
                 self._saved_dtype = torch.get_default_dtype()
                 torch.set_default_dtype(self.dtype)
@@ -202,6 +204,11 @@ class Recording:
             self._stack.close()  # exits the device context, the mode, the hooks: never leaves a mode active
         finally:
             self.trace.finish()
+            if self.session is not None and self._state is not None:
+                try:
+                    self.session.end(self._state, self.trace)  # Note: [carried storages]
+                except Exception as err:  # noqa: BLE001 - the record stays usable; the next block carries less
+                    self._state.internal_note("session", err)
             if exc is not None:
                 if isinstance(exc, RecordError):
                     exc.trace = self.trace

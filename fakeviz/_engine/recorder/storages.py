@@ -9,7 +9,22 @@ from typing import Any
 import torch
 
 from ..._core.schema import ROLE_PARAM, TID_BITS
-from .common import _N_OP, _N_OUT, _N_ST, _OUT_STORAGE, _OUT_TENSOR, _ST_FREE, _ST_OWNER, _ST_ROLES
+from .common import (
+    _N_OP,
+    _N_OUT,
+    _N_ST,
+    _OP_PHASE,
+    _OUT_STORAGE,
+    _OUT_TENSOR,
+    _ST_ALLOC,
+    _ST_CARRIED,
+    _ST_DEVICE,
+    _ST_FREE,
+    _ST_NAME,
+    _ST_OWNER,
+    _ST_ROLES,
+    P_INIT,
+)
 
 
 class _StorageRef(weakref.ref):
@@ -89,7 +104,7 @@ class StoragesMixin:
             nb = nb if type(nb) is int else -1
         except Exception:  # noqa: BLE001 - unbacked symbolic size
             nb = -1
-        std.extend((devid, nb, seq, -1, roles, -1, -1))
+        std.extend((devid, nb, seq, -1, roles, -1, -1, -1))
         self._watch(st, key, sid)
         return sid
 
@@ -107,6 +122,65 @@ class StoragesMixin:
         live = self.live
         if live.get(ref.key) is ref:
             del live[ref.key]
+
+    def carry_in(self, carried: list[Any]) -> dict[int, int]:
+        """Note: [carried storages]
+        A fake session (``%%fake`` cells) lasts across records: a storage an earlier record left alive
+        (model parameters, gradients, optimizer state, a kept activation) is still memory when the next
+        record starts. Each is registered before the first op, as existing before recording (``st_alloc``
+        -1, so it counts from the first op), with its roles, its name and, in ``st_carried``, the phase of
+        the op that made it (so it keeps its category); its free is watched as any storage's. A cell's peak
+        is then the peak at that point of the notebook, and the cells of a session, joined, are the one
+        record of the same code run as one block.
+
+        ``carried`` holds what :meth:`carry_out` returned (``weakref``, device, roles, phase, name, serial) for a
+        storage; dead ones are skipped. Returns storage id -> serial for the storages carried in.
+        """
+        b = self.b
+        std = b.std
+        names = b.tables["names"]
+        serials: dict[int, int] = {}
+        for ref, device, roles, phase, name, serial in carried:
+            st = ref()
+            if st is None:
+                continue
+            key = st._cdata
+            if key in self.live:
+                continue
+            dev = torch.device(device)  # a fake tensor's storage is on meta: the record's device, kept
+            devid = self.t_devices.ids.get(dev)
+            if devid is None:
+                devid = self.t_devices.add(dev, str(dev))
+            sid = self._new_storage(st, key, devid, -1, roles)
+            std[sid * _N_ST + _ST_CARRIED] = phase
+            if name is not None:
+                std[sid * _N_ST + _ST_NAME] = names.add(name, name)
+            serials[sid] = serial
+        return serials
+
+    def carry_out(self) -> list[tuple[Any, int, str, int, int, str | None]]:
+        """The storages still alive at the end of the record (Note: [carried storages]): for each its
+        storage, id, device, roles, the phase of the op that made it (kept from the record it was carried in
+        from; init when it existed before recording) and its name."""
+        b = self.b
+        std, opd = b.std, b.opd
+        n_ops = len(opd) // _N_OP
+        strings = b.tables["names"].strings
+        devices = self.t_devices.strings
+        out = []
+        for ref in list(self.live.values()):
+            st = ref()
+            if st is None:
+                continue
+            row = ref.sid * _N_ST
+            phase = std[row + _ST_CARRIED]
+            if phase < 0:
+                alloc = std[row + _ST_ALLOC]
+                phase = opd[alloc * _N_OP + _OP_PHASE] if 0 <= alloc < n_ops else P_INIT
+            name = std[row + _ST_NAME]
+            device = devices[std[row + _ST_DEVICE]]
+            out.append((st, ref.sid, device, std[row + _ST_ROLES], phase, strings[name] if name >= 0 else None))
+        return out
 
     def copied(self, src: Any, out: Any) -> None:
         """Note: [deepcopy of recorded tensors]

@@ -17,7 +17,7 @@
 /* every column of the rows the core writes, each set by name where the message says */
 _Static_assert(FV_OP_WIDTH == 9, "the core writes 9 op columns: fill the new ones in record_body (record.c)");
 _Static_assert(FV_OUT_WIDTH == 8, "the core writes 8 output columns: fill the new ones in output_row (rows.c)");
-_Static_assert(FV_ST_WIDTH == 7, "the core writes 7 storage columns: fill the new ones in new_storage (storages.c)");
+_Static_assert(FV_ST_WIDTH == 8, "the core writes 8 storage columns: fill the new ones in new_storage (storages.c)");
 
 enum { P_INIT = FV_PHASE_INIT, P_FORWARD = FV_PHASE_FORWARD, P_BACKWARD = FV_PHASE_BACKWARD,
        P_OPTIMIZER = FV_PHASE_OPTIMIZER, P_OTHER = FV_PHASE_OTHER };

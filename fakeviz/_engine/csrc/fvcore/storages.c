@@ -21,7 +21,7 @@ static int new_storage(Core *self, PyObject *st, PyObject *key, long long devid,
     Py_XDECREF(nbo);
     long long row[FV_ST_WIDTH] = {
         [FV_ST_DEVICE] = devid, [FV_ST_NBYTES] = nb, [FV_ST_ALLOC] = seq, [FV_ST_FREE] = -1,
-        [FV_ST_ROLES] = roles,  [FV_ST_NAME] = -1,   [FV_ST_OWNER] = -1,
+        [FV_ST_ROLES] = roles,  [FV_ST_NAME] = -1,   [FV_ST_OWNER] = -1,    [FV_ST_CARRIED] = -1,
     };
     if (extend(self->std_frombytes, row, FV_ST_WIDTH) < 0) return -1;
     PyObject *cb = PyObject_GetAttr(self->state, s_on_free);
