@@ -7,7 +7,9 @@ Sections (``--sections``, default all):
   ``fakeviz.models.build`` of the same config.json, interleaved run by run; reports the ratio of the
   medians (goal: within 1.2x), the bytes read (``/proc/self/io`` rchar) and the RSS growth of one
   from_pretrained.
-* (the ``fakeviz report`` wall time and peak RSS section is added next to it.)
+* ``report``: ``fakeviz report meta-llama/Llama-3.1-405B --train --seq 4096`` in a subprocess, wall time and
+  peak RSS (``wait4``'s ``ru_maxrss``), against a subprocess that only imports torch and transformers, in the
+  same run, interleaved (goal: under 1 GiB beyond those imports).
 
     python benchmarks/cli.py [--sections from_pretrained] [--runs 5] [--shards 30]
 
@@ -133,7 +135,59 @@ def bench_from_pretrained(runs: int = 5, shards: int = 30) -> dict[str, Any]:
     return res
 
 
-SECTIONS = {"from_pretrained": bench_from_pretrained}
+def _child(argv: list[str]) -> tuple[float, int, int]:
+    """Run ``argv`` as a child process: (wall seconds, peak RSS in bytes, exit code)."""
+    import subprocess
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=HERE.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        print(proc.stderr.read().decode()[-2000:] if proc.stderr else "")
+    return wall, usage.ru_maxrss * 1024, proc.returncode
+
+
+def bench_report(runs: int = 3, model: str = "meta-llama/Llama-3.1-405B", seq: int = 4096) -> dict[str, Any]:
+    """``fakeviz report MODEL --train --seq SEQ`` against ``import torch, transformers`` alone (both children)."""
+    import sys
+
+    base_cmd = [sys.executable, "-c", "import torch, transformers"]
+    with tempfile.TemporaryDirectory() as tmp:
+        js = Path(tmp) / "r.json"
+        cmd = [sys.executable, "-m", "fakeviz", "report", model, "--train", "--seq", str(seq), "--json", str(js)]
+        base, rep = [], []
+        for _ in range(runs):
+            base.append(_child(base_cmd))
+            rep.append(_child(cmd))
+        data = json.loads(js.read_text()) if js.is_file() else {}
+    if any(r[2] for r in rep):
+        raise RuntimeError(f"fakeviz report failed: exit codes {[r[2] for r in rep]}")
+    b_wall, b_rss = statistics.median(x[0] for x in base), statistics.median(x[1] for x in base)
+    r_wall, r_rss = statistics.median(x[0] for x in rep), statistics.median(x[1] for x in rep)
+    res = {
+        "command": " ".join(["fakeviz", *cmd[3:-2]]),
+        "runs": runs,
+        "imports_wall_s": [round(x[0], 2) for x in base],
+        "imports_peak_rss_mib": [round(x[1] / 2**20) for x in base],
+        "report_wall_s": [round(x[0], 2) for x in rep],
+        "report_peak_rss_mib": [round(x[1] / 2**20) for x in rep],
+        "report_record_s": round(data.get("seconds", float("nan")), 2),
+        "ops": data.get("ops"),
+        "wall_ratio_of_medians": round(r_wall / b_wall, 2),
+        "rss_beyond_imports_mib": round((r_rss - b_rss) / 2**20),
+        "goal": "rss_beyond_imports < 1024 MiB",
+    }
+    print(
+        f"report {model} --train --seq {seq}: {r_wall:.1f} s wall ({res['wall_ratio_of_medians']}x the imports' "
+        f"{b_wall:.1f} s; recording {res['report_record_s']} s, {res['ops']:,} ops), peak RSS {r_rss / 2**20:.0f} MiB "
+        f"= imports {b_rss / 2**20:.0f} MiB + {res['rss_beyond_imports_mib']} MiB (goal < 1024 MiB)"
+    )
+    return res
+
+
+SECTIONS = {"from_pretrained": bench_from_pretrained, "report": bench_report}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -147,6 +201,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in args.sections:
         if name == "from_pretrained":
             results[name] = bench_from_pretrained(runs=args.runs, shards=args.shards)
+        elif name == "report":
+            results[name] = bench_report(runs=args.runs)
         else:
             results[name] = SECTIONS[name]()
     args.out.parent.mkdir(parents=True, exist_ok=True)
