@@ -28,8 +28,10 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
 
     When a device does not fit, ``first_oom`` says where the run would fail: the first op the
     model cannot serve (``seq``, ``op``, ``module``, ``line``, ``phase``), the bytes of tensors
-    live just before it (``live``), the rounded request that failed (``request``) and the free
-    device memory the model had left (``free``); None when it fits.
+    live just before it (``live``), the rounded request that failed (``request``), the free
+    device memory the model had left (``free``) and ``where``, the one sentence every view shows; None when it
+    fits. ``seq`` is -1 when what existed before the first op (weights built before the recording) does not
+    fit by itself (Note: [out of memory before the first op]).
 
     A record stopped by an error (``record.error``) is incomplete: it never fits, and the text says
     where it stopped and what the recorded part peaked at.
@@ -49,10 +51,17 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
             whole = allocator_run(trace, dev)  # Note: [reserved at peak]
             peak, allocated = int(whole.peak_reserved), int(whole.peak_allocated)
             run = allocator_run(trace, dev, cap)
-            fits, oom = run.oom_seq < 0, int(run.oom_seq)
+            # Note: [out of memory before the first op]: storages that existed before the recording started
+            # (weights built outside it, storages carried in from an earlier cell) are placed before op 0; the
+            # model reports running out there as seq -1, so `fits` is decided on the count, not the seq
+            fits, oom = run.num_ooms == 0, int(run.oom_seq)
             if not fits:
                 ev = next(e for e in run.events if e[0] == "oom")  # (oom, seq, storage, free, request)
-                first_oom = _at_op(trace, oom, live[dev], request=int(ev[4]), free=int(ev[3]))
+                first_oom = (
+                    _at_op(trace, oom, live[dev], request=int(ev[4]), free=int(ev[3]))
+                    if oom >= 0
+                    else _before_first_op(trace, dev, request=int(ev[4]), free=int(ev[3]))
+                )
         else:
             peak, allocated, fits, oom = raw, raw, raw <= cap, -1
             if not fits:
@@ -60,6 +69,8 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
                 oom = int(np.argmax(curve > cap))
                 first_oom = _at_op(trace, oom, curve, request=int(curve[oom] - (curve[oom - 1] if oom else 0)),
                                    free=int(cap - (curve[oom - 1] if oom else 0)))  # fmt: skip
+        if first_oom is not None:
+            first_oom["where"] = _where(first_oom)
         devices[dev] = {
             "peak": peak, "allocated": allocated, "raw": raw, "headroom": cap - peak, "fits": fits, "oom_seq": oom,
             "first_oom": first_oom,
@@ -103,6 +114,17 @@ def _at_op(trace: Record, seq: int, curve: np.ndarray, *, request: int, free: in
     }
 
 
+def _before_first_op(trace: Record, dev: str, *, request: int, free: int) -> dict[str, Any]:
+    """The first failure is before op 0: what existed before the recording (weights) does not fit by itself."""
+    devs, alloc = trace.col("st_device"), trace.col("st_alloc")
+    names = trace.strings("devices")
+    before = [i for i in range(len(alloc)) if int(alloc[i]) < 0 and names[int(devs[i])] == dev]
+    return {
+        "seq": -1, "op": None, "module": None, "line": None, "phase": None,
+        "live": int(sum(int(trace.col("st_nbytes")[i]) for i in before)), "request": request, "free": max(free, 0),
+    }  # fmt: skip
+
+
 def _over_text(dev: str, v: dict[str, Any]) -> str:
     """``cuda:0 needs 90 GiB reserved at peak (over by 10 GiB); first fails at op 12 aten.mm ...``."""
     if v["headroom"] < 0:
@@ -112,10 +134,18 @@ def _over_text(dev: str, v: dict[str, Any]) -> str:
     o = v.get("first_oom")
     if not o:
         return head
-    where = f"op {o['seq']} {o['op']} in {o['module'] or '<top level>'}"
+    return f"{head}; {o['where']}"
+
+
+def _where(o: dict[str, Any]) -> str:
+    """The one text of where a device first runs out (``first_oom["where"]``), shown by every view."""
+    if o["seq"] < 0:
+        return (f"fails before the first op: what existed before the recording ({format_bytes(o['live'])}, "
+                "the weights) does not fit by itself")  # fmt: skip
+    where = f"op {o['seq']:,} {o['op']} in {o['module'] or '<top level>'}"
     if o["line"]:
         where += f" at {o['line']}"
-    return f"{head}; first fails at {where}, with {format_bytes(o['live'])} live"
+    return f"first fails at {where}, with {format_bytes(o['live'])} live"
 
 
 def _stopped_at(trace: Record) -> str | None:

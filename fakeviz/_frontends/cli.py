@@ -458,11 +458,7 @@ def report_table(data: dict[str, Any]) -> str:
                          + (f", over by {format_bytes(over)}" if over > 0 else ", but runs out by fragmentation"))  # fmt: skip
         o = d.get("first_oom")
         if o:
-            lines.append(f"  first op that fails: #{o['seq']} {o['op']} ({o['phase']}) in "
-                         f"{o['module'] or '<top level>'}, asking {format_bytes(o['request'])} with "
-                         f"{format_bytes(o['live'])} live")  # fmt: skip
-            if o.get("line"):
-                lines.append(f"    at {o['line']}")
+            lines.append(f"  {o['where']} (asking {format_bytes(o['request'])})")
     if data.get("error"):
         e = data["error"]
         lines.append(f"  the run stopped at {e.get('op')}: {e.get('type')} (the figures are up to there)")

@@ -110,12 +110,7 @@ def _peaks_html(trace: Record, verdict: dict[str, Any] | None) -> str:
         oom = judged.get("first_oom")
         fail = ""
         if oom:
-            fail = (
-                f"<div style='color:#b00020'>first fails at op {oom['seq']:,} {_esc(oom['op'])} in "
-                f"<bdi>{_esc(oom['module'] or '<top level>')}</bdi>"
-                + (f", {_esc(oom['line'])}" if oom.get("line") else "")
-                + f", with {format_bytes(oom['live'])} live</div>"
-            )
+            fail = f"<div style='color:#b00020'><bdi>{_esc(oom['where'])}</bdi></div>"  # verdict's one text
         where = f"op {pk.seq:,} {_esc(pk.op)} ({_esc(pk.phase)}, <bdi>{_esc(pk.module or '<top level>')}</bdi>)"
         rows.append(
             f"<div style='margin:6px 0'><div><b>{_esc(dev)}</b> peaks at {format_bytes(pk.bytes)} of tensors{extra}, "

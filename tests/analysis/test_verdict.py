@@ -95,3 +95,22 @@ def test_first_failing_op_is_named() -> None:
     # it fits where the whole run fits, and then names no failing op
     ok = trace.verdict("H100")["devices"]["cuda:0"]
     assert ok["fits"] and ok["first_oom"] is None and ok["oom_seq"] == -1
+
+
+def test_weights_alone_over_capacity_never_fits() -> None:
+    """Weights built before the recording that exceed the capacity by themselves: the model runs out before
+    op 0 (Note: [out of memory before the first op]); that is "does not fit", never "fits"."""
+    import torch
+
+    import fakeviz as fv
+
+    with fv.fake_mode(device="cuda:0"):
+        model = torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(4)))  # 16 MiB of weights
+    with fv.record(device="cuda:0", modules=[model]) as trace:
+        model(torch.randn(2, 1024))
+    v = trace.verdict("8MiB")
+    assert v["fits"] is False
+    o = v["devices"]["cuda:0"]["first_oom"]
+    assert o["seq"] == -1 and o["op"] is None and o["live"] >= 4 * 1024 * 1024 * 4
+    assert o["where"].startswith("fails before the first op") and o["where"] in v["text"]
+    assert trace.verdict("1GiB")["fits"] is True

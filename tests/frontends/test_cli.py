@@ -117,7 +117,8 @@ def test_does_not_fit_names_the_first_op_that_fails(tmp_path, capsys):
     assert data["verdict"]["fits"] is False
     o = data["devices"]["cuda:0"]["first_oom"]
     assert o is not None and o["seq"] >= 0
-    assert "DOES NOT FIT" in out and f"first op that fails: #{o['seq']} {o['op']}" in out
+    assert o["where"].startswith(f"first fails at op {o['seq']:,} {o['op']} in ")
+    assert "DOES NOT FIT" in out and o["where"] in out  # the verdict's one text (fakeviz/_analysis/verdict.py)
 
 
 def test_unknown_model_suggests_near_names():

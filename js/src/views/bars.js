@@ -30,8 +30,7 @@ export function barsView(ctx) {
     // "reserved at peak" is one figure everywhere (Note: [reserved at peak] in fakeviz/_analysis/memory.py)
     const reserved = `${fmtBytes(v.peak)} reserved at peak`;
     const o = v.first_oom;
-    const fails = o ? `; first fails at op ${fmtInt(o.seq)} ${o.op} in ${o.module || "<top level>"}` +
-      `${o.line ? ` (${o.line})` : ""} with ${fmtBytes(o.live)} live` : "";
+    const fails = o ? `; ${o.where}` : ""; // the verdict's one text (fakeviz/_analysis/verdict.py _where)
     if (Object.keys(summary.verdict.devices).length < 2) {
       // one device: the verdict above names it; say only the headroom here
       const text = v.fits
