@@ -62,10 +62,11 @@ class RecordError(FakeVizError):
 
 
 class DataDependentError(RecordError):
-    """The model's code needs a tensor *value* (``.item()``, ``nonzero``, a branch on data).
+    """The model's code needs a tensor *value* the fake run does not know (``.item()``, a branch on data).
 
-    Fake tensors carry no data, so the value cannot be known. See the message for
-    ways around it.
+    A fake run knows the values of small tensors made from Python numbers or real tensors, of random draws
+    in step with the real run, and answers some reads by documented assumptions (Note: [values under fake
+    tensors] in ``fakeviz._engine.values``); any other read raises this. See the message for ways around it.
     """
 
 

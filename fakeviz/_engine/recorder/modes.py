@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorConfig as _FakeTensorConfig
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, _BypassDispatchCache
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import values as _values
 from .common import _DETACH, _Tensor
 
 if TYPE_CHECKING:
@@ -149,6 +150,31 @@ class _FakeRecordingMode(FakeTensorMode):
 
     _fv_state: _State | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Note: [values under fake tensors]: the values of small tensors, random draws in step, assumptions
+        self._fv_values = _values.Values(self, _fake_dispatch_impl)
+        _values.forget_cached_constructors()
+
+    def _dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        # reached on a dispatch-cache miss or bypass only (an op on a tensor with a value always bypasses)
+        return self._fv_values.dispatch(func, types, args, kwargs)
+
+    def _validate_cache_key(self, func: Any, args: Any, kwargs: Any) -> None:
+        # called on a cache miss only: random ops are never cached here (Note: [values under fake tensors])
+        if _values.never_cached(func):
+            raise _BypassDispatchCache("fakeviz: random op")
+        return _fake_validate_key(self, func, args, kwargs)
+
+    def may_turn_const(self, t: Any) -> bool:
+        # torch.tensor(data): keep the values of up to VALUE_LIMIT elements (torch keeps one)
+        return (
+            t.numel() <= _values.VALUE_LIMIT
+            and t.layout == torch.strided
+            and not self.is_our_fake(t)
+            and t.device.type == "cpu"
+        )
+
     def __deepcopy__(self, memo: dict[int, Any]) -> _FakeRecordingMode:
         # Note: [deepcopy of recorded tensors]: a deep-copied fake tensor belongs to the same mode (the
         # mode is the session every fake tensor shares, not a value; copying it would copy the recorder)
@@ -203,6 +229,8 @@ def _remove_core_hooks(mode: _FakeRecordingMode) -> None:
 
 
 _fake_dispatch = FakeTensorMode.__torch_dispatch__
+_fake_dispatch_impl = FakeTensorMode._dispatch_impl
+_fake_validate_key = FakeTensorMode._validate_cache_key
 _fake_output_from_entry = getattr(FakeTensorMode, "_output_from_cache_entry", None)  # private: may be renamed
 _fake_make_entry = getattr(FakeTensorMode, "_make_cache_entry", None)
 
@@ -241,10 +269,23 @@ def deepcopy_patch(state: _State) -> Iterator[None]:
     original = torch.Tensor.__deepcopy__
 
     def __deepcopy__(self: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
-        with warnings.catch_warnings():
-            # torch's own __deepcopy__ asks a FakeTensor for its data_ptr() to choose the clone path
-            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
-            out = original(self, memo)
+        # a tensor's values (Note: [values under fake tensors]) are not copied with its __dict__ (that would copy
+        # the real tensor through the fake mode): the copy is a clone, its value a clone of the value
+        value = self.__dict__.get("constant") if type(self) is _FakeTensor else None
+        if value is not None:
+            self.constant = None
+        try:
+            with warnings.catch_warnings():
+                # torch's own __deepcopy__ asks a FakeTensor for its data_ptr() to choose the clone path
+                warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+                out = original(self, memo)
+        finally:
+            if value is not None:
+                self.constant = value
+        if value is not None and type(out) is _FakeTensor and out is not self:
+            values = getattr(self.fake_mode, "_fv_values", None)
+            if values is not None:
+                values.give(out, value)
         if out is not self and isinstance(out, torch.Tensor) and state.active:
             state.copied(self, out)
         return out

@@ -19,6 +19,7 @@ from ..._core.errors import DataDependentError, FakeVizError
 from ..._core.schema import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES
 from ..flops import op_flops as _op_flops
 from ..session import DATA_DEPENDENT_ERRORS, check_device
+from ..values import advice as _values_advice
 from .common import (
     _DETACH,
     _LIFT_FRESH,
@@ -567,14 +568,12 @@ class OpsMixin:
         if isinstance(exc, DATA_DEPENDENT_ERRORS):
             first = str(exc).splitlines()[0] if str(exc) else ""
             msg = (
-                f"{where} needs the value of a tensor, but fake tensors carry no data.\n"
+                f"{where} needs the value of a tensor the fake run does not know.\n"
                 + context
                 + "This comes from `.item()`, `int(t)`, `bool(t)`, `if t:` / `if t.sum() > 0:` on a tensor, "
                 "or an op whose output size depends on the values (nonzero, masked_select, unique).\n"
-                "What to do: pass the value in as a Python number or compute it outside the model; for ops "
-                "whose output *size* depends on data, record with `symbolic=True` so the size becomes a "
-                "symbol; move data-dependent checks out of the recorded region.\n"
-                "The partial trace up to this op is on this exception as `.trace`. "
+                + _values_advice(exc)  # Note: [values under fake tensors]
+                + "\nThe partial trace up to this op is on this exception as `.trace`. "
                 f"(torch said: {type(exc).__name__}: {first})"
             )
             err = DataDependentError(msg, op=op, module=module, user_line=line)
@@ -586,6 +585,19 @@ class OpsMixin:
         except Exception:  # noqa: BLE001 - add_note unsupported on exotic exceptions
             pass
         return exc
+
+    def note_assumption(self, func: Any, text: str) -> None:
+        """List an assumption the op being dispatched rests on (Note: [values under fake tensors]): a row
+        ``[seq, op, assumption, module, user_line]`` of ``trace.meta["assumptions"]``."""
+        if not self.active:
+            return
+        phase = self._phase_name()
+        mod_id = self._bw_module() if phase == "backward" and not self.fw_stack else (
+            self.fw_stack[-1] if self.fw_stack else -1)  # fmt: skip
+        line_id = self.bw_line if phase == "backward" else self.user_line(2)
+        module = self.b.tables["modules"].strings[mod_id] if mod_id >= 0 else None
+        line = self.b.tables["lines"].strings[line_id] if line_id >= 0 else None
+        self.trace.meta.setdefault("assumptions", []).append([self.b.num_ops(), str(func), text, module, line])
 
     def _phase_name(self) -> str:
         if self.in_optimizer:

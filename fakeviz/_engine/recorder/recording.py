@@ -14,6 +14,7 @@ from ..._core.errors import RecordError
 from ..._core.record import Record
 from .. import cuda_api as _cuda_api
 from .. import cuda_shim as _cuda_shim
+from .. import values as _values
 from ..session import check_device, new_fake_mode, session_patches
 from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks, deepcopy_patch
 from .state import _State
@@ -139,6 +140,8 @@ class Recording:
                 mode._fv_state = state
                 _install_core_hooks(mode, state)
                 stack.callback(_remove_core_hooks, mode)
+                mode._fv_values.recorder = state  # Note: [values under fake tensors]: assumptions, provenance
+                stack.callback(setattr, mode._fv_values, "recorder", None)
             else:
                 # Note: [view replay in real runs]
                 # Autograd rebuilds the grad_fn of a view after an in-place op by replaying
@@ -200,6 +203,10 @@ class Recording:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         assert self._stack is not None
+        new = None
+        if exc is not None and self._state is not None and not isinstance(exc, RecordError):
+            with contextlib.suppress(Exception):  # a branch on a symbolic size: name line, module and op
+                new = _values.guard_error(self._state, exc)
         try:
             self._stack.close()  # exits the device context, the mode, the hooks: never leaves a mode active
         finally:
@@ -209,6 +216,11 @@ class Recording:
                     self.session.end(self._state, self.trace)  # Note: [carried storages]
                 except Exception as err:  # noqa: BLE001 - the record stays usable; the next block carries less
                     self._state.internal_note("session", err)
+            if new is not None:
+                new.trace = self.trace
+                self.trace.error = {"op": new.op, "module": new.module, "user_line": new.user_line,
+                                    "type": type(exc).__name__, "message": str(exc)[:2000]}  # fmt: skip
+                raise new from exc
             if exc is not None:
                 if isinstance(exc, RecordError):
                     exc.trace = self.trace
