@@ -73,8 +73,8 @@ def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static
     verdict = verdict_of(trace, cap) if cap is not None else None
     if verdict is not None:
         color = "#1b7f3b" if verdict["fits"] else "#b00020"
-        spec = trace.meta.get("capacity_spec") if capacity is None else capacity
-        label = f" ({_esc(spec)})" if spec else ""
+        spec = trace.meta.get("capacity_spec") if capacity is None else None
+        label = f" ({_esc(spec or cap.label)})"
         cls = "fv-fits" if verdict["fits"] else "fv-over"
         parts.append(f"<div class='{cls}' style='color:{color}'><b>{_esc(verdict['text'])}</b>{label}</div>")
     parts.append(_peaks_html(trace, verdict))

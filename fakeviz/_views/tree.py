@@ -264,7 +264,9 @@ def layer_tree(
         hoverinfo="text",
         marker=dict(
             colors=t["color"].tolist(),
-            line=dict(color=["#D62728" if o else "#FFFFFF" for o in t["odd"]], width=[3 if o else 1 for o in t["odd"]]),
+            # one width for every sector: a per-sector width array makes plotly.js animate the drill-down
+            # through NaN paths (console errors); odd blocks keep their red outline and the ⚠ label
+            line=dict(color=["#D62728" if o else "#FFFFFF" for o in t["odd"]], width=2),
         ),
         maxdepth=max_depth if max_depth is not None else -1,
         sort=False,
@@ -302,10 +304,9 @@ def layer_tree(
 def _drawable(t: pd.DataFrame) -> pd.DataFrame:
     """The rows an icicle can draw: the root, and every module of positive size under a drawn parent.
 
-    plotly.js gives a zero-size sector (a module without parameters, in a tree sized by parameters)
-    an empty box, and drilling down into its parent then animates paths with NaN coordinates
-    ("Error: <path> attribute d: Expected number" in the browser console). They are left out, as the
-    explorer leaves them out; the hover of their parent still counts them.
+    A zero-size sector (a module without parameters, in a tree sized by parameters) is an empty box
+    plotly.js cannot label or click; they are left out, as the explorer leaves them out, and the hover
+    of their parent still counts them.
     """
     if not len(t):
         return t

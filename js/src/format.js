@@ -95,3 +95,13 @@ export function capacityOf(summary, device) {
   if (summary.capacity == null || !summary.verdict?.devices?.[device]) return null;
   return summary.capacity;
 }
+
+/**
+ * `name` with each bidirectional control (marks, embeddings, overrides, isolates) written out as `<U+202E>`,
+ * so a module name shows in logical order and cannot reorder the text around it (fakeviz/_views/static.py's
+ * `plain_name` does the same in Python).
+ */
+export function plainName(name) {
+  return String(name).replace(/[\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]/g,
+    (c) => `<U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}>`);
+}

@@ -18,3 +18,13 @@ describe("static fallback", () => {
     expect(hideStatic("")).toBe(0);
   });
 });
+
+import { plainName } from "../src/format.js";
+
+describe("module names with bidi controls", () => {
+  it("writes each control out, so the name keeps its logical order", () => {
+    expect(plainName("model.\u202eattn.q")).toBe("model.<U+202E>attn.q");
+    expect(plainName("a\u200fb\u2066c\u2069")).toBe("a<U+200F>b<U+2066>c<U+2069>");
+    expect(plainName("layers.0.mlp")).toBe("layers.0.mlp");
+  });
+});

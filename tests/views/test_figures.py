@@ -665,9 +665,11 @@ def test_alias_graph_is_labelled_and_at_most_a_screen_tall(llama_trace):
 
 
 def test_icicle_draws_no_zero_size_sector(mlp_trace):
-    """Zero-size sectors make plotly.js animate NaN paths on drill-down: the icicle leaves them out."""
+    """No zero-size sector, and one outline width (a width per sector makes plotly.js log NaN paths on drill-down,
+    tests/browser/test_saved_notebook.py clicks one)."""
     data = V.tree_data(mlp_trace, "params")
     zero = set(data.table.loc[data.table["value"] <= 0, "id"].astype(str))
     ids = set(V.layer_tree(mlp_trace, "params").data[0].ids)
     assert zero and not (zero - {data.table["id"].iloc[0]}) & ids
-    assert all(v > 0 for v in V.layer_tree(mlp_trace, "params").data[0]["values"])
+    icicle = V.layer_tree(mlp_trace, "params").data[0]
+    assert all(v > 0 for v in icicle["values"]) and isinstance(icicle.marker.line.width, (int, float))

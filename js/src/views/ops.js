@@ -2,7 +2,7 @@
 // module, the search, the phase and device selectors and an op-name filter.
 import { h, toggle } from "../dom.js";
 import { filterOps, lowerBound, textMask } from "../filter.js";
-import { fmtBytes, fmtFlops, fmtInt, fmtTensor, shortLine } from "../format.js";
+import { fmtBytes, fmtFlops, fmtInt, fmtTensor, shortLine, plainName } from "../format.js";
 
 export const ROW_H = 22;
 const VIEW_H = 330;
@@ -45,11 +45,13 @@ export function opsView(ctx) {
     const seq = ops.seq[i];
     const module = str("modules", ops.module[i]);
     const line = str("lines", ops.line[i]);
-    const moduleCell = h("span", {
-      class: "fv-c-module fv-link",
-      text: module || "top level",
-      title: module ? `${module}\n(click to select)` : "",
-    });
+    // the cell is right-to-left so a long path is cut at its start; the name itself is a left-to-right
+    // isolate with its bidi controls written out, so a mark in a module name reorders nothing
+    const moduleCell = h(
+      "span",
+      { class: "fv-c-module fv-link", title: module ? `${plainName(module)}\n(click to select)` : "" },
+      h("bdi", { dir: "ltr", text: module ? plainName(module) : "top level" }),
+    );
     if (module) {
       moduleCell.addEventListener("click", (ev) => {
         ev.stopPropagation();
