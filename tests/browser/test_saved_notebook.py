@@ -176,3 +176,42 @@ def test_panels_link_then_saved_notebook_shows_static(browser, lab, tmp_path):
         assert not blocked, f"JupyterLab tried to reach outside 127.0.0.1: {blocked}"
     finally:
         context.close()
+
+
+def test_report_at_800px_bidi_names_and_one_op_ticks(browser, tmp_path):
+    """At 800 px the report does not scroll sideways; a right-to-left override in a module name is written
+    out and reorders nothing; a one-op timeline has one tick, "op 0"."""
+    import torch
+
+    import fakeviz as fv
+
+    model = torch.nn.Sequential()
+    model.add_module("attn\u202eq", torch.nn.Linear(8, 8))  # "q" after an RLO would show before "attn"
+    model.add_module("mlp", torch.nn.Linear(8, 8))
+    with fv.record(device="cuda:0", gpu="H100") as trace:
+        model = model.to("cuda:0")
+        model(torch.randn(2, 8)).sum().backward()
+    with fv.record(device="cuda:0") as one:
+        torch.empty(10)
+    page = browser.new_page(viewport={"width": 800, "height": 1200})
+    problems = PageProblems(page)
+    try:
+        for t, name in ((trace, "bidi"), (one, "one")):
+            path = t.to_html(tmp_path / f"{name}.html", "H100")
+            page.goto(path.as_uri())
+            page.wait_for_selector(".fv-ops .fv-op-row[data-seq]")
+            assert page.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+            page.screenshot(path=str(tmp_path / f"{name}_800.png"), full_page=True)
+        problems.check()
+        # the one-op run: its ticks
+        ticks = page.locator(".fv-timeline .fv-axis text.fv-tick").all_text_contents()
+        assert ticks == ["op 0"]
+        page.goto((tmp_path / "bidi.html").as_uri())
+        page.wait_for_selector(".fv-ops .fv-op-row[data-seq]")
+        cells = page.locator(".fv-ops .fv-op-row[data-seq] .fv-c-module bdi").all_inner_texts()
+        assert "Sequential.attn<U+202E>q" in cells and "\u202e" not in "".join(cells)
+        shown = page.locator(".fv-alias text, .fv-tree .fv-node-name").all_text_contents()
+        assert any("<U+202E>" in t for t in shown) and not any("\u202e" in t for t in shown)
+        problems.check()
+    finally:
+        page.close()

@@ -1,7 +1,7 @@
 // The alias graph neighbourhood: parameter names -> tensors (views one column right of their
 // base) -> storages, with in-place writes; the selected module's nodes highlighted.
 import { h, s, tip, toggle, watchWidth, widthOf } from "../dom.js";
-import { fmtBytes, shortPath } from "../format.js";
+import { fmtBytes, plainName, shortPath } from "../format.js";
 import { aliasLayout } from "../layout.js";
 
 const ROW = 18;
@@ -98,7 +98,7 @@ export function aliasView(ctx) {
       const text = nodeText(i, kind);
       const g = s("g", { class: `fv-anode fv-anode-${kind}`, "data-node": i, transform: `translate(${x},${y})` });
       g.appendChild(kind === "storage" ? s("rect", { x: 0, y: -6, width: 12, height: 12, rx: 2 }) : s("circle", { cx: kind === "name" ? NAME_W - 30 : 4, cy: 0, r: 4 }));
-      g.appendChild(s("text", { x: kind === "name" ? NAME_W - 38 : LABEL_X, y: 4, "text-anchor": kind === "name" ? "end" : "start", text: clip(text) }));
+      g.appendChild(s("text", { x: kind === "name" ? NAME_W - 38 : LABEL_X, y: 4, "text-anchor": kind === "name" ? "end" : "start", text: clip(plainName(text)) }));
       g.appendChild(tip(fullText(i, kind)));
       const m = alias.module[i];
       if (m >= 0) {

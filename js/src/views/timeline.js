@@ -100,9 +100,14 @@ export function timelineView(ctx) {
       axis.appendChild(s("text", { x: PAD.l - 6, y: y(v) + 4, "text-anchor": "end", text: fmtBytes(v) }));
       axis.appendChild(s("line", { class: "fv-grid-line", x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v) }));
     }
-    for (const f of [0, 0.5, 1]) {
-      const v = Math.round(nOps * f);
-      axis.appendChild(s("text", { x: x(v), y: H - 6, "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle", text: `op ${fmtInt(v)}` }));
+    // first, middle and last op, each named once (a one-op run has one tick, "op 0", under its op)
+    const last = Math.max(0, memory.nOps - 1);
+    const ticks = [...new Set([0, Math.round(last / 2), last])];
+    for (const v of ticks) {
+      const alone = ticks.length === 1;
+      const anchor = alone ? "middle" : v === 0 ? "start" : v === last ? "end" : "middle";
+      const px = alone ? x(v + 0.5) : v === 0 ? x(0) : v === last ? x(nOps) : x(v + 0.5);
+      axis.appendChild(s("text", { class: "fv-tick", x: px, y: H - 6, "text-anchor": anchor, text: `op ${fmtInt(v)}` }));
     }
     const cursor = s("line", { class: "fv-cursor", x1: 0, x2: 0, y1: PAD.t, y2: H - PAD.b, visibility: "hidden" });
     const hover = s("line", { class: "fv-hover-line", x1: 0, x2: 0, y1: PAD.t, y2: H - PAD.b, visibility: "hidden" });
