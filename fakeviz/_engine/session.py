@@ -74,6 +74,16 @@ def _drop_memo(t: torch.Tensor) -> None:
     mc = t.fake_mode.fake_tensor_converter.meta_converter
     for key in [k for k, v in list(mc.tensor_memo.items()) if v is t]:
         mc.tensor_memo.pop(key, None)
+    if t.__dict__.get("constant") is not None:  # a value (Note: [values under fake tensors]): its alias map
+        for refs in t.fake_mode.fake_tensor_converter.constant_storage_mapping.values():
+            refs[:] = [r for r in refs if r() is not t]
+
+
+def _remap_values(*ts: torch.Tensor) -> None:
+    """Put tensors with values back in the alias map of their values (after ``_drop_memo``)."""
+    for t in ts:
+        if isinstance(t, FakeTensor) and t.__dict__.get("constant") is not None:
+            t.fake_mode.fake_tensor_converter.add_constant_storage_mapping(t)
 
 
 def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
@@ -92,12 +102,15 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
         with torch.no_grad():
             t1.data = t2
         t1.fake_device = t2.fake_device
+        t1.constant = t2.constant  # t1 now holds t2's data, so t2's value (or none)
+        _remap_values(t1, t2)
         return None
     for t, tag in zip((t1, t2), tags):
         if tag is None:
             t.__dict__.pop("_fakeviz_tid", None)
         else:
             t.__dict__["_fakeviz_tid"] = tag
+    _remap_values(t1, t2)
     return result
 
 

@@ -156,10 +156,10 @@ _SAME = frozenset(
 )
 
 
-def bounds(rec: Any, t: Any, depth: int = 0, valued: Any = None) -> tuple[float, float] | None:
+def bounds(rec: Any, t: Any, depth: int = 0) -> tuple[float, float] | None:
     """Bounds (lo, hi) every element of fake tensor ``t`` lies within, from the ops that made it (Note: [values
     under fake tensors], 3.), or None. Booleans are 0/1; lo == hi means the value is known. ``rec`` is the
-    recorder (its record is the provenance), ``valued`` the live tensors with values."""
+    recorder (its record is the provenance)."""
     c = t.constant if isinstance(t, FakeTensor) else None
     if c is not None and c.numel():
         with no_dispatch():
@@ -167,33 +167,19 @@ def bounds(rec: Any, t: Any, depth: int = 0, valued: Any = None) -> tuple[float,
     tag = t.__dict__.get("_fakeviz_tid")
     if tag is None or not rec.tbase <= tag < rec.ttop:
         return None
-    known = {}  # tensor id -> value, of the live tensors with values (Note: [values under fake tensors])
-    for v in list(valued) if valued is not None else ():
-        vt = v.__dict__.get("_fakeviz_tid")
-        if vt is not None and rec.tbase <= vt < rec.ttop and v.constant is not None:
-            known[vt - rec.tbase] = v.constant
-    return _bounds_of(rec, tag - rec.tbase, depth, known)
+    return _bounds_of(rec, tag - rec.tbase, depth)
 
 
-def _bounds_of(
-    rec: Any, tid: int, depth: int, known: dict[int, Any], before: int | None = None
-) -> tuple[float, float] | None:
+def _bounds_of(rec: Any, tid: int, depth: int, before: int | None = None) -> tuple[float, float] | None:
     if depth > 24:
         return None
-    c = known.get(tid)
-    if c is not None and before is not None:  # a value is the tensor's latest: use it if not written since
-        last = _producer(rec, tid)
-        c = c if last is None or last[3] < before else None
-    if c is not None and c.numel():
-        with no_dispatch():
-            return float(c.min()), float(c.max())
     prod = _producer(rec, tid, before)
     if prod is None:
         return None
     name, a, ins, row = prod
 
     def inp(i: int) -> tuple[float, float] | None:
-        return _bounds_of(rec, ins[i], depth + 1, known, row) if i < len(ins) else None
+        return _bounds_of(rec, ins[i], depth + 1, row) if i < len(ins) else None
 
     if name == "aten.normal_.default":
         mean = float(a[1]) if len(a) > 1 else 0.0

@@ -70,7 +70,6 @@ from __future__ import annotations
 import functools
 import math
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -275,7 +274,6 @@ class Values:
         self.cached = getattr(type(mode), "_cached_dispatch_impl", impl)
         self.recorder: Any = None
         self.local = threading.local()
-        self.valued: weakref.WeakSet[Any] = weakref.WeakSet()  # tensors given a value (for bounds())
         self.seen: set[tuple[Any, ...]] = set()  # in-place random ops the fake rule ran for (_inplace_seen)
         self.lost: dict[int, tuple[Any, Any]] = {}  # id(generator) -> (generator, its state when a draw was skipped)
 
@@ -366,7 +364,6 @@ class Values:
 
     def _attach(self, fake: Any, real: Any) -> None:
         fake.constant = real
-        self.valued.add(fake)
         self.mode.fake_tensor_converter.add_constant_storage_mapping(fake)
 
     def give(self, fake: Any, value: Any) -> None:
@@ -620,7 +617,7 @@ class Values:
         try:
             return self.impl(self.mode, func, types, args, kwargs)
         except DataDependentOutputException as exc:
-            lo_hi = _reads.bounds(self.recorder, t, valued=self.valued) if self.recorder is not None else None
+            lo_hi = _reads.bounds(self.recorder, t) if self.recorder is not None else None
             if lo_hi is not None and lo_hi[0] == lo_hi[1]:
                 v = lo_hi[0]
                 return bool(v) if t.dtype == torch.bool else (int(v) if not t.dtype.is_floating_point else float(v))
@@ -641,8 +638,8 @@ class Values:
             return self._general(func, types, args, kwargs)
         ins = _arg_tensors(args, kwargs)
         known = all(isinstance(t, FakeTensor) and t.constant is not None for t in ins)
-        if known:
-            return self._general(func, types, args, kwargs)
+        if known or (self.mode.shape_env is not None and any(m.constant is None for m in masks)):
+            return self._general(func, types, args, kwargs)  # (with a ShapeEnv: an unbacked size, as torch makes)
         if (
             func is not aten.index.Tensor
             and func is not aten._unsafe_index.Tensor

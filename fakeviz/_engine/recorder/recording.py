@@ -204,8 +204,10 @@ class Recording:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         assert self._stack is not None
         new = None
-        if exc is not None and self._state is not None and not isinstance(exc, RecordError):
-            with contextlib.suppress(Exception):  # a branch on a symbolic size: name line, module and op
+        if exc is not None and self.symbolic and self._state is not None and not isinstance(exc, RecordError):
+            # a branch on a symbolic size of record(symbolic=True): name line, module and op (check_export's
+            # record, symbolic through its session, explains torch's own error itself)
+            with contextlib.suppress(Exception):
                 new = _values.guard_error(self._state, exc)
         try:
             self._stack.close()  # exits the device context, the mode, the hooks: never leaves a mode active
