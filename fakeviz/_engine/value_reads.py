@@ -276,6 +276,8 @@ def guard_error(rec: Any, exc: BaseException) -> DataDependentError | None:
     while tb is not None:
         frames.append((tb.tb_frame, tb.tb_lineno))
         tb = tb.tb_next
+    if any("/torch/export/" in f.f_code.co_filename.replace("\\", "/") for f, _ in frames):
+        return None  # torch.export's (fakeviz.check_export explains it)
     line = src = module = None
     for f, lineno in reversed(frames):
         fn = f.f_code.co_filename.replace("\\", "/")

@@ -204,9 +204,9 @@ class Recording:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         assert self._stack is not None
         new = None
-        if exc is not None and self.symbolic and self._state is not None and not isinstance(exc, RecordError):
-            # a branch on a symbolic size of record(symbolic=True): name line, module and op (check_export's
-            # record, symbolic through its session, explains torch's own error itself)
+        symbolic = self.symbolic or (self.session is not None and self.session.symbolic)
+        if exc is not None and symbolic and self._state is not None and not isinstance(exc, RecordError):
+            # a branch on a symbolic size: name line, module and op (not in torch.export: guard_error)
             with contextlib.suppress(Exception):
                 new = _values.guard_error(self._state, exc)
         try:
