@@ -338,7 +338,8 @@ class Values:
                     return x
                 fake = self.mode.fake_tensor_converter.from_real_tensor(self.mode, x)
                 if fake.constant is None:
-                    self._attach(fake, x.detach())
+                    with no_dispatch():  # a copy: an in-place op of the fake run must not write the user's tensor
+                        self._attach(fake, x.detach().clone())
                 return fake
             if type(x) is list:
                 return [lift(y) for y in x]

@@ -348,3 +348,11 @@ def test_symbolic_guard_names_line_module_and_op() -> None:
     assert type(err.__cause__).__name__ == "GuardOnDataDependentSymNode"
     assert err.trace is trace and trace.error["module"] == "Pick" and trace.num_ops >= 2
     assert _no_fake_mode_active()
+
+
+def test_real_inputs_give_values_and_are_never_written() -> None:
+    ids = torch.tensor([[5, 7, 0]])  # real, made outside the block: its values are known
+    with fv.record():
+        assert (ids == 0).any().item() is True
+        ids.add_(1)  # writes the fake run's copy, as FakeTensorMode does for real inputs
+    assert torch.equal(ids, torch.tensor([[5, 7, 0]]))
