@@ -16,6 +16,7 @@ from .. import cuda_api as _cuda_api
 from .. import cuda_shim as _cuda_shim
 from .. import values as _values
 from ..session import check_device, new_fake_mode, session_patches
+from ..tracing_checks import tracing_checks
 from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks, deepcopy_patch
 from .state import _State
 
@@ -142,6 +143,7 @@ class Recording:
                 stack.callback(_remove_core_hooks, mode)
                 mode._fv_values.recorder = state  # Note: [values under fake tensors]: assumptions, provenance
                 stack.callback(setattr, mode._fv_values, "recorder", None)
+                stack.enter_context(tracing_checks(mode, state))  # Note: [tracing checks under fake tensors]
             else:
                 # Note: [view replay in real runs]
                 # Autograd rebuilds the grad_fn of a view after an in-place op by replaying
