@@ -34,10 +34,6 @@ _W2V2_CTC_STRIDES = (
     "Wav2Vec2ForCTC backward: after aten._ctc_loss_backward and _log_softmax_backward_data the fake run "
     "clones the grad (aten.clone + _unsafe_view) where the real run views it: the strides differ, one more op"
 )
-_MASK_ON_CPU = (
-    "FakeTensorDeviceMismatchError on fake cuda:0 ('found at least two devices, cuda:0 and cpu'): the attention "
-    "mask or position tensor transformers builds is a cpu tensor (mask add, SDPA, T5's _relative_position_bucket)"
-)
 _SPEC_AUGMENT_DEVICE = (
     "Wav2Vec2 SpecAugment on fake cuda:0: 'Mismatching aten.index_put_.default device between self (cuda:0) "
     "and values (cpu)' (hidden_states[mask_time_indices] = masked_spec_embed)"
@@ -53,11 +49,6 @@ KNOWN_TINY: dict[tuple[str, str], tuple[str, dict[str, bool]]] = {
 }
 
 KNOWN_FULL: dict[str, str] = {
-    "gemma2": _MASK_ON_CPU,
-    "phi3": _MASK_ON_CPU,
-    "falcon": _MASK_ON_CPU,
-    "bloom": _MASK_ON_CPU,
-    "t5": _MASK_ON_CPU,
     "wav2vec2": _SPEC_AUGMENT_DEVICE,
 }
 
