@@ -35,9 +35,11 @@ cells = [
     code("quiet"),
     md("`--real` records a real run with the same recorder (small sizes only!)."),
     code("%%fake --real -o real_trace\nr = torch.ones(3) * 2\nprint(r.sum().item())"),
-    md("A cell that needs a tensor's *value* cannot run on fake tensors. The error explains why and what "
+    md("Fake tensors carry no data, yet small values a real run could know are known: numbers you wrote, "
+       "and random draws on the CPU from the seeded generator. A draw on a GPU is not (its generator is the "
+       "GPU's), so a cell that branches on one cannot run on fake tensors. The error explains why and what "
        "to do, the partial trace is kept, and no fake mode stays active."),
-    nbf.v4.new_code_cell("%%fake -o broken\nx = torch.randn(3)\nif x.sum() > 0:\n    print('positive')",
+    nbf.v4.new_code_cell("%%fake --device cuda:0 -o broken\nx = torch.randn(3)\nif x.sum() > 0:\n    print('positive')",
                          metadata={"tags": ["raises-exception"]}),
     code("print(broken.error['op'], '| partial ops:', broken.num_ops)\n"
          "print('fake mode still active?', torch._guards.detect_fake_mode() is not None)\n"

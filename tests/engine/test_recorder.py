@@ -405,7 +405,7 @@ def test_cli_demo_writes_the_explorer(tmp_path):
     assert fv.load(out).num_ops > 0
     page = out.with_suffix(".html").read_text()
     if (_STATIC / "explorer.js").is_file():
-        assert "id='fv-state'" in page and "explorer (open it in a browser" in proc.stdout
+        assert "id='fv-state'" in page and "explorer (one self-contained HTML file" in proc.stdout
     else:
         assert "fakeviz trace" in page and "summary page" in proc.stdout
 
