@@ -46,7 +46,7 @@ OPLOG_XFAIL: dict[str, str] = {
     "checkpointed": "torch.utils.checkpoint logs other ops on the CPU-only build",
     "wide_mlp": LIFT,
     "gpt_neox": LIFT,
-    "mixtral_bf16": "torch.cuda.get_device_capability raises on the CPU-only build",
+    "mixtral_bf16": LIFT,
 }
 ALLOC_XFAIL: dict[str, str] = {
     "conv_large": "cuDNN convolution workspaces (allocated inside the op) are not modelled",
@@ -54,7 +54,7 @@ ALLOC_XFAIL: dict[str, str] = {
     "checkpointed": OPLOG_XFAIL["checkpointed"],
     "wide_mlp": LIFT,
     "gpt_neox": LIFT,
-    "mixtral_bf16": OPLOG_XFAIL["mixtral_bf16"],
+    "mixtral_bf16": LIFT + ": the small cuda tensors are made at other times (8 KiB under the H200's peak)",
 }
 
 _TRACES: dict[str, fv.Trace] = {}
