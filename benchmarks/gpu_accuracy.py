@@ -255,7 +255,7 @@ def run_case(name: str, step: Callable[[], Any], *, history: bool) -> dict[str, 
     row["real_reserved_over_allocated"] = _ratio(row["reserved"]["real_peak_net"], row["allocated"]["real_peak_net"])
     row["model_reserved_over_allocated"] = _ratio(run.peak_reserved, run.peak_allocated)
     row["fake"] = fake_twin(step, row)
-    row["oplogs"] = {"real": real_oplog, "fake": row.pop("_fake_oplog")}
+    row["oplogs"] = {"real": real_oplog, "fake": row.pop("_fake_oplog", None)}  # None: the fake twin failed
     row["num_alloc_retries"] = int(stats.get("num_alloc_retries", 0))
     if real_snapshot is not None:
         events = real_snapshot["device_traces"][0] if real_snapshot["device_traces"] else []
@@ -312,7 +312,7 @@ def fake_twin(step: Callable[[], Any], row: dict[str, Any]) -> dict[str, Any]:
             kept = step()
         del kept
     except Exception as exc:  # noqa: BLE001 - reported in the row, the real comparison still stands
-        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+        return {"error": f"{type(exc).__name__}: {str(exc)[:1500]}"}
     seconds = time.perf_counter() - t
     after = torch.cuda.memory_stats()
     run = simulate_trace(trace, "cuda:0")

@@ -285,7 +285,23 @@ class Values:
             kind = _kind(func)
         loc = self.local.__dict__
         if func in _LIFTS:  # torch.tensor(data): FakeTensorMode keeps the value (the mode's may_turn_const)
-            return self.impl(self.mode, func, types, args, kwargs)
+            out = self.impl(self.mode, func, types, args, kwargs)
+            src = args[0] if args else None
+            if (
+                isinstance(out, FakeTensor)
+                and isinstance(src, _Tensor)
+                and not isinstance(src, FakeTensor)
+                and (out.constant is None or out.constant.device.type != "cpu")
+                and src.layout == torch.strided
+                and src.numel() <= VALUE_LIMIT
+            ):
+                # a CUDA build copies torch.tensor(data, device="cuda") to the GPU before lifting it: torch then
+                # keeps no constant, or a real cuda one; the lifted tensor's values are known all the same, and
+                # every value here lives on the CPU (a real GPU is there to read it)
+                with no_dispatch():
+                    out.constant = None
+                    self._attach(out, src.detach().cpu().clone())
+            return out
         if loc.get("inner"):
             # an op of the decomposition of an op handled here (uniform_ -> prims.uniform): its values come
             # from the outer op's real kernel, and a random one must not draw a second time
