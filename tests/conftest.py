@@ -46,3 +46,14 @@ def c_core() -> str:
     status = build_core()
     assert status == "c", f"the C core did not build: {status}"
     return status
+
+
+@pytest.fixture(params=["c", "python"])
+def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which recorder records: the C core (built once, ``c_core``) or the Python one (``FAKEVIZ_PURE_PYTHON=1``)."""
+    if request.param == "c":
+        request.getfixturevalue("c_core")
+        monkeypatch.delenv("FAKEVIZ_PURE_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("FAKEVIZ_PURE_PYTHON", "1")
+    return request.param

@@ -30,16 +30,6 @@ def _line(path: str, marker: str) -> int:
     return hits[0]
 
 
-@pytest.fixture(params=["c", "python"])
-def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "c":
-        request.getfixturevalue("c_core")
-        monkeypatch.delenv("FAKEVIZ_PURE_PYTHON", raising=False)
-    else:
-        monkeypatch.setenv("FAKEVIZ_PURE_PYTHON", "1")
-    return request.param
-
-
 def test_value_needed_inside_a_library_names_the_call(recorder: str) -> None:
     with pytest.raises(fv.DataDependentError) as info:
         with fv.record(exclude=[LIB]) as trace:

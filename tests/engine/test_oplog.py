@@ -20,17 +20,6 @@ from torch.testing._internal.logging_tensor import capture_logs_with_logging_ten
 import fakeviz as fv
 
 
-@pytest.fixture(params=["c", "python"])
-def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Which recorder records: the C core (built once, see conftest) or the Python one."""
-    if request.param == "c":
-        request.getfixturevalue("c_core")
-        monkeypatch.delenv("FAKEVIZ_PURE_PYTHON", raising=False)
-    else:
-        monkeypatch.setenv("FAKEVIZ_PURE_PYTHON", "1")
-    return request.param
-
-
 def _record(fn: Any, recorder: str, *, fake: bool) -> fv.Trace:
     with fv.record(fake=fake) as trace:
         fn()

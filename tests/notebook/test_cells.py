@@ -16,7 +16,6 @@ import fakeviz as fv
 from fakeviz._analysis.memory import category_curves, live_bytes
 
 IPython = pytest.importorskip("IPython")
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 CELLS = (
     "torch.manual_seed(0)\n"
@@ -25,19 +24,6 @@ CELLS = (
     "x = torch.randn(8, 64)\nloss = m(x).pow(2).mean()\nloss.backward()\n",
     "opt.step()\nopt.zero_grad()\n",
 )
-NAMES = ("m", "opt", "x", "loss", "t1", "t2", "t3", "whole", "one")
-
-
-@pytest.fixture
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "fakeviz")
-    shell.run_cell("import torch", store_history=False)
-    yield shell
-    shell.run_line_magic("fake_reset", "")
-    shell.run_line_magic("unload_ext", "fakeviz")
-    for k in NAMES:
-        shell.user_ns.pop(k, None)
 
 
 def _one_block(fake: bool):

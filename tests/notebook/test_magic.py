@@ -9,22 +9,8 @@ import fakeviz as fv
 
 IPython = pytest.importorskip("IPython")
 from IPython.core.error import UsageError  # noqa: E402
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 from fakeviz._frontends.magic import FakeMagics  # noqa: E402
-
-
-@pytest.fixture
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "fakeviz")
-    shell.user_ns.pop("_fake", None)
-    shell.run_cell("import torch", store_history=False)
-    yield shell
-    shell.run_line_magic("fake_reset", "")
-    shell.run_line_magic("unload_ext", "fakeviz")
-    for k in [k for k in shell.user_ns if k in {"m", "x", "y", "z", "trace", "t1", "t2", "t3", "w"}]:
-        del shell.user_ns[k]
 
 
 def run(ip, code: str):

@@ -15,25 +15,11 @@ import fakeviz as fv
 
 IPython = pytest.importorskip("IPython")
 from IPython.core.error import UsageError  # noqa: E402
-from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
 
 from fakeviz._frontends.magic import FakeCellError  # noqa: E402
 from fakeviz._frontends.magic.errors import MAX_LINES  # noqa: E402
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-NAMES = ("x", "y", "z", "n", "r", "old", "mm", "q", "t")
-
-
-@pytest.fixture
-def ip():
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "fakeviz")
-    shell.run_cell("import torch", store_history=False)
-    yield shell
-    shell.run_line_magic("fake_reset", "")
-    shell.run_line_magic("unload_ext", "fakeviz")
-    for k in NAMES:
-        shell.user_ns.pop(k, None)
 
 
 def shown(err: BaseException) -> list[str]:
