@@ -565,6 +565,10 @@ def build(name: str, size: str = "tiny", attn: str | None = None) -> nn.Module:
 
     arch = ARCHS[name]
     model = getattr(transformers, arch.model_cls)(config(name, size, attn))
+    # as a user does after building (model.to(device)): a parameter made by a legacy constructor ignores the
+    # device context (Wav2Vec2's masked_spec_embed = Parameter(torch.Tensor(n)) stays on the cpu, and a real
+    # run on cuda then fails in SpecAugment's index_put_ as the fake one does); a no-op for every other tensor
+    model = model.to(torch.get_default_device())
     if arch.loss_type is not None:
         model.loss_type = arch.loss_type
     return model.train()

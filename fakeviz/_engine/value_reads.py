@@ -49,6 +49,9 @@ ASSUMPTIONS: tuple[tuple[str, str, str, Any, str], ...] = (
      "generate(): the inputs contain no pad token (the attention mask is all ones)"),
     ("transformers/models/wav2vec2/modeling_wav2vec2.py", "forward", "labels.max()", False,
      "Wav2Vec2: labels.max() < vocab_size (the labels are valid)"),
+    ("transformers/models/wav2vec2/modeling_wav2vec2.py", "forward", "skip_the_layer", False,
+     "Wav2Vec2 LayerDrop: no layer skipped (the draw is on the GPU, unknown here; a real run skips each layer "
+     "with probability config.layerdrop, so every layer running is the upper bound on time and memory)"),
 )  # fmt: skip
 
 
