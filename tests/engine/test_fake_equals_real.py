@@ -17,7 +17,6 @@ swap_tensors, view replay after in-place ops on views).
 
 from __future__ import annotations
 
-import difflib
 import gc
 from typing import Any
 
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 import zoo
+from oplog_diff import first_diff, window_diff
 
 import fakeviz as fv
 
@@ -83,29 +83,10 @@ def pair(name: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------- diff helpers
-def _first_diff(a: list[Any], b: list[Any]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _window_diff(a: list[str], b: list[str], i: int, before: int = 4, after: int = 8) -> str:
-    lo = max(0, i - before)
-    diff = "\n".join(
-        difflib.unified_diff(
-            a[lo : i + after], b[lo : i + after], f"real (ops {lo}..)", f"fake (ops {lo}..)", lineterm="", n=before
-        )
-    )
-    if diff:
-        return diff
-    return f"(op log lines {lo}..{i + after - 1} are the same in both runs)\n" + "\n".join(
-        f"  {lo + k}: {line}" for k, line in enumerate(a[lo : i + after])
-    )
 
 
 def _assert_same_rows(what: str, real: list[Any], fake: list[Any], cols: list[str], ctx: dict[str, Any]) -> None:
-    i = _first_diff(real, fake)
+    i = first_diff(real, fake)
     if i is None:
         return
     msg = [f"{what}: first mismatch at row {i} ({len(real)} real rows, {len(fake)} fake rows)"]
@@ -118,7 +99,7 @@ def _assert_same_rows(what: str, real: list[Any], fake: list[Any], cols: list[st
         if seqs:
             s = int(min(seqs))
             msg.append("op log around it:")
-            msg.append(_window_diff(ctx["real"].oplog_lines(), ctx["fake"].oplog_lines(), s))
+            msg.append(window_diff(ctx["real"].oplog_lines(), ctx["fake"].oplog_lines(), s))
     pytest.fail("\n".join(msg), pytrace=False)
 
 
@@ -135,10 +116,10 @@ def _rows(df: Any, cols: list[str]) -> list[tuple[Any, ...]]:
 def test_oplog_identical(name: str) -> None:
     p = pair(name)
     a, b = p["real"].oplog_lines(), p["fake"].oplog_lines()
-    i = _first_diff(a, b)
+    i = first_diff(a, b)
     if i is not None:
         pytest.fail(
-            f"op logs differ first at op {i} ({len(a)} real ops, {len(b)} fake ops):\n" + _window_diff(a, b, i),
+            f"op logs differ first at op {i} ({len(a)} real ops, {len(b)} fake ops):\n" + window_diff(a, b, i),
             pytrace=False,
         )
 
@@ -170,12 +151,12 @@ def test_live_bytes_identical(name: str) -> None:
     assert sorted(real) == sorted(fake), f"devices differ: real {sorted(real)}, fake {sorted(fake)}"
     for dev in real:
         r, f = real[dev].tolist(), fake[dev].tolist()
-        i = _first_diff(r, f)
+        i = first_diff(r, f)
         if i is not None:
             pytest.fail(
                 f"live bytes on {dev} differ first after op {i}: real {r[i] if i < len(r) else None}, "
                 f"fake {f[i] if i < len(f) else None} ({len(r)} vs {len(f)} ops)\n"
-                + _window_diff(p["real"].oplog_lines(), p["fake"].oplog_lines(), i),
+                + window_diff(p["real"].oplog_lines(), p["fake"].oplog_lines(), i),
                 pytrace=False,
             )
 
@@ -197,7 +178,7 @@ def test_memory_by_category_identical(name: str) -> None:
     assert list(real.columns) == list(fake.columns)
     for col in fv.CATEGORIES:
         r, f = real[col].tolist(), fake[col].tolist()
-        i = _first_diff(r, f)
+        i = first_diff(r, f)
         if i is not None:
             pytest.fail(f"{col} bytes differ first at row {i}: real {r[i]}, fake {f[i]}", pytrace=False)
     # and the categories are really used: a training step has parameters, grads and activations

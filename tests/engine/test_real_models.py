@@ -19,13 +19,13 @@ makes its xfail pass and the test fail, so the entry is then removed.
 
 from __future__ import annotations
 
-import difflib
 import gc
 from typing import Any
 
 import arch_zoo
 import pytest
 import torch
+from oplog_diff import first_diff, window_diff
 
 import fakeviz as fv
 
@@ -107,26 +107,14 @@ def pair(name: str, attn: str) -> dict[str, dict[str, Any]]:
     return got
 
 
-def _first_diff(a: list[Any], b: list[Any]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _window(a: list[str], b: list[str], i: int, before: int = 3, after: int = 6) -> str:
-    lo = max(0, i - before)
-    return "\n".join(difflib.unified_diff(a[lo : i + after], b[lo : i + after], "real", "fake", lineterm="", n=before))
-
-
 # --------------------------------------------------------------------------------- tiny: real == fake
 @pytest.mark.parametrize(("name", "attn"), _tiny_params("oplog"))
 def test_tiny_oplog_equal(name: str, attn: str) -> None:
     p = pair(name, attn)
     a, b = p["real"]["oplog"], p["fake"]["oplog"]
-    i = _first_diff(a, b)
+    i = first_diff(a, b)
     if i is not None:
-        pytest.fail(f"op logs differ first at op {i} ({len(a)} real ops, {len(b)} fake):\n{_window(a, b, i)}")
+        pytest.fail(f"op logs differ first at op {i} ({len(a)} real ops, {len(b)} fake):\n{window_diff(a, b, i)}")
     phases = p["real"]["phases"]
     assert {"init", "forward", "backward"} <= phases, phases
 
@@ -147,7 +135,7 @@ def test_tiny_memory_by_category_equal(name: str, attn: str) -> None:
     assert len(real) == len(fake), f"{len(real)} real rows, {len(fake)} fake rows"
     for col in fv.CATEGORIES:
         r, f = real[col].tolist(), fake[col].tolist()
-        i = _first_diff(r, f)
+        i = first_diff(r, f)
         if i is not None:
             pytest.fail(f"{col} bytes differ first at row {i}: real {r[i]}, fake {f[i]}", pytrace=False)
     top = real[list(fv.CATEGORIES)].max()
