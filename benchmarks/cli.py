@@ -22,11 +22,14 @@ import argparse
 import json
 import os
 import statistics
-import struct
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from sparse_safetensors import write_sparse_safetensors  # noqa: E402 - shared with tests/engine/test_checkpoint.py
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "cli.json"
@@ -43,23 +46,6 @@ def _rchar() -> int:
 
 def _rss() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def _sparse_shard(path: Path, tensors: dict[str, tuple[int, ...]]) -> int:
-    """A bf16 safetensors file whose data region is a hole (never written): returns its size."""
-    header, offset = {}, 0
-    for name, shape in tensors.items():
-        n = 2
-        for s in shape:
-            n *= s
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        f.truncate(8 + len(raw) + offset)
-    return 8 + len(raw) + offset
 
 
 def make_sparse_checkpoint(folder: Path, name: str = MODEL, shards: int = 30) -> int:
@@ -79,7 +65,7 @@ def make_sparse_checkpoint(folder: Path, name: str = MODEL, shards: int = 30) ->
     for i in range(shards):
         file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
         part = names[i * per : (i + 1) * per]
-        total += _sparse_shard(folder / file, {k: tuple(sd[k].shape) for k in part})
+        total += write_sparse_safetensors(folder / file, {k: ("BF16", tuple(sd[k].shape), 2) for k in part})
         weight_map.update(dict.fromkeys(part, file))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index))

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from sparse_safetensors import write_sparse_safetensors
 
 import fakeviz as fv
 from fakeviz import models
@@ -251,23 +252,6 @@ def test_bad_files_get_clear_errors(tmp_path):
 
 
 # ------------------------------------------------------------------- no tensor data is ever read
-def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> int:
-    """A safetensors file whose data region is never written (a hole): returns its size."""
-    header, offset = {}, 0
-    for name, (code, shape, itemsize) in tensors.items():
-        n = itemsize
-        for s in shape:
-            n *= s
-        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        f.truncate(8 + len(raw) + offset)
-    return 8 + len(raw) + offset
-
-
 def sparse_checkpoint(folder: Path, cfg: dict, shards: int) -> int:
     """A sharded checkpoint of ``cfg``'s model (bf16) with holes for data: returns the bytes of all shards."""
     write_config(folder, cfg)

@@ -1,0 +1,30 @@
+"""Safetensors files whose data region is a hole (never written): multi-GB checkpoints that take no disk.
+
+Used by ``tests/engine/test_checkpoint.py`` (no tensor data is ever read) and ``benchmarks/cli.py``
+(``from_pretrained`` on a 70B-shaped sharded checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+__all__ = ["write_sparse_safetensors"]
+
+
+def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> int:
+    """A safetensors file of ``name -> (dtype code, shape, itemsize)`` with a hole for data: returns its size."""
+    header, offset = {}, 0
+    for name, (code, shape, itemsize) in tensors.items():
+        n = itemsize
+        for s in shape:
+            n *= s
+        header[name] = {"dtype": code, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return 8 + len(raw) + offset
