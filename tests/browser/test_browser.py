@@ -40,7 +40,6 @@ from browser_util import (  # tests/ is on sys.path under pytest
     browser_missing,
     jupyter_missing,
     jupyter_server,
-    launch,
     local_only,
     run_all_cells,
     wait_cells_done,
@@ -82,18 +81,6 @@ def bundle() -> Path:
     if not out.is_file():
         pytest.skip("npm is not installed and fakeviz/static/explorer.js was never built")
     return out
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch(p)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _device() -> str:

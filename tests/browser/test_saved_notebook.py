@@ -28,7 +28,6 @@ from browser_util import (  # tests/ is on sys.path under pytest
     browser_missing,
     jupyter_missing,
     jupyter_server,
-    launch,
     local_only,
     run_all_cells,
     wait_cells_done,
@@ -56,18 +55,6 @@ with fv.record(device="cuda:0", gpu="H100") as trace:
     model(torch.randn(16, 64)).sum().backward()
 """
 CELLS = [SETUP, "trace", "panels = trace.panels()\npanels"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = launch(p)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.fixture(scope="module")
