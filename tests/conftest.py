@@ -1,4 +1,5 @@
-"""Shared test helpers: ``tests/`` on ``sys.path`` (for ``zoo``), and the one helper that builds the C core.
+"""Shared test helpers: ``tests/`` on ``sys.path`` (for ``zoo``), and the ``c_core`` / ``recorder`` fixtures
+(the C core is built by ``tests/c_core.py``).
 
 The tests mirror the package's layers: ``tests/core``, ``tests/engine``, ``tests/analysis``, ``tests/views``,
 ``tests/notebook`` (magics and executed notebooks) and ``tests/browser`` (real Chromium through Playwright).
@@ -6,7 +7,6 @@ The tests mirror the package's layers: ``tests/core``, ``tests/engine``, ``tests
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
@@ -17,25 +17,7 @@ REPO = TESTS.parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # `import zoo` from every layer's folder
 
-
-def have_c_compiler() -> bool:
-    """A C compiler the recorder's core can be built with (``cc``, as ``fakeviz._engine.native`` calls it)."""
-    return any(shutil.which(c) for c in ("cc", "gcc", "clang"))
-
-
-def build_core() -> str:
-    """Build (or load from the cache) the recorder's C core; returns ``fakeviz._engine.native.status()``.
-
-    Every test that needs the C core goes through here, so a build failure shows once, with the
-    compiler's own message, instead of as a silent fallback to the Python recorder.
-    """
-    from fakeviz._engine import native
-
-    native.core()
-    return native.status()
-
-
-needs_core = pytest.mark.skipif(not have_c_compiler(), reason="no C compiler: the Python implementation records")
+from c_core import build_core, have_c_compiler  # noqa: E402 - tests/ is on sys.path from here on
 
 
 @pytest.fixture(scope="session")

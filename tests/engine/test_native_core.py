@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 import zoo
-from conftest import needs_core
+from c_core import needs_core
 
 import fakeviz as fv
 from fakeviz._engine import native as _native
