@@ -29,11 +29,12 @@ def record(
     attention: str = "auto",
     gpu: str | None = None,
     gpus: int | None = None,
+    routing: str | None = "balanced",
 ) -> Recording:
     return _recorder.record(
         device=device, dtype=dtype, fake=fake, symbolic=symbolic, exclude=exclude, modules=modules,
         session=session, progress=progress, attention=attention, gpu=gpu, record_cls=Trace, gpus=gpus,
-        memory_stats=_cuda_stats.memory_stats,
+        memory_stats=_cuda_stats.memory_stats, routing=routing,
     )  # fmt: skip
 
 

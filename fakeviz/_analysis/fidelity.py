@@ -53,6 +53,7 @@ def op_rule(name: str) -> str:
     from torch._decomp import decomposition_table, meta_table
     from torch._subclasses import fake_impls
 
+    from .._engine.ctc import FAKE_RULE_OPS as CTC_RULE_OPS
     from .._engine.flops import resolve_op
     from .._engine.moe import FAKE_RULE_OPS
 
@@ -61,7 +62,7 @@ def op_rule(name: str) -> str:
         func = None  # a Python-only overload (aten.__and__.bool): nothing to dispatch
     if func is None:
         rule = "unknown op"
-    elif name in FAKE_RULE_OPS:
+    elif name in FAKE_RULE_OPS or name in CTC_RULE_OPS:
         rule = "fakeviz rule"
     elif func in meta_table:
         rule = "python meta"

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import (
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .._core.errors import FakeVizError
+from . import ctc as _ctc  # the CTC fake rules and the ctc_loss patch (Note: [cuDNN CTC under fake tensors])
 from . import cuda_api as _cuda_api
 from . import cuda_shim as _cuda_shim
 from . import moe as _moe
@@ -217,6 +218,7 @@ def _apply_patches(on: bool) -> None:
         torch.autograd.backward = _original_backward
         torch.autograd.grad = _original_grad
     _cuda_api.autocast_support(on)
+    _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
 
 
 @contextlib.contextmanager

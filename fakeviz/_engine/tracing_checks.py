@@ -29,7 +29,8 @@ recording counts as "tracing" only when the fake run cannot take the eager branc
   them, an upper bound on memory) and the recording states it in ``fidelity()["assumptions"]``: where,
   and what a real run does there instead.
 
-transformers imported after the recording started is not wrapped (its checks answer as before).
+transformers imported after the recording started is wrapped when ``transformers.utils.import_utils``
+loads (a ``sys.meta_path`` finder while the recording runs).
 """
 
 from __future__ import annotations
@@ -101,30 +102,81 @@ def tracing_checks(mode: Any, state: Any) -> Iterator[None]:
 
     ``state`` is the recorder's state: each tracing branch taken is listed with ``state.note_assumption``
     (a row of ``trace.meta["assumptions"]``, op ``BRANCH_OP``, shown by ``fidelity()["assumptions"]``).
+    transformers imported during the recording (``fakeviz.models.build`` inside the block, a lazy import in
+    the user's code) is wrapped when its ``import_utils`` loads.
     """
-    utils = sys.modules.get("transformers.utils.import_utils")
-    orig = getattr(utils, "is_fake_tensor", None)
-    if orig is None:
-        yield
-        return
-    utils_file = utils.__file__
+    restore: list[Any] = []
 
-    def is_fake_tensor(x: Any) -> bool:  # Note: [tracing checks under fake tensors]
-        if not orig(x):
-            return False
-        if getattr(x, "fake_mode", None) is not mode or not state.active or _really_tracing():
+    def wrap(utils: Any) -> None:
+        orig = getattr(utils, "is_fake_tensor", None)
+        if orig is None:
+            return
+        utils_file = utils.__file__
+
+        def is_fake_tensor(x: Any) -> bool:  # Note: [tracing checks under fake tensors]
+            if not orig(x):
+                return False
+            if getattr(x, "fake_mode", None) is not mode or not state.active or _really_tracing():
+                return True
+            if _value_known(x):
+                return False
+            fn, where = _site(utils_file)
+            state.note_assumption(
+                BRANCH_OP,
+                f"transformers took its tracing branch at {where} (values unknown): {_EFFECT.get(fn, _DEFAULT)}",
+            )
             return True
-        if _value_known(x):
-            return False
-        fn, where = _site(utils_file)
-        state.note_assumption(
-            BRANCH_OP, f"transformers took its tracing branch at {where} (values unknown): {_EFFECT.get(fn, _DEFAULT)}"
-        )
-        return True
 
-    utils.is_fake_tensor = is_fake_tensor
+        utils.is_fake_tensor = is_fake_tensor
+        restore.append((utils, is_fake_tensor, orig))
+
+    utils = sys.modules.get(_UTILS)
+    finder = None
+    if utils is not None:
+        wrap(utils)
+    else:
+        finder = _OnImport(_UTILS, wrap)
+        sys.meta_path.insert(0, finder)
     try:
         yield
     finally:
-        if utils.is_fake_tensor is is_fake_tensor:
-            utils.is_fake_tensor = orig
+        if finder is not None and finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        for mod, wrapped, orig in restore:
+            if mod.is_fake_tensor is wrapped:
+                mod.is_fake_tensor = orig
+
+
+_UTILS = "transformers.utils.import_utils"
+
+
+class _OnImport:
+    """A ``sys.meta_path`` finder that calls ``then(module)`` once module ``name`` has been executed."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        then = self.then
+
+        def run(module: Any) -> None:
+            exec_module(module)
+            then(module)
+
+        loader.exec_module = run  # this spec's own loader instance
+        return spec

@@ -328,5 +328,5 @@ def advice(exc: BaseException, limit: int) -> str:
         "the real run, and ops on those (Note: [values under fake tensors] in fakeviz/_engine/values.py).\n"
         "What to do: build the value from Python numbers or a real tensor (e.g. pass real input ids), or "
         "compute it outside the recorded block and pass a Python number; for a check that only validates "
-        "inputs, move it before the block."
+        "inputs, move it before the block." + (f"\n{exc.fakeviz_hint}" if getattr(exc, "fakeviz_hint", None) else "")
     )

@@ -53,6 +53,22 @@ this order:
    ``any``/``all``, ``where``, copies and views, so ``((w < -2) | (w > 2)).any()`` on ``w.normal_(0, 0.02)``
    is ``False`` for a weight of any size, as in every real run.
 
+4. **Routing** (an assumption, ``record(routing=...)``). A mixture-of-experts router picks each token's
+   experts with ``topk`` of its scores, which a full-size fake run does not know. The ``topk`` of unknown
+   values inside a router (the innermost module's class name has "Router", "Gate", "MoE"/"Moe" or "Expert")
+   gets assumed indices (:func:`routing_indices`): ``"balanced"`` (the default) gives token ``t`` the experts
+   ``(t * k + j) mod E``, so every expert gets ``rows * k / E`` tokens (one more for some when it does not
+   divide), ``"skewed"`` gives every token the experts ``0 .. k-1``, so ``k`` experts get every token and the
+   rest none: the most tokens one expert can get, the worst case for that expert's buffers and, with experts
+   on several GPUs, for the busiest GPU; the step's peak on one device need not be higher, since the
+   tokens x k rows saved for backward are as many), and ``None`` assumes nothing (every read of the
+   routing then falls to the rules below). What follows from the indices (``one_hot``, the per-expert
+   ``nonzero``/``where`` of transformers' eager experts, ``histc`` and ``offs`` of the grouped path) is then
+   computed from them like any known value, up to ``ROUTING_LIMIT`` elements (a one-hot of 128 experts is
+   large). Each router call is a row of ``fidelity()["assumptions"]``. On transformers' default grouped path
+   the record does not depend on the routing (Note: [grouped_mm under fake tensors]); on the eager path the
+   sizes of each expert's matmuls do.
+
 Otherwise the value is unknown. A read the library code makes for a known reason is answered by a
 **documented assumption** (``value_reads.ASSUMPTIONS``: no early stop in ``generate()``, no padding in its
 inputs, labels in range, no re-draw in ``trunc_normal_``). An op whose output *size* depends on unknown
@@ -69,6 +85,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -86,14 +103,18 @@ from . import value_reads as _reads
 from .value_reads import NORMAL_BOUND, guard_error
 
 __all__ = [
-    "DRAW_LIMIT", "NORMAL_BOUND", "VALUE_LIMIT", "Values", "advice", "forget_cached_constructors", "guard_error",
-    "never_cached",
+    "DRAW_LIMIT", "NORMAL_BOUND", "ROUTINGS", "ROUTING_LIMIT", "VALUE_LIMIT", "Values", "routing_indices", "advice", "forget_cached_constructors", "guard_error",
+    "known_value", "never_cached",
 ]  # fmt: skip
 
 #: A tensor with at most this many elements keeps its values when they are knowable (0: values off).
 VALUE_LIMIT = 1 << 16
 #: A random draw of at most this many elements is run for real to keep its generator in step.
 DRAW_LIMIT = 1 << 22
+#: A tensor whose values follow from assumed routing (4. in the Note) keeps them up to this many elements.
+ROUTING_LIMIT = 1 << 24
+#: The routing assumptions ``record(routing=...)`` takes.
+ROUTINGS = ("balanced", "skewed", None)
 
 aten = torch.ops.aten
 _Tensor = torch.Tensor
@@ -109,7 +130,7 @@ _INDEX = frozenset(
     (aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default,
      aten._unsafe_index.Tensor, aten._unsafe_index_put.default)
 )  # fmt: skip
-K_OTHER, K_FACTORY, K_RANDOM, K_READ, K_OVERWRITE, K_INDEX = range(6)
+K_OTHER, K_FACTORY, K_RANDOM, K_READ, K_OVERWRITE, K_INDEX, K_ROUTE = range(7)
 _KINDS: dict[Any, int] = {}
 
 
@@ -118,7 +139,9 @@ def _kind(func: Any) -> int:
     if k is None:
         from torch._subclasses.fake_impls import _is_tensor_constructor
 
-        if func in _READS:
+        if func is aten.topk.default:
+            k = K_ROUTE
+        elif func in _READS:
             k = K_READ
         elif torch.Tag.nondeterministic_seeded in func.tags:
             k = K_RANDOM
@@ -151,8 +174,8 @@ def _returns_self(func: Any) -> bool:
 def never_cached(func: Any) -> bool:
     """Whether ``func`` must not get a dispatch-cache entry in a recording mode: a random op must reach
     :meth:`Values.dispatch` every time, or its draw would not be run (FakeTensorMode caches in-place
-    random ops by their metadata, as any in-place op)."""
-    return isinstance(func, torch._ops.OpOverload) and _kind(func) == K_RANDOM
+    random ops by their metadata, as any in-place op); so must ``topk``, a router's choice (4. in the Note)."""
+    return isinstance(func, torch._ops.OpOverload) and _kind(func) in (K_RANDOM, K_ROUTE)
 
 
 def forget_cached_constructors() -> None:
@@ -276,6 +299,8 @@ class Values:
         self.local = threading.local()
         self.seen: set[tuple[Any, ...]] = set()  # in-place random ops the fake rule ran for (_inplace_seen)
         self.lost: dict[int, tuple[Any, Any]] = {}  # id(generator) -> (generator, its state when a draw was skipped)
+        self.routing: str | None = "balanced"  # 4. in the Note: what a router's unknown topk is assumed to pick
+        self.any_routed = False  # whether a tensor got values from assumed routing (marked ``_fv_routed``)
 
     # -------------------------------------------------------------------------------- dispatch
     def dispatch(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -343,6 +368,8 @@ class Values:
             return self._overwrite(func, types, args, kwargs)
         if kind == K_INDEX:
             return self._index(func, types, args, kwargs)
+        if kind == K_ROUTE:
+            return self._topk(func, types, args, kwargs)
         return self._general(func, types, args, kwargs)
 
     def _lift_real(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
@@ -371,11 +398,14 @@ class Values:
             t.constant = None
         loc = self.local.__dict__
         outer = loc.get("inner", False)
+        outer_hidden = loc.get("hidden")
         loc["inner"] = True
+        loc["hidden"] = saved
         try:
             return fn()
         finally:
             loc["inner"] = outer
+            loc["hidden"] = outer_hidden
             for t, c in saved:
                 t.constant = c
 
@@ -419,6 +449,7 @@ class Values:
         if not known or real is _FAILED:
             for t in self._written(func, args, kwargs):
                 self._drop(t)
+        routed = self.any_routed and any(getattr(t, "_fv_routed", False) for t in valued.values())
         outs = _flat(out, [])
         reals = _flat(real, []) if real is not _FAILED else [None] * len(outs)
         if len(reals) != len(outs):
@@ -438,12 +469,16 @@ class Values:
             if base is not None:  # a view of a valued tensor: its value must be a view of the base's value
                 if ok and _storage_key(r) == _storage_key(base.constant):
                     self._attach(o, r)
+                    if routed:
+                        o._fv_routed = True
                 else:
                     self._drop(base)
-            elif ok and r.numel() <= VALUE_LIMIT:
+            elif ok and r.numel() <= (ROUTING_LIMIT if routed else VALUE_LIMIT):
                 if any(_storage_key(r) == _storage_key(t.constant) for t in valued.values()):
                     r = r.clone()
                 self._attach(o, r)
+                if routed:
+                    o._fv_routed = True
 
     # -------------------------------------------------------------------------------- op kinds
     def _general(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -489,6 +524,7 @@ class Values:
         real = _real_call(func, args, kwargs)
         device = _device_of(args, kwargs)
         written = {id(t) for t in self._written(func, args, kwargs)}
+        routed = self.any_routed and any(getattr(t, "_fv_routed", False) for t in _arg_tensors(args, kwargs))
 
         def wrap(r: Any) -> Any:
             if not isinstance(r, _Tensor):
@@ -498,8 +534,10 @@ class Values:
                     return t
             meta = torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype, device="meta")
             fake = FakeTensor(self.mode, meta, device)
-            if r.numel() <= VALUE_LIMIT:
+            if r.numel() <= (ROUTING_LIMIT if routed else VALUE_LIMIT):
                 self._attach(fake, r)
+                if routed:
+                    fake._fv_routed = True
             return fake
 
         if isinstance(real, (tuple, list)):
@@ -643,6 +681,11 @@ class Values:
                 self._assume(func, rule[1])
                 return rule[0]
             exc.fakeviz_unknown = _reads.describe(self.recorder, t)  # type: ignore[attr-defined]
+            if self.routing is None and self.recorder is not None and _router_name(self.recorder) is not None:
+                exc.fakeviz_hint = (  # type: ignore[attr-defined]
+                    "This reads the routing of a mixture of experts, unknown here: record(routing='balanced') or "
+                    "record(routing='skewed') assumes one."
+                )
             raise
 
     def _index(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -688,6 +731,33 @@ class Values:
         self._settle(func, args, kwargs, out, _FAILED, False)
         return out
 
+    def _topk(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """``topk``: with a known input, its value; in a router, with an unknown one, the assumed routing
+        (4. in the Note)."""
+        out = self._general(func, types, args, kwargs)
+        t = args[0]
+        if self.routing is None or self.recorder is None or not isinstance(t, FakeTensor) or t.constant is not None:
+            return out
+        bound = dict(zip(("self", "k", "dim", "largest", "sorted"), args))
+        bound.update(kwargs or {})
+        k, dim = bound.get("k"), bound.get("dim", -1)
+        if _has_sym(args, kwargs) or not isinstance(k, int) or t.dim() == 0 or dim not in (-1, t.dim() - 1):
+            return out
+        idx = out[1]
+        experts = t.shape[-1]
+        if not 0 < k < experts or idx.numel() > ROUTING_LIMIT or idx.constant is not None:
+            return out
+        router = _router_name(self.recorder)
+        if router is None:
+            return out
+        rows = idx.numel() // k
+        value = routing_indices(rows, k, experts, self.routing).reshape(tuple(idx.shape))
+        self._attach(idx, value)
+        idx._fv_routed = True
+        self.any_routed = True
+        self._assume(func, _routing_text(self.routing, router, rows, k, experts))
+        return out
+
     def dynamic(self, func: Any, args: Any, kwargs: Any) -> Any:
         """An op whose output size depends on unknown values: the assumption that every element is selected
         (``nonzero``, ``masked_select``), or None when there is no such assumption for ``func``."""
@@ -705,10 +775,16 @@ class Values:
             return FakeTensor(self.mode, torch.empty(n, dtype=t.dtype, device="meta"), t.fake_device)
         if func is aten._ctc_loss.Tensor:
             log_probs, targets = args[0], args[1]
+            lengths = args[3] if len(args) > 3 else (kwargs or {}).get("target_lengths")
             b = log_probs.shape[1] if log_probs.dim() == 3 else 1
-            longest = targets.shape[1] if targets.dim() == 2 else -(-targets.shape[0] // max(b, 1))
-            self._assume(func, f"ctc_loss: target lengths unknown, assumed equal: the longest is {longest} "
-                         "(the targets split evenly over the batch), which sizes log_alpha")  # fmt: skip
+            known = lengths.constant if isinstance(lengths, FakeTensor) else None
+            if known is not None:  # the kernel's max_target_length: exact
+                with no_dispatch():
+                    longest = int(known.max()) if known.numel() else 0
+            else:
+                longest = targets.shape[1] if targets.dim() == 2 else -(-targets.shape[0] // max(b, 1))
+                self._assume(func, f"ctc_loss: target lengths unknown, assumed equal: the longest is {longest} "
+                             "(the targets split evenly over the batch), which sizes log_alpha")  # fmt: skip
             dev = log_probs.fake_device
             nll = torch.empty((b,) if log_probs.dim() == 3 else (), dtype=log_probs.dtype, device="meta")
             alpha = torch.empty((b, log_probs.shape[0], 2 * longest + 1), dtype=log_probs.dtype, device="meta")
@@ -718,6 +794,54 @@ class Values:
     def _assume(self, func: Any, text: str) -> None:
         if self.recorder is not None:
             self.recorder.note_assumption(func, text)
+
+
+def routing_indices(rows: int, k: int, experts: int, routing: str) -> torch.Tensor:
+    """The expert indices ``[rows, k]`` (int64, cpu) a router is assumed to pick (4. in the Note)."""
+    if routing not in ("balanced", "skewed"):
+        raise ValueError(f"routing={routing!r}: use one of {', '.join(map(repr, ROUTINGS))}")
+    with no_dispatch():
+        if routing == "balanced":
+            r = torch.arange(rows, dtype=torch.long)[:, None] * k + torch.arange(k, dtype=torch.long)[None, :]
+            return (r % experts).contiguous()
+        return torch.arange(k, dtype=torch.long).expand(rows, k).contiguous()
+
+
+_ROUTER = re.compile(r"router|gate|moe|expert", re.IGNORECASE)
+
+
+def _router_name(recorder: Any) -> str | None:
+    """The class of the innermost module in forward if it looks like a mixture-of-experts router, else None."""
+    name = recorder.module_class_name() if hasattr(recorder, "module_class_name") else None
+    return name if name is not None and _ROUTER.search(name) else None
+
+
+def _routing_text(routing: str, router: str, rows: int, k: int, experts: int) -> str:
+    if routing == "balanced":
+        share = rows * k / experts
+        even = "each" if share == int(share) else "about"
+        return (f"MoE routing unknown ({router}): assumed balanced, token t takes experts (t*{k} + j) mod "
+                f"{experts}: {even} {share:.6g} of {rows} tokens per expert (record(routing='skewed') for the "
+                "worst case)")  # fmt: skip
+    return (
+        f"MoE routing unknown ({router}): assumed skewed, every token takes experts 0..{k - 1}: {k} of "
+        f"{experts} experts get all {rows} tokens, the rest none (the most one expert can get)"
+    )
+
+
+def known_value(t: Any) -> torch.Tensor | None:
+    """The CPU value of fake tensor ``t`` if the run knows it, also inside a fake rule that runs with the
+    inputs' values hidden (``Values._hidden``): for fake rules that read values as the real kernel does
+    (Note: [cuDNN CTC under fake tensors])."""
+    if not isinstance(t, FakeTensor):
+        return None
+    if t.constant is not None:
+        return t.constant
+    values = getattr(t.fake_mode, "_fv_values", None)
+    for h, c in (values.local.__dict__.get("hidden") or ()) if values is not None else ():
+        if h is t:
+            return c
+    return None
 
 
 _ALL_SELECTED = (

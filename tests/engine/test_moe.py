@@ -356,3 +356,111 @@ def test_mixtral_on_fake_cuda_v100_takes_transformers_fallback() -> None:
     assert "transformers.grouped_mm_fallback.default" in ops and "aten._grouped_mm.default" not in ops
     flops = trace.col("flops")
     assert all(flops[int(seq)] > 0 for seq in trace.ops[trace.ops.op.str.startswith("transformers.")].seq)
+
+
+# ------------------------------------------------------------------ routing (Note: [values under fake tensors], 4.)
+def _forced_step(name: str, routing: str | None, **overrides: Any) -> Callable[[], Any]:
+    """``step`` with eager experts; with ``routing``, every router's top-k indices are replaced (a forward hook)
+    by :func:`fakeviz._engine.values.routing_indices`: a real run routed as the assumption says."""
+    from fakeviz._engine.values import routing_indices
+
+    def run() -> Any:
+        torch.manual_seed(0)
+        model = getattr(transformers, MODELS[name][0])(config(name, experts_implementation="eager", **overrides))
+        if routing is not None:
+
+            def force(mod: Any, args: Any, out: Any) -> Any:
+                logits, scores, idx = out
+                forced = routing_indices(idx.shape[0], idx.shape[1], logits.shape[-1], routing)
+                return logits, scores, forced
+
+            for mod in model.modules():
+                if type(mod).__name__.endswith("TopKRouter"):
+                    mod.register_forward_hook(force)
+        ids = torch.randint(0, 100, (2, 8))
+        model(input_ids=ids, labels=ids).loss.backward()
+        return model
+
+    return run
+
+
+def _expert_matmuls(trace: fv.Trace, phase: str | None = None) -> list[str]:
+    """The matmuls inside the experts modules, as 'dtype[shape] op' in order: their sizes are the tokens each
+    expert got."""
+    out = []
+    for line, module, ph in zip(trace.oplog_lines(), trace.ops["module"], trace.ops["phase"]):
+        if phase is not None and ph != phase:
+            continue
+        if isinstance(module, str) and module.endswith(".experts") and " aten.mm." in f" {line.split(' = ', 1)[1]}":
+            lhs, rhs = line.split(" = ", 1)
+            out.append(f"{lhs.split(': ', 1)[1]} {rhs.split('(', 1)[0]}")
+    return out
+
+
+@pytest.mark.parametrize("routing", ["balanced", "skewed"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_assumed_routing_equals_a_real_run_routed_so(name: str, routing: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Values of the hidden states unknown (as at full size): the eager experts' matmuls follow the assumed
+    routing exactly as a real run whose routers pick those experts."""
+    from fakeviz._engine import values
+
+    real, _ = record(_forced_step(name, routing), device="cpu", fake=False)
+    monkeypatch.setattr(values, "VALUE_LIMIT", 16)  # router scores [16, 4] unknown; arange(5) still known
+    fake, model = record(_forced_step(name, None), device="cpu", routing=routing)
+    assert model.config._experts_implementation == "eager"
+    a, b = _expert_matmuls(real), _expert_matmuls(fake)
+    assert a and a == b
+    fwd = _expert_matmuls(fake, phase="forward")
+    rows = {int(x.split("[", 1)[1].split(",")[0]) for x in fwd}
+    assert rows == ({8} if routing == "balanced" else {16})  # 16 tokens x top-2 over 4 experts; all to 2 experts
+    table = fake.fidelity()["assumptions"]
+    routed = table[table.op == "aten.topk.default"]
+    n_layers = config(name).num_hidden_layers
+    assert len(routed) == n_layers and all(f"assumed {routing}" in t for t in routed.assumption)
+    assert routed.module.str.endswith("gate").all()
+
+
+def test_skewed_routing_loads_one_expert_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Skewed: the largest per-expert matmul (tokens of the busiest expert) is the most any routing gives; the
+    rows saved for backward (tokens x k) are as many as balanced routing's."""
+    from fakeviz._engine import values
+
+    monkeypatch.setattr(values, "VALUE_LIMIT", 16)
+    rows = {}
+    for routing in ("balanced", "skewed"):
+        fake, _ = record(_forced_step("mixtral", None), device="cpu", routing=routing)
+        fwd = _expert_matmuls(fake, phase="forward")
+        sizes = [int(x.split("[", 1)[1].split(",")[0]) for x in fwd]
+        rows[routing] = (max(sizes), sum(sizes))
+    assert rows["skewed"][0] == 2 * 8 == 2 * rows["balanced"][0]  # all 16 tokens vs 16 * 2 / 4
+    assert rows["skewed"][1] == rows["balanced"][1]
+
+
+def test_no_routing_assumption_stops_at_the_read_and_says_how(monkeypatch: pytest.MonkeyPatch) -> None:
+    """routing=None: nothing assumed of the router; the eager experts read the routing (which experts were
+    hit) and the run stops there, naming the line and the option."""
+    from fakeviz._engine import values
+
+    monkeypatch.setattr(values, "VALUE_LIMIT", 16)
+    gc.collect()
+    with pytest.raises(fv.DataDependentError) as info:
+        with fv.record(device="cpu", routing=None) as fake:
+            _forced_step("mixtral", None)()
+    text = str(info.value)
+    assert "if expert_idx == self.num_experts" in text and "record(routing='balanced')" in text
+    assert len(text.splitlines()) <= 25
+    assert fake.meta["routing"] is None and fake.error is not None
+
+
+def test_routing_on_the_grouped_path_changes_nothing_but_the_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' default grouped_mm experts: the record is the same whatever the routing."""
+    from fakeviz._engine import values
+
+    monkeypatch.setattr(values, "VALUE_LIMIT", 16)
+    logs = {r: record(step("mixtral"), device="cpu", routing=r)[0].oplog_lines() for r in ("balanced", "skewed")}
+    assert logs["balanced"] == logs["skewed"]
+
+
+def test_bad_routing_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="routing='even': use 'balanced'"):
+        fv.record(routing="even")

@@ -129,3 +129,40 @@ def test_check_export_keeps_tracing() -> None:
     assert check.error is None
     ops = [str(n.target) for n in check.program.graph.nodes if n.op == "call_function"]
     assert ops == ["aten.add.Tensor"]
+
+
+def test_transformers_imported_inside_the_recording_is_wrapped() -> None:
+    """A fresh process whose first ``import transformers`` happens inside the recorded block (a model built
+    there, as ``fakeviz.models.build`` does) takes the same branches as a later recording: the check is wrapped
+    when transformers' ``import_utils`` loads, not only when it was loaded before the block."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys
+        import torch
+        import fakeviz as fv
+        assert "transformers" not in sys.modules
+
+        def run():
+            import transformers as tf
+            cfg = tf.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                 num_key_value_heads=1, intermediate_size=64, vocab_size=100)
+            torch.manual_seed(0)
+            m = tf.LlamaForCausalLM(cfg)
+            m(input_ids=torch.randint(0, 100, (1, 8)), attention_mask=torch.ones(1, 8, dtype=torch.long))
+
+        logs = []
+        for _ in range(2):
+            with fv.record() as trace:
+                run()
+            assert trace.error is None, trace.error
+            logs.append(trace.oplog_lines())
+        assert logs[0] == logs[1], "first and second recording differ"
+        print("ok", len(logs[0]))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.startswith("ok"), out.stderr[-3000:]

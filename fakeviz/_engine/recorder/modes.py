@@ -145,6 +145,28 @@ def _install_fallback_probe() -> None:
 _install_fallback_probe()
 
 
+# Note: [strides of the real kernel]
+# For a few ops the fake rule FakeTensorMode runs (torch's Python decomposition, also what it registers as the
+# Meta kernel) gives other output strides than the real kernels: ``_log_softmax_backward_data`` is
+# ``grad - exp(out) * sum(grad)``, whose strides follow a non-contiguous ``grad`` (CTC heads: the grad of a
+# transposed log_softmax), where the real CPU and CUDA kernels (structured, ``TORCH_META_FUNC
+# (_log_softmax_backward_data)``: ``set_output_raw_strided(0, grad.sizes(), {}, LEGACY_CONTIGUOUS)``)
+# return a contiguous tensor. Autograd then cloned it before a ``view`` in the fake run only: one extra op and
+# another memory curve (Wav2Vec2ForCTC). A recording mode gives these ops' outputs the real kernels'
+# (contiguous) strides; the dispatch cache then holds the corrected entry. Only without symbolic sizes.
+_CONTIGUOUS_OUT = frozenset({torch.ops.aten._log_softmax_backward_data.default})
+
+
+def _contiguous_out(mode: Any, out: Any) -> Any:
+    if not isinstance(out, _FakeTensor) or out.is_contiguous() or out._has_symbolic_sizes_strides:
+        return out
+    from torch._subclasses.fake_tensor import in_kernel_invocation_manager
+
+    with in_kernel_invocation_manager(mode):
+        meta = torch.empty(tuple(out.shape), dtype=out.dtype, device="meta")
+    return mode.fake_tensor_converter.from_meta_and_device(mode, meta, out.fake_device)
+
+
 class _FakeRecordingMode(FakeTensorMode):
     """FakeTensorMode with the recorder fused in. See Note: [recorder fused into the fake mode]."""
 
@@ -158,6 +180,8 @@ class _FakeRecordingMode(FakeTensorMode):
 
     def _dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         # reached on a dispatch-cache miss or bypass only (an op on a tensor with a value always bypasses)
+        if func in _CONTIGUOUS_OUT:  # Note: [strides of the real kernel]
+            return _contiguous_out(self, self._fv_values.dispatch(func, types, args, kwargs))
         return self._fv_values.dispatch(func, types, args, kwargs)
 
     def _validate_cache_key(self, func: Any, args: Any, kwargs: Any) -> None:

@@ -410,6 +410,15 @@ class ModulesMixin:
         self.sn_marks.append(_get_sequence_nr())
         self.sn_mods.append(self.fw_stack[-1] if self.fw_stack else -1)
 
+    def module_class_name(self) -> str | None:
+        """The class name of the innermost module in forward now, or None (Note: [values under fake tensors])."""
+        if not self.fw_stack:
+            return None
+        mid = self.fw_stack[-1]
+        if not 0 <= mid < len(self.b.mod_class):
+            return None
+        return self.b.tables["classes"].strings[self.b.mod_class[mid]]
+
     def fw_pre(self, mod: torch.nn.Module, args: Any) -> None:
         if not self.active:
             return

@@ -50,8 +50,16 @@ class Recording:
         record_cls: type[Record] = Record,
         gpus: int | None = None,
         memory_stats: Callable[[Record, str, int], dict[str, int]] | None = None,
+        routing: str | None = "balanced",
     ) -> None:
         from ..._core.gpus import Capacity
+
+        if routing not in _values.ROUTINGS:
+            raise ValueError(
+                f"routing={routing!r}: use 'balanced' (the default: every expert gets as many tokens), 'skewed' "
+                "(every token takes the same experts: the most one expert can get) or None (assume nothing)"
+            )
+        self.routing = routing
         from ..attention import SETTINGS
 
         if attention not in (*SETTINGS, "native"):
@@ -85,6 +93,7 @@ class Recording:
                 "torch": torch.__version__,
                 "fake_cuda": None,
                 "attention": attention,
+                "routing": routing,
                 **({"gpu": gpu, "capacity": gpu, "capability": list(self.capability)} if gpu else {}),
             }
         )
@@ -143,6 +152,8 @@ class Recording:
                 stack.callback(_remove_core_hooks, mode)
                 mode._fv_values.recorder = state  # Note: [values under fake tensors]: assumptions, provenance
                 stack.callback(setattr, mode._fv_values, "recorder", None)
+                stack.callback(setattr, mode._fv_values, "routing", mode._fv_values.routing)
+                mode._fv_values.routing = self.routing
                 stack.enter_context(tracing_checks(mode, state))  # Note: [tracing checks under fake tensors]
             else:
                 # Note: [view replay in real runs]
@@ -262,6 +273,7 @@ def record(
     record_cls: type[Record] = Record,
     gpus: int | None = None,
     memory_stats: Callable[[Record, str, int], dict[str, int]] | None = None,
+    routing: str | None = "balanced",
 ) -> Recording:
     """Record every dispatched aten op of the code in the ``with`` block.
 
@@ -296,6 +308,11 @@ def record(
             :mod:`fakeviz._engine.cuda_api`).
         gpus: how many GPUs ``torch.cuda.device_count()`` reports in the block (default: the
             device's index + 1).
+        routing: what a mixture-of-experts router whose scores are unknown is assumed to pick:
+            ``"balanced"`` (every expert gets as many tokens), ``"skewed"`` (every token takes the
+            same top-k experts: the most tokens one expert can get) or ``None`` (no assumption).
+            It changes the record where code reads the routing (transformers' eager experts); each
+            router call is listed in ``fidelity()["assumptions"]``. See Note: [values under fake tensors].
 
     On an error inside the block the exception propagates unchanged (with a
     note naming the op, module and line) or, for data-dependent ops, as a
@@ -317,4 +334,5 @@ def record(
         record_cls=record_cls,
         gpus=gpus,
         memory_stats=memory_stats,
+        routing=routing,
     )
