@@ -28,6 +28,7 @@ from ._core.errors import (
 from ._engine import cuda_shim as _cuda_shim
 from ._engine.session import fake_mode, fakeify, is_fake, meta_like
 from ._export import ExportCheck, check_export
+from ._frontends.planning import Plan, compare, max_batch, max_seq, plan, sweep
 from ._fx import prop
 from ._trace import CATEGORIES, PHASES, ROLES, Trace, load
 
@@ -56,6 +57,12 @@ __all__ = [
     "prop",
     "ExportCheck",
     "check_export",
+    "Plan",
+    "plan",
+    "sweep",
+    "compare",
+    "max_batch",
+    "max_seq",
     "UnknownModelError",
     "CheckpointError",
     "CheckpointMismatchError",

@@ -16,8 +16,9 @@ from .memory import allocator_run, live_bytes, peak_bytes
 __all__ = ["verdict"]
 
 
-def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, Any]:
-    """Does every accelerator fit ``capacity`` (bytes, "80GB" or a GPU name)?
+def verdict(trace: Record, capacity: str | int | float | Capacity | dict[str, Any]) -> dict[str, Any]:
+    """Does every accelerator fit ``capacity`` (bytes, "80GB" or a GPU name, or a dict of one per device:
+    ``{"cuda:0": "80GB", "cuda:1": "40GiB"}``, the devices it leaves out taking the smallest)?
 
     On cuda devices the caching-allocator model (``fakeviz._analysis.allocator``) is run
     with that capacity: the device fits when the model never runs out of memory
@@ -36,10 +37,16 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
     A record stopped by an error (``record.error``) is incomplete: it never fits, and the text says
     where it stopped and what the recorded part peaked at.
 
-    Returns ``{"fits": bool, "incomplete": bool, "capacity": bytes, "devices": {dev: {"peak",
-    "allocated", "raw", "headroom", "fits", "oom_seq", "first_oom"}}, "text"}``.
+    Returns ``{"fits": bool, "incomplete": bool, "capacity": bytes (the smallest), "devices": {dev: {"peak",
+    "allocated", "raw", "headroom", "fits", "oom_seq", "first_oom", "capacity"}}, "text"}``.
     """
-    cap = Capacity.parse(capacity).bytes
+    if isinstance(capacity, dict):
+        per_device = {str(d): Capacity.parse(c).bytes for d, c in capacity.items()}
+        if not per_device:
+            raise ValueError("capacity: an empty dict names no device")
+        cap = min(per_device.values())
+    else:
+        per_device, cap = {}, Capacity.parse(capacity).bytes
     devices = {}
     live = live_bytes(trace)
     for dev, pk in peak_bytes(trace).items():
@@ -47,10 +54,11 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
             continue
         raw = pk["bytes"]
         first_oom = None
+        dev_cap = per_device.get(dev, cap)
         if uses_caching_allocator(dev):
             whole = allocator_run(trace, dev)  # Note: [reserved at peak]
             peak, allocated = int(whole.peak_reserved), int(whole.peak_allocated)
-            run = allocator_run(trace, dev, cap)
+            run = allocator_run(trace, dev, dev_cap)
             # Note: [out of memory before the first op]: storages that existed before the recording started
             # (weights built outside it, storages carried in from an earlier cell) are placed before op 0; the
             # model reports running out there as seq -1, so `fits` is decided on the count, not the seq
@@ -63,17 +71,17 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
                     else _before_first_op(trace, dev, request=int(ev[4]), free=int(ev[3]))
                 )
         else:
-            peak, allocated, fits, oom = raw, raw, raw <= cap, -1
+            peak, allocated, fits, oom = raw, raw, raw <= dev_cap, -1
             if not fits:
                 curve = live[dev]
-                oom = int(np.argmax(curve > cap))
+                oom = int(np.argmax(curve > dev_cap))
                 first_oom = _at_op(trace, oom, curve, request=int(curve[oom] - (curve[oom - 1] if oom else 0)),
-                                   free=int(cap - (curve[oom - 1] if oom else 0)))  # fmt: skip
+                                   free=int(dev_cap - (curve[oom - 1] if oom else 0)))  # fmt: skip
         if first_oom is not None:
             first_oom["where"] = _where(first_oom)
         devices[dev] = {
-            "peak": peak, "allocated": allocated, "raw": raw, "headroom": cap - peak, "fits": fits, "oom_seq": oom,
-            "first_oom": first_oom,
+            "peak": peak, "allocated": allocated, "raw": raw, "headroom": dev_cap - peak, "fits": fits, "oom_seq": oom,
+            "first_oom": first_oom, "capacity": dev_cap,
         }  # fmt: skip
     fits = all(d["fits"] for d in devices.values())
     stopped = _stopped_at(trace)
@@ -81,12 +89,14 @@ def verdict(trace: Record, capacity: str | int | float | Capacity) -> dict[str, 
         text = "no accelerator memory was used"
     elif fits:
         worst = min(devices.items(), key=lambda kv: kv[1]["headroom"])
-        text = f"fits: {worst[0]} peaks at {format_bytes(worst[1]['peak'])} of {format_bytes(cap)}"
+        text = f"fits: {worst[0]} peaks at {format_bytes(worst[1]['peak'])} of {format_bytes(worst[1]['capacity'])}"
         if worst[1]["headroom"] < 0:  # over the capacity without a limit: fits by emptying the cache
             text += " reserved, by freeing cached blocks as it goes"
     else:
         over = [_over_text(d, v) for d, v in devices.items() if not v["fits"]]
-        text = f"does not fit {format_bytes(cap)}: " + "; ".join(over)
+        sizes = sorted({v["capacity"] for v in devices.values()})
+        of = " / ".join(format_bytes(c) for c in sizes)
+        text = f"does not fit {of}: " + "; ".join(over)
     if stopped is not None:
         # Only the part before the error was recorded: what came after is unknown, so never "fits".
         if fits:

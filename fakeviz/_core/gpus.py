@@ -19,7 +19,7 @@ from .fmt import format_bytes
 
 __all__ = [
     "CAPABILITY", "DEVICE_NAMES", "GPUS", "MULTIPROCESSORS", "ROCM_ARCH", "SM_LIMITS", "Capacity", "capacity_of",
-    "gpu_capability", "parse_capacity",
+    "gpu_capability", "parse_capacity", "parse_gpus", "split_gpus",
 ]  # fmt: skip
 
 _MIB = 2**20
@@ -151,3 +151,43 @@ def gpu_capability(name: str) -> tuple[int, int] | None:
     """The compute capability of a GPU named in the catalog (None: not an NVIDIA GPU or not a name)."""
     gpu = _BY_NORM.get(_norm(str(name)))
     return CAPABILITY.get(gpu) if gpu else None
+
+
+#: The most GPUs a machine spec may name (fake cuda devices are cuda:0 .. cuda:63).
+MAX_GPUS = 64
+
+
+def split_gpus(text: str) -> tuple[int, str]:
+    """``"8xH100"`` -> ``(8, "H100")``; ``"H100"`` -> ``(1, "H100")``; ``"2x80GB"`` -> ``(2, "80GB")``.
+
+    Raises:
+        ValueError: a count outside 1..64, or an unknown GPU / size (the message of :meth:`Capacity.parse`).
+    """
+    count, sep, what = str(text).strip().partition("x")
+    if not sep or not count.strip().isdigit():
+        count, what = "1", str(text).strip()
+    n = int(count)
+    if not 1 <= n <= MAX_GPUS:
+        raise ValueError(f"gpus {text!r}: between 1 and {MAX_GPUS} GPUs")
+    Capacity.parse(what)  # a clear error for an unknown name or size
+    return n, what.strip()
+
+
+def parse_gpus(spec: Any) -> list[Capacity]:
+    """One :class:`Capacity` per GPU of a machine: ``"4xH100"``, ``"H100"``, ``"2x80GB"``, or a list of names,
+    sizes and such specs (``["80GB", "40GiB"]``, ``["2xH100", "A100 40GB"]``), in device order.
+
+    Raises:
+        ValueError: an empty list, more than 64 GPUs, or an unknown GPU / size.
+    """
+    if isinstance(spec, (list, tuple)):
+        out = [c for item in spec for c in parse_gpus(item)]
+        if not out:
+            raise ValueError("gpus: an empty list names no GPU")
+        if len(out) > MAX_GPUS:
+            raise ValueError(f"gpus: {len(out)} GPUs, at most {MAX_GPUS}")
+        return out
+    if isinstance(spec, (int, float, Capacity)) and not isinstance(spec, bool):
+        return [Capacity.parse(spec)]
+    n, what = split_gpus(spec)
+    return [Capacity.parse(what)] * n

@@ -59,7 +59,7 @@ from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
 from .moe import adopted
 
-__all__ = ["FAKE_RULE_OPS", "ctc_loss", "use_cudnn_ctc_loss"]
+__all__ = ["FAKE_RULE_OPS", "ctc_loss", "ctc_loss_outputs", "use_cudnn_ctc_loss"]
 
 aten = torch.ops.aten
 
@@ -131,7 +131,7 @@ def use_cudnn_ctc_loss(
 
 def _known(t: Any) -> torch.Tensor | None:
     """The CPU value of fake tensor ``t`` when the run knows it (also while an op runs with values hidden)."""
-    from .values import known_value
+    from .value_reads import known_value
 
     return known_value(t)
 
@@ -157,7 +157,7 @@ def _bind(names: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any])
 def _note(mode: Any, func: Any, text: str) -> None:
     values = getattr(mode, "_fv_values", None)
     if values is not None:
-        values._assume(func, text)
+        values.assume(func, text)
 
 
 @_ours
@@ -310,3 +310,27 @@ def _install() -> None:
 
 
 _install()
+
+
+def ctc_loss_outputs(mode: Any, args: Any, kwargs: Any, assume: Callable[[str], None]) -> tuple[Any, Any]:
+    """``_ctc_loss.Tensor``'s outputs where torch's fake rule needs the lengths' values: ``neg_log_likelihood``
+    ``[B]`` and ``log_alpha`` ``[B, T, 2 * max(target_lengths) + 1]``, exact when the target lengths are known
+    (Note: [values under fake tensors]), else sized by the stated assumption of equal lengths."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._mode_utils import no_dispatch
+
+    log_probs, targets = args[0], args[1]
+    lengths = args[3] if len(args) > 3 else (kwargs or {}).get("target_lengths")
+    b = log_probs.shape[1] if log_probs.dim() == 3 else 1
+    known = lengths.constant if isinstance(lengths, FakeTensor) else None
+    if known is not None:  # the kernel's max_target_length: exact
+        with no_dispatch():
+            longest = int(known.max()) if known.numel() else 0
+    else:
+        longest = targets.shape[1] if targets.dim() == 2 else -(-targets.shape[0] // max(b, 1))
+        assume(f"ctc_loss: target lengths unknown, assumed equal: the longest is {longest} (the targets split "
+               "evenly over the batch), which sizes log_alpha")  # fmt: skip
+    dev = log_probs.fake_device
+    nll = torch.empty((b,) if log_probs.dim() == 3 else (), dtype=log_probs.dtype, device="meta")
+    alpha = torch.empty((b, log_probs.shape[0], 2 * longest + 1), dtype=log_probs.dtype, device="meta")
+    return FakeTensor(mode, nll, dev), FakeTensor(mode, alpha, dev)

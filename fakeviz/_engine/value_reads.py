@@ -22,7 +22,9 @@ from torch.utils._mode_utils import no_dispatch
 from .._core.errors import DataDependentError
 from .._core.schema import FLAG_INPLACE, OP_COLS, OUT_COLS, field
 
-__all__ = ["ASSUMPTIONS", "NORMAL_BOUND", "advice", "bounds", "describe", "guard_error", "rule_for_read"]
+__all__ = [
+    "ASSUMPTIONS", "NORMAL_BOUND", "advice", "bounds", "describe", "guard_error", "known_value", "rule_for_read",
+]  # fmt: skip
 
 #: Every normal draw lies within this many standard deviations of its mean (Note: [values under fake tensors]).
 NORMAL_BOUND = 10.0
@@ -330,3 +332,18 @@ def advice(exc: BaseException, limit: int) -> str:
         "compute it outside the recorded block and pass a Python number; for a check that only validates "
         "inputs, move it before the block." + (f"\n{exc.fakeviz_hint}" if getattr(exc, "fakeviz_hint", None) else "")
     )
+
+
+def known_value(t: Any) -> torch.Tensor | None:
+    """The CPU value of fake tensor ``t`` if the run knows it, also inside a fake rule that runs with the
+    inputs' values hidden (``Values._hidden``): for fake rules that read values as the real kernel does
+    (Note: [cuDNN CTC under fake tensors])."""
+    if not isinstance(t, FakeTensor):
+        return None
+    if t.constant is not None:
+        return t.constant
+    values = getattr(t.fake_mode, "_fv_values", None)
+    for h, c in (values.local.__dict__.get("hidden") or ()) if values is not None else ():
+        if h is t:
+            return c
+    return None

@@ -53,21 +53,8 @@ this order:
    ``any``/``all``, ``where``, copies and views, so ``((w < -2) | (w > 2)).any()`` on ``w.normal_(0, 0.02)``
    is ``False`` for a weight of any size, as in every real run.
 
-4. **Routing** (an assumption, ``record(routing=...)``). A mixture-of-experts router picks each token's
-   experts with ``topk`` of its scores, which a full-size fake run does not know. The ``topk`` of unknown
-   values inside a router (the innermost module's class name has "Router", "Gate", "MoE"/"Moe" or "Expert")
-   gets assumed indices (:func:`routing_indices`): ``"balanced"`` (the default) gives token ``t`` the experts
-   ``(t * k + j) mod E``, so every expert gets ``rows * k / E`` tokens (one more for some when it does not
-   divide), ``"skewed"`` gives every token the experts ``0 .. k-1``, so ``k`` experts get every token and the
-   rest none: the most tokens one expert can get, the worst case for that expert's buffers and, with experts
-   on several GPUs, for the busiest GPU; the step's peak on one device need not be higher, since the
-   tokens x k rows saved for backward are as many), and ``None`` assumes nothing (every read of the
-   routing then falls to the rules below). What follows from the indices (``one_hot``, the per-expert
-   ``nonzero``/``where`` of transformers' eager experts, ``histc`` and ``offs`` of the grouped path) is then
-   computed from them like any known value, up to ``ROUTING_LIMIT`` elements (a one-hot of 128 experts is
-   large). Each router call is a row of ``fidelity()["assumptions"]``. On transformers' default grouped path
-   the record does not depend on the routing (Note: [grouped_mm under fake tensors]); on the eager path the
-   sizes of each expert's matmuls do.
+4. **Routing** (``record(routing=...)``): a MoE router's ``topk`` of unknown scores gets assumed indices
+   (Note: [routing under fake tensors] in :mod:`fakeviz._engine.routing`).
 
 Otherwise the value is unknown. A read the library code makes for a known reason is answered by a
 **documented assumption** (``value_reads.ASSUMPTIONS``: no early stop in ``generate()``, no padding in its
@@ -85,7 +72,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -99,22 +85,21 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._mode_utils import no_dispatch
 
+from . import routing as _routing
 from . import value_reads as _reads
-from .value_reads import NORMAL_BOUND, guard_error
+from .ctc import ctc_loss_outputs
+from .routing import ROUTING_LIMIT, ROUTINGS, routing_indices
+from .value_reads import NORMAL_BOUND, guard_error, known_value
 
 __all__ = [
-    "DRAW_LIMIT", "NORMAL_BOUND", "ROUTINGS", "ROUTING_LIMIT", "VALUE_LIMIT", "Values", "routing_indices", "advice", "forget_cached_constructors", "guard_error",
-    "known_value", "never_cached",
+    "DRAW_LIMIT", "NORMAL_BOUND", "ROUTINGS", "ROUTING_LIMIT", "VALUE_LIMIT", "Values", "advice",
+    "forget_cached_constructors", "guard_error", "known_value", "never_cached", "routing_indices",
 ]  # fmt: skip
 
 #: A tensor with at most this many elements keeps its values when they are knowable (0: values off).
 VALUE_LIMIT = 1 << 16
 #: A random draw of at most this many elements is run for real to keep its generator in step.
 DRAW_LIMIT = 1 << 22
-#: A tensor whose values follow from assumed routing (4. in the Note) keeps them up to this many elements.
-ROUTING_LIMIT = 1 << 24
-#: The routing assumptions ``record(routing=...)`` takes.
-ROUTINGS = ("balanced", "skewed", None)
 
 aten = torch.ops.aten
 _Tensor = torch.Tensor
@@ -678,14 +663,10 @@ class Values:
                 return bool(v) if t.dtype == torch.bool else (int(v) if not t.dtype.is_floating_point else float(v))
             rule = _reads.rule_for_read()
             if rule is not None:
-                self._assume(func, rule[1])
+                self.assume(func, rule[1])
                 return rule[0]
             exc.fakeviz_unknown = _reads.describe(self.recorder, t)  # type: ignore[attr-defined]
-            if self.routing is None and self.recorder is not None and _router_name(self.recorder) is not None:
-                exc.fakeviz_hint = (  # type: ignore[attr-defined]
-                    "This reads the routing of a mixture of experts, unknown here: record(routing='balanced') or "
-                    "record(routing='skewed') assumes one."
-                )
+            _routing.hint(self, exc)
             raise
 
     def _index(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -719,7 +700,7 @@ class Values:
                     with no_dispatch():
                         cols = i.constant.nonzero().unbind(1)
                 else:
-                    self._assume(func, _ALL_SELECTED.format(what=f"the boolean index of shape {list(i.shape)}"))
+                    self.assume(func, _ALL_SELECTED.format(what=f"the boolean index of shape {list(i.shape)}"))
                     cols = [torch.empty(i.numel(), dtype=torch.long) for _ in range(i.dim())]
                 for c in cols:
                     meta = torch.empty(tuple(c.shape), dtype=torch.long, device="meta")
@@ -732,31 +713,9 @@ class Values:
         return out
 
     def _topk(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        """``topk``: with a known input, its value; in a router, with an unknown one, the assumed routing
-        (4. in the Note)."""
+        """``topk``: with a known input, its value; in a router, the assumed routing (4. in the Note)."""
         out = self._general(func, types, args, kwargs)
-        t = args[0]
-        if self.routing is None or self.recorder is None or not isinstance(t, FakeTensor) or t.constant is not None:
-            return out
-        bound = dict(zip(("self", "k", "dim", "largest", "sorted"), args))
-        bound.update(kwargs or {})
-        k, dim = bound.get("k"), bound.get("dim", -1)
-        if _has_sym(args, kwargs) or not isinstance(k, int) or t.dim() == 0 or dim not in (-1, t.dim() - 1):
-            return out
-        idx = out[1]
-        experts = t.shape[-1]
-        if not 0 < k < experts or idx.numel() > ROUTING_LIMIT or idx.constant is not None:
-            return out
-        router = _router_name(self.recorder)
-        if router is None:
-            return out
-        rows = idx.numel() // k
-        value = routing_indices(rows, k, experts, self.routing).reshape(tuple(idx.shape))
-        self._attach(idx, value)
-        idx._fv_routed = True
-        self.any_routed = True
-        self._assume(func, _routing_text(self.routing, router, rows, k, experts))
-        return out
+        return _routing.assume(self, func, args, kwargs, out)
 
     def dynamic(self, func: Any, args: Any, kwargs: Any) -> Any:
         """An op whose output size depends on unknown values: the assumption that every element is selected
@@ -765,88 +724,24 @@ class Values:
             t = args[0]
             n = t.numel()
             meta = torch.empty_strided((n, t.dim()), (1, max(n, 1)), dtype=torch.long, device="meta")
-            self._assume(func, _ALL_SELECTED.format(what=f"the {list(t.shape)} tensor"))
+            self.assume(func, _ALL_SELECTED.format(what=f"the {list(t.shape)} tensor"))
             return FakeTensor(self.mode, meta, t.fake_device)
         if func is aten.masked_select.default:
             t, mask = args[0], args[1]
-            shape = torch.broadcast_shapes(t.shape, mask.shape)
-            n = math.prod(shape)
-            self._assume(func, _ALL_SELECTED.format(what=f"the mask of shape {list(mask.shape)}"))
+            n = math.prod(torch.broadcast_shapes(t.shape, mask.shape))
+            self.assume(func, _ALL_SELECTED.format(what=f"the mask of shape {list(mask.shape)}"))
             return FakeTensor(self.mode, torch.empty(n, dtype=t.dtype, device="meta"), t.fake_device)
         if func is aten._ctc_loss.Tensor:
-            log_probs, targets = args[0], args[1]
-            lengths = args[3] if len(args) > 3 else (kwargs or {}).get("target_lengths")
-            b = log_probs.shape[1] if log_probs.dim() == 3 else 1
-            known = lengths.constant if isinstance(lengths, FakeTensor) else None
-            if known is not None:  # the kernel's max_target_length: exact
-                with no_dispatch():
-                    longest = int(known.max()) if known.numel() else 0
-            else:
-                longest = targets.shape[1] if targets.dim() == 2 else -(-targets.shape[0] // max(b, 1))
-                self._assume(func, f"ctc_loss: target lengths unknown, assumed equal: the longest is {longest} "
-                             "(the targets split evenly over the batch), which sizes log_alpha")  # fmt: skip
-            dev = log_probs.fake_device
-            nll = torch.empty((b,) if log_probs.dim() == 3 else (), dtype=log_probs.dtype, device="meta")
-            alpha = torch.empty((b, log_probs.shape[0], 2 * longest + 1), dtype=log_probs.dtype, device="meta")
-            return FakeTensor(self.mode, nll, dev), FakeTensor(self.mode, alpha, dev)
+            return ctc_loss_outputs(self.mode, args, kwargs, lambda text: self.assume(func, text))
         return None
 
-    def _assume(self, func: Any, text: str) -> None:
+    def assume(self, func: Any, text: str) -> None:
+        """List ``text`` as an assumption of op ``func`` (a row of ``fidelity()["assumptions"]``)."""
         if self.recorder is not None:
             self.recorder.note_assumption(func, text)
 
 
-def routing_indices(rows: int, k: int, experts: int, routing: str) -> torch.Tensor:
-    """The expert indices ``[rows, k]`` (int64, cpu) a router is assumed to pick (4. in the Note)."""
-    if routing not in ("balanced", "skewed"):
-        raise ValueError(f"routing={routing!r}: use one of {', '.join(map(repr, ROUTINGS))}")
-    with no_dispatch():
-        if routing == "balanced":
-            r = torch.arange(rows, dtype=torch.long)[:, None] * k + torch.arange(k, dtype=torch.long)[None, :]
-            return (r % experts).contiguous()
-        return torch.arange(k, dtype=torch.long).expand(rows, k).contiguous()
-
-
-_ROUTER = re.compile(r"router|gate|moe|expert", re.IGNORECASE)
-
-
-def _router_name(recorder: Any) -> str | None:
-    """The class of the innermost module in forward if it looks like a mixture-of-experts router, else None."""
-    name = recorder.module_class_name() if hasattr(recorder, "module_class_name") else None
-    return name if name is not None and _ROUTER.search(name) else None
-
-
-def _routing_text(routing: str, router: str, rows: int, k: int, experts: int) -> str:
-    if routing == "balanced":
-        share = rows * k / experts
-        even = "each" if share == int(share) else "about"
-        return (f"MoE routing unknown ({router}): assumed balanced, token t takes experts (t*{k} + j) mod "
-                f"{experts}: {even} {share:.6g} of {rows} tokens per expert (record(routing='skewed') for the "
-                "worst case)")  # fmt: skip
-    return (
-        f"MoE routing unknown ({router}): assumed skewed, every token takes experts 0..{k - 1}: {k} of "
-        f"{experts} experts get all {rows} tokens, the rest none (the most one expert can get)"
-    )
-
-
-def known_value(t: Any) -> torch.Tensor | None:
-    """The CPU value of fake tensor ``t`` if the run knows it, also inside a fake rule that runs with the
-    inputs' values hidden (``Values._hidden``): for fake rules that read values as the real kernel does
-    (Note: [cuDNN CTC under fake tensors])."""
-    if not isinstance(t, FakeTensor):
-        return None
-    if t.constant is not None:
-        return t.constant
-    values = getattr(t.fake_mode, "_fv_values", None)
-    for h, c in (values.local.__dict__.get("hidden") or ()) if values is not None else ():
-        if h is t:
-            return c
-    return None
-
-
-_ALL_SELECTED = (
-    "values unknown: assumed every element of {what} is selected (the largest output, an upper bound on memory)"
-)
+_ALL_SELECTED = "values unknown: assumed every element of {what} is selected (the largest output, an upper bound)"
 
 
 def advice(exc: BaseException) -> str:

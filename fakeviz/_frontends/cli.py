@@ -62,21 +62,13 @@ def _dtype(text: str) -> str:
 
 
 def parse_gpus(text: str) -> tuple[int, str]:
-    """``"8xH100"`` -> ``(8, "H100")``; ``"H100"`` -> ``(1, "H100")``; ``"2x80GB"`` -> ``(2, "80GB")``.
+    """``--gpus``: ``"8xH100"`` -> ``(8, "H100")`` (:func:`fakeviz._core.gpus.split_gpus`, the one parser)."""
+    from .._core.gpus import split_gpus
 
-    Raises:
-        ValueError: a bad count or an unknown GPU / size (the message of ``Capacity.parse``).
-    """
-    from .._core.gpus import Capacity
-
-    count, sep, what = text.strip().partition("x")
-    if not sep or not count.strip().isdigit():
-        count, what = "1", text.strip()
-    n = int(count)
-    if not 1 <= n <= 64:
-        raise ValueError(f"--gpus {text!r}: between 1 and 64 GPUs")
-    Capacity.parse(what)  # a clear error for an unknown name or size
-    return n, what.strip()
+    try:
+        return split_gpus(text)
+    except ValueError as exc:
+        raise ValueError(f"--{exc}") if str(exc).startswith("gpus ") else exc from None
 
 
 def _parser() -> _Parser:

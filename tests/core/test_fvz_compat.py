@@ -9,7 +9,8 @@ Re-pinned on purpose (issues 15 and 16 changed what these show; every other key 
 value): ``memory`` gained the "KV cache" column (``test_memory_is_the_old_table_plus_kv_cache`` checks the
 table without it is still the pre-move one), and the plotly views, the explorer's payload and
 ``repr_html`` changed with issue 15 (the one "reserved at peak", labelled alias graph, axes that fit the
-data, the static summary) and issue 16 (the KV cache category in the payload).
+data, the static summary) and issue 16 (the KV cache category in the payload); ``explorer_summary`` again with
+issue 17 (each device of the verdict names its own capacity: GPUs of different sizes).
 """
 
 from __future__ import annotations

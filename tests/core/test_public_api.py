@@ -17,6 +17,7 @@ BEFORE = [
 ]  # fmt: skip
 RECORD_PARAMS = ["device", "dtype", "fake", "symbolic", "exclude", "modules", "session", "progress", "attention", "gpu"]
 RECORD_PARAMS += ["gpus"]  # appended by issue 14 (how many fake GPUs torch.cuda.device_count() reports)
+RECORD_PARAMS += ["routing"]  # appended by issue 14 (what an unknown MoE routing is assumed to be)
 
 
 def test_all_keeps_every_name() -> None:

@@ -1,0 +1,550 @@
+"""What to run on what you have: :func:`plan` (a model placed on N GPUs and run as placed), :func:`sweep`,
+:func:`max_batch` / :func:`max_seq` and :func:`compare`.
+
+A plan builds the fake model once (``fakeviz.models.build``: catalog names, folders, configs; or takes a
+module), computes a device map, moves each placed module to its fake GPU *before* the recording (the record
+starts with the weights in place, as after loading a checkpoint with that map), hooks each placed module so
+its inputs move to its device as accelerate's hooks do (every such move is a recorded ``_to_copy``: the
+transfers table), and records one step: a forward (inference), ``generate`` of ``new_tokens`` with a KV cache,
+or a training step with AdamW. The peaks per device, the verdict and the transfers are read from that record.
+
+Device maps: a dict (module name -> device, transformers' shape), ``"sequential"`` and ``"auto"`` computed by
+transformers' own ``device_map`` code (``transformers.integrations.accelerate._get_device_map``, which calls
+accelerate's ``get_max_memory``, ``get_balanced_memory`` and ``infer_auto_device_map``) with the GPUs'
+capacities as ``max_memory``, and ``"balanced"``: Note: [balanced placement] in
+:mod:`fakeviz._analysis.placement`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .._analysis import placement as _placement
+from .._core.gpus import Capacity, parse_gpus
+
+__all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
+
+MAPS = ("balanced", "auto", "sequential")
+
+
+# ----------------------------------------------------------------------------------------------- Plan
+@dataclass
+class Plan:
+    """A model placed on GPUs and run as placed (see :func:`plan`).
+
+    ``device_map``: module name -> ``"cuda:N"`` (or ``"cpu"`` where an accelerate map offloads), the dict
+    transformers' ``from_pretrained(device_map=...)`` takes; ``trace``: the record of the step;
+    ``peaks``: one row per GPU (weights, gradients, optimizer, kv_cache, activations, temporaries, other,
+    peak, capacity, headroom, fits); ``transfers``: bytes moved per device boundary; ``fits``.
+    """
+
+    model: str
+    gpus: list[Capacity]
+    device_map: dict[str, str]
+    trace: Any
+    settings: dict[str, Any]
+    verdict: dict[str, Any]
+    recordings: int = 1
+    offloaded: list[str] = field(default_factory=list)
+
+    @property
+    def capacities(self) -> dict[str, int]:
+        return {f"cuda:{i}": c.bytes for i, c in enumerate(self.gpus)}
+
+    @property
+    def fits(self) -> bool:
+        """True when every GPU fits, the run completed, and nothing was offloaded to the cpu or disk."""
+        return bool(self.verdict["fits"]) and not self.offloaded
+
+    @property
+    def peaks(self) -> pd.DataFrame:
+        return _placement.peaks_table(self.trace, self.capacities)
+
+    @property
+    def transfers(self) -> pd.DataFrame:
+        return _placement.transfers(self.trace)
+
+    @property
+    def first_oom(self) -> dict[str, Any] | None:
+        """Where the plan first runs out of memory (device, op, module, line), None when it fits."""
+        for dev, v in self.verdict["devices"].items():
+            if not v["fits"] and v.get("first_oom"):
+                return {"device": dev, **v["first_oom"]}
+        return None
+
+    @property
+    def text(self) -> str:
+        """One line: the verdict, with what the map offloaded."""
+        t = self.verdict["text"]
+        if self.offloaded:
+            t = f"does not fit on the GPUs: the map offloads {len(self.offloaded)} modules to cpu/disk; " + t
+        return t
+
+    def explore(self, **kw: Any) -> Any:
+        """The explorer of this plan's record, with its GPUs' capacity."""
+        return self.trace.explore(min(self.gpus, key=lambda c: c.bytes).spec, **kw)
+
+    def __repr__(self) -> str:
+        s = self.settings
+        run = "train" if s["train"] else (f"generate {s['new_tokens']}" if s["new_tokens"] else "forward")
+        return (f"Plan({self.model}, {len(self.gpus)} GPUs, {s['device_map_kind']}, batch={s['batch']}, "
+                f"seq={s['seq']}, {run}): {self.text}")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def _gpus(gpus: Any) -> list[Capacity]:
+    caps = parse_gpus(gpus)
+    return caps
+
+
+def _dtype(dtype: Any) -> torch.dtype | None:
+    from ..models import as_dtype
+
+    return as_dtype(dtype)
+
+
+def _build(model: Any, dtype: torch.dtype | None) -> tuple[torch.nn.Module, str]:
+    if isinstance(model, torch.nn.Module):
+        if dtype is not None:
+            model = model.to(dtype)
+        return model, type(model).__name__
+    from .. import models
+
+    label = model if isinstance(model, str) else type(model).__name__
+    return models.build(model, device="cuda:0", dtype=dtype), label
+
+
+@contextlib.contextmanager
+def _machine(n: int) -> Iterator[None]:
+    """``torch.cuda`` answering as ``n`` fake GPUs (for transformers' device-map code)."""
+    from .._engine import cuda_api
+
+    with cuda_api.gpu_session(on=True, count=n):
+        yield
+
+
+def accelerate_map(model: torch.nn.Module, kind: str, gpus: list[Capacity]) -> dict[str, str]:
+    """transformers' ``device_map=kind`` for these GPUs (``"auto"`` / ``"sequential"``), computed by its own code
+    with the capacities as ``max_memory``; devices as ``"cuda:N"``, ``"cpu"``, ``"disk"``."""
+    from transformers.integrations.accelerate import _get_device_map
+
+    max_memory = {i: c.bytes for i, c in enumerate(gpus)}
+    with _machine(len(gpus)):
+        dm = _get_device_map(model, kind, max_memory, None)
+    return {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in dm.items()}
+
+
+def _placed_device(device: str) -> str:
+    return "cpu" if device == "disk" else device
+
+
+def _apply(model: torch.nn.Module, device_map: dict[str, str]) -> list[Any]:
+    """Move each mapped module to its device (shallower names first) and hook it so its inputs follow;
+    returns the hook handles."""
+    from torch.utils._pytree import tree_map
+
+    handles = []
+    with _own_mode(model):
+        # from a clean slate: what an earlier plan moved and this map does not name starts on the first device
+        first = next((d for d in device_map.values() if d.startswith("cuda")), "cuda:0")
+        model.to(torch.device(first))
+        for name in sorted(device_map, key=lambda k: (k.count(".") + (k != ""), k)):
+            dev = torch.device(_placed_device(device_map[name]))
+            mod = model.get_submodule(name) if name else model
+            mod.to(dev)
+
+    def mover(dev: torch.device) -> Callable[..., Any]:
+        def move(x: Any) -> Any:
+            return x.to(dev) if isinstance(x, torch.Tensor) and x.device != dev else x
+
+        def hook(mod: Any, args: Any, kwargs: Any) -> Any:
+            return tree_map(move, args), tree_map(move, kwargs)
+
+        return hook
+
+    def called(mod: Any) -> list[Any]:
+        # a ModuleList / ModuleDict is never called: its members are
+        if isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+            return [m for child in mod.children() for m in called(child)]
+        return [mod]
+
+    for name, device in device_map.items():
+        for mod in called(model.get_submodule(name) if name else model):
+            hook = mover(torch.device(_placed_device(device)))
+            handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
+    return handles
+
+
+def _balanced_map(
+    model: torch.nn.Module, names: list[str], costs: dict[str, float], gpus: list[Capacity]
+) -> dict[str, str]:
+    order = _placement.balanced_partition([costs[n] for n in names], [c.bytes for c in gpus])
+    dm = {n: f"cuda:{d}" for n, d in zip(names, order)}
+    for later, first in _placement.tied_groups(model, names).items():
+        dm[later] = dm[first]
+    return dm
+
+
+def _weight_costs(model: torch.nn.Module, names: list[str], train: bool) -> dict[str, float]:
+    out = {}
+    for n in names:
+        mod = model.get_submodule(n)
+        pb = sum(p.numel() * p.element_size() for p in mod.parameters())
+        bb = sum(b.numel() * b.element_size() for b in mod.buffers())
+        out[n] = float(pb * (4 if train else 1) + bb)
+    return out
+
+
+@contextlib.contextmanager
+def _checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """Activation checkpointing of the model's repeated blocks for the block (transformers' own switch where
+    the model has one, else each block's forward through ``torch.utils.checkpoint``)."""
+    if not on:
+        yield
+        return
+    if getattr(model, "supports_gradient_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
+        # transformers 5 renamed the switch (the old name warns)
+        new = hasattr(model, "activation_checkpointing_enable")
+        enable = model.activation_checkpointing_enable if new else model.gradient_checkpointing_enable
+        disable = model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable
+        key = "activation_checkpointing_kwargs" if new else "gradient_checkpointing_kwargs"
+        enable(**{key: {"use_reentrant": False}})
+        try:
+            yield
+        finally:
+            disable()
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    names = [n for n in _placement.units(model) if n.rsplit(".", 1)[-1].isdigit()]
+    saved = []
+    for n in names:
+        block = model.get_submodule(n)
+        saved.append((block, block.forward))
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for block, fwd in saved:
+            block.forward = fwd  # type: ignore[method-assign]
+
+
+def _step(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens: int) -> None:
+    from .. import models
+
+    if train:
+        model.train()
+        kwargs = models.inputs(model, batch=batch, seq=seq, labels=True)
+        out = model(**kwargs)
+        loss = out["loss"] if isinstance(out, dict) else out[0]
+        loss.backward()
+        del out, loss
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return
+    model.eval()
+    kwargs = models.inputs(model, batch=batch, seq=seq, labels=False)
+    with torch.no_grad():
+        if new_tokens:
+            kwargs.pop("decoder_input_ids", None)
+            pad = getattr(model.generation_config, "pad_token_id", None)
+            if pad is None:
+                pad = getattr(model.generation_config, "eos_token_id", None) or 0
+                pad = pad[0] if isinstance(pad, (list, tuple)) else pad
+            model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                           num_beams=1, pad_token_id=pad)  # fmt: skip
+        else:
+            model(**kwargs)
+
+
+def _reset(model: torch.nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = None
+
+
+def _record_step(model: torch.nn.Module, device_map: dict[str, str], gpus: list[Capacity], s: dict[str, Any]) -> Any:
+    from .._api import record
+    from .._core.errors import RecordError
+
+    handles = _apply(model, device_map)
+    trace = None
+    gpu = gpus[0].gpu if all(c.gpu == gpus[0].gpu for c in gpus) else None
+    try:
+        with _checkpointing(model, s["checkpointing"]):
+            try:
+                with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model]) as trace:
+                    _step(model, batch=s["batch"], seq=s["seq"], train=s["train"], new_tokens=s["new_tokens"])
+            except RecordError as exc:  # the step failed: the partial record says where (never "fits")
+                trace = exc.trace if exc.trace is not None else trace
+    finally:
+        for h in handles:
+            h.remove()
+        _reset(model)
+    trace.meta["capacity"] = min(gpus, key=lambda c: c.bytes).spec
+    return trace
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def plan(
+    model: Any,
+    *,
+    gpus: Any,
+    device_map: str | dict[str, Any] = "balanced",
+    batch: int = 1,
+    seq: int = 2048,
+    train: bool = False,
+    new_tokens: int = 0,
+    dtype: Any = None,
+    checkpointing: bool = False,
+    _built: tuple[torch.nn.Module, str] | None = None,
+    _costs_from: Plan | None = None,
+) -> Plan:
+    """Place ``model`` on ``gpus`` and run it as placed under fake tensors.
+
+    Args:
+        model: anything :func:`fakeviz.models.build` accepts (``"meta-llama/Llama-3.1-8B"``, a folder, a
+            config) or a module.
+        gpus: ``"4xH100"``, a GPU name or size, or a list of them (``["80GB", "40GiB"]``), in device order.
+        device_map: ``"balanced"`` (fakeviz: even peaks including activations and KV cache, Note: [balanced
+            placement]), ``"auto"`` / ``"sequential"`` (what transformers computes with accelerate's
+            functions for these capacities), or a dict ``{module name: device}`` (ints, ``"cuda:N"``).
+        batch, seq: the inputs (``fakeviz.models.inputs``).
+        train: one training step with AdamW (forward with labels, backward, ``step``).
+        new_tokens: with ``train=False``, ``generate`` that many tokens after the prefill (KV cache).
+        dtype: parameter dtype (default: the published one).
+        checkpointing: activation checkpointing of the repeated blocks (no code change needed).
+
+    Returns:
+        A :class:`Plan`.
+    """
+    caps = _gpus(gpus)
+    if isinstance(device_map, str) and device_map not in MAPS:
+        raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
+    if batch < 1 or seq < 1 or new_tokens < 0:
+        raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}: batch and seq must be >= 1")
+    if train and new_tokens:
+        raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
+    mod, label = _built if _built is not None else _build(model, _dtype(dtype))
+    settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
+                "dtype": str(next(mod.parameters()).dtype), "device_map_kind": device_map if isinstance(device_map, str) else "dict"}  # fmt: skip
+    recordings = 0
+    if isinstance(device_map, dict):
+        dm = {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in device_map.items()}
+    elif device_map in ("auto", "sequential"):
+        _apply_all(mod, "cpu")
+        dm = accelerate_map(mod, device_map, caps)
+    else:
+        names = _placement.units(mod)
+        if _costs_from is not None:
+            costs = _placement.unit_costs(mod, _costs_from.trace, names, train=train,
+                                          device_map=_costs_from.device_map)  # fmt: skip
+        else:
+            costs = _weight_costs(mod, names, train)
+            dm = _balanced_map(mod, names, costs, caps)
+            if len(caps) > 1:  # a first run as placed by weights: what each module brings to its device's peak
+                probe = _record_step(mod, dm, caps, settings)
+                recordings += 1
+                costs = _placement.unit_costs(mod, probe, names, train=train, device_map=dm)
+        dm = _balanced_map(mod, names, costs, caps)
+    trace = _record_step(mod, dm, caps, settings)
+    recordings += 1
+    caps_by_dev = {f"cuda:{i}": c.bytes for i, c in enumerate(caps)}
+    from .._analysis.verdict import verdict
+
+    v = verdict(trace, caps_by_dev)
+    offloaded = [k for k, d in dm.items() if not d.startswith("cuda")]
+    return Plan(model=label, gpus=caps, device_map=dm, trace=trace, settings=settings, verdict=v,
+                recordings=recordings, offloaded=offloaded)  # fmt: skip
+
+
+def _apply_all(model: torch.nn.Module, device: str) -> None:
+    with _own_mode(model):
+        model.to(device)
+
+
+@contextlib.contextmanager
+def _own_mode(model: torch.nn.Module) -> Iterator[None]:
+    """The fake mode the model's tensors belong to, with fakeviz's session patches (``Module.to`` on fake
+    parameters): moves between fake devices run there, outside any recording."""
+    from .._engine.session import session_patches
+
+    p = next(model.parameters(), None)
+    mode = getattr(p, "fake_mode", None)
+    with session_patches(), mode if mode is not None else contextlib.nullcontext():
+        yield
+
+
+# --------------------------------------------------------------------------------------------- sweep
+def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced", progress: bool = True,
+          **axes: Any) -> pd.DataFrame:  # fmt: skip
+    """One :func:`plan` per combination of ``axes`` (``batch=[1, 2, 4]``, ``seq=[2048, 8192]``,
+    ``dtype=[...]``, ``checkpointing=[False, True]``, ``train=[...]``, ``new_tokens=[...]``; a scalar is one
+    value): a DataFrame, one row per combination, with the peak of every GPU and its bytes per kind, the
+    verdict and where it first fails. The fake model is built once per dtype; each later point re-runs the
+    step. The plans are on ``df.attrs["plans"]``."""
+    known = {"batch", "seq", "dtype", "checkpointing", "train", "new_tokens"}
+    bad = set(axes) - known
+    if bad:
+        raise ValueError(f"sweep: unknown axes {sorted(bad)}; use {sorted(known)}")
+    grid = {k: (list(v) if isinstance(v, (list, tuple, range)) else [v]) for k, v in axes.items()}
+    if "dtype" in grid:  # outermost: one build per dtype
+        grid = {"dtype": grid.pop("dtype"), **grid}
+    combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    caps = _gpus(gpus)
+    built: dict[Any, tuple[torch.nn.Module, str]] = {}
+    rows, plans = [], []
+    bar = _progress(len(combos)) if progress else None
+    for i, c in enumerate(combos):
+        dkey = str(c.get("dtype"))
+        if dkey not in built:
+            built.clear()  # one model alive at a time
+            built[dkey] = _build(model, _dtype(c.get("dtype")))
+        p = plan(model, gpus=caps, device_map=device_map, _built=built[dkey],
+                 **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
+        plans.append(p)
+        rows.append(_row(p, c))
+        if bar is not None:
+            bar(i + 1, p)
+    df = pd.DataFrame(rows)
+    df.attrs["plans"] = plans
+    return df
+
+
+def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {k: (str(v) if k == "dtype" else v) for k, v in combo.items()}
+    pk = p.peaks
+    for r in pk.itertuples(index=False):
+        row[f"{r.device} peak"] = r.peak
+        for kind in ("weights", "gradients", "optimizer", "kv_cache", "activations", "temporaries"):
+            row[f"{r.device} {kind}"] = getattr(r, kind)
+    row["max peak"] = int(pk.peak.max()) if len(pk) else 0
+    row["fits"] = p.fits
+    oom = p.first_oom
+    row["first fails"] = f"{oom['device']}: {oom['where']}" if oom else ("" if p.fits else p.text)
+    return row
+
+
+def _progress(total: int) -> Callable[[int, Plan], None]:
+    """A progress bar: ipywidgets in a notebook, a line on stderr elsewhere."""
+    import sys
+
+    start = time.perf_counter()
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+        import ipywidgets
+        from IPython.display import display
+
+        w = ipywidgets.IntProgress(value=0, min=0, max=total, description="sweep")
+        label = ipywidgets.Label("")
+        display(ipywidgets.HBox([w, label]))
+
+        def update(i: int, p: Plan) -> None:
+            w.value = i
+            label.value = f"{i}/{total}, {time.perf_counter() - start:.0f} s: {p.text[:80]}"
+
+        return update
+
+    def line(i: int, p: Plan) -> None:
+        print(f"\rsweep {i}/{total} ({time.perf_counter() - start:.0f} s)", end="\n" if i == total else "",
+              file=sys.stderr, flush=True)  # fmt: skip
+
+    return line
+
+
+# ------------------------------------------------------------------------------------ max_batch / seq
+@dataclass
+class Largest:
+    """The largest value of ``axis`` that fits: ``value``, the ``plan`` at it, the plan just above it that fails
+    (``failing``: its ``first_oom`` names the device, op and module), and ``recordings`` made."""
+
+    axis: str
+    value: int
+    plan: Plan | None
+    failing: Plan | None
+    recordings: int
+    tried: list[tuple[int, bool]]
+
+    def __repr__(self) -> str:
+        above = self.failing.first_oom if self.failing is not None else None
+        where = f"; {self.value + 1} fails on {above['device']}: {above['where']}" if above else ""
+        return f"Largest {self.axis}={self.value} ({self.recordings} recordings){where}"
+
+
+def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest:
+    caps = _gpus(gpus)
+    built = _build(model, _dtype(kw.pop("dtype", None)))
+    tried: list[tuple[int, bool]] = []
+    plans: dict[int, Plan] = {}
+    recordings = 0
+    last: Plan | None = None
+
+    def fits(v: int) -> bool:
+        nonlocal recordings, last
+        p = plan(model, gpus=caps, _built=built, _costs_from=last, **{axis: v}, **kw)
+        recordings += p.recordings
+        last = p
+        plans[v] = p
+        tried.append((v, p.fits))
+        return p.fits
+
+    lo, hi = 0, None  # lo fits (0: none known), hi fails
+    v = 1
+    while v <= limit:
+        if fits(v):
+            lo, v = v, v * 2
+        else:
+            hi = v
+            break
+    if hi is None:
+        hi = limit + 1 if lo >= limit else None
+        if hi is None:  # the doubling passed the limit: test the limit itself
+            if fits(limit):
+                lo, hi = limit, limit + 1
+            else:
+                hi = limit
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    failing = plans.get(hi)
+    if failing is None and hi <= limit:
+        fits(hi)
+        failing = plans[hi]
+    return Largest(axis, lo, plans.get(lo), failing, recordings, tried)
+
+
+def max_batch(model: Any, *, gpus: Any, seq: int = 2048, train: bool = False, limit: int = 4096, **kw: Any) -> Largest:
+    """The largest batch that fits at ``seq`` (doubling, then bisection: a logarithmic number of recordings),
+    with the plan at it and the plan at one more that fails (which device, which op)."""
+    return _largest("batch", model, gpus, limit, seq=seq, train=train, **kw)
+
+
+def max_seq(model: Any, *, gpus: Any, batch: int = 1, train: bool = False, limit: int = 1 << 20, **kw: Any) -> Largest:
+    """The longest sequence that fits at ``batch``: as :func:`max_batch`."""
+    return _largest("seq", model, gpus, limit, batch=batch, train=train, **kw)
+
+
+# -------------------------------------------------------------------------------------------- compare
+def compare(items: Any, *, labels: list[str] | None = None) -> Any:
+    """Plans or traces side by side on one scale: see :func:`fakeviz._views.compare.compare_figures`."""
+    from .._views.compare import Comparison
+
+    items = list(items.attrs["plans"]) if isinstance(items, pd.DataFrame) else list(items)
+    return Comparison(items, labels=labels)
