@@ -27,6 +27,7 @@ Results are printed as a markdown table and written to ``benchmarks/results/real
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -112,23 +113,32 @@ def tiny(name: str, attn: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------- full
-def _bare(name: str) -> float:
-    """The full-size fwd+bwd under a bare fake mode (no recorder), the attention kernels record() picks."""
-    import arch_zoo
+@contextlib.contextmanager
+def _bare_fake() -> Any:
+    """A bare fake mode on cuda:0 (no recorder) with bfloat16 as the default dtype and the attention kernels
+    record() picks: the baseline every full-size timing here is measured against."""
     import torch
 
     import fakeviz as fv
     from fakeviz._engine.attention import attention_patch
 
-    gc.collect()
     saved = torch.get_default_dtype()
-    t = time.perf_counter()
     try:
         with fv.fake_mode(device="cuda:0"), attention_patch("auto"):
             torch.set_default_dtype(torch.bfloat16)
-            arch_zoo.run(name, "full")
+            yield
     finally:
         torch.set_default_dtype(saved)
+
+
+def _bare(name: str) -> float:
+    """The full-size fwd+bwd under a bare fake mode (no recorder), the attention kernels record() picks."""
+    import arch_zoo
+
+    gc.collect()
+    t = time.perf_counter()
+    with _bare_fake():
+        arch_zoo.run(name, "full")
     return time.perf_counter() - t
 
 
@@ -159,28 +169,20 @@ def _memtracker(name: str) -> tuple[float, dict[str, int]]:
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    import fakeviz as fv
-    from fakeviz._engine.attention import attention_patch
-
     gc.collect()
-    saved = torch.get_default_dtype()
     t = time.perf_counter()
-    try:
-        with fv.fake_mode(device="cuda:0"), attention_patch("auto"):
-            torch.set_default_dtype(torch.bfloat16)
-            torch.manual_seed(arch_zoo.SEED)
-            model = arch_zoo.build(name, "full")
-            kwargs = arch_zoo.inputs(name, "full", model.config)
-            mt = MemTracker()
-            mt.track_external(model)
-            with mt:
-                model(**kwargs).loss.backward()
-            peak = {
-                str(k): int(v.get("Total", 0) if isinstance(v, dict) else v)
-                for k, v in mt.get_tracker_snapshot("peak").items()
-            }
-    finally:
-        torch.set_default_dtype(saved)
+    with _bare_fake():
+        torch.manual_seed(arch_zoo.SEED)
+        model = arch_zoo.build(name, "full")
+        kwargs = arch_zoo.inputs(name, "full", model.config)
+        mt = MemTracker()
+        mt.track_external(model)
+        with mt:
+            model(**kwargs).loss.backward()
+        peak = {
+            str(k): int(v.get("Total", 0) if isinstance(v, dict) else v)
+            for k, v in mt.get_tracker_snapshot("peak").items()
+        }
     return time.perf_counter() - t, peak
 
 

@@ -27,7 +27,9 @@ import pandas as pd
 
 from .._core.record import Record
 
-__all__ = ["balanced_partition", "peaks_table", "tied_groups", "transfers", "unit_costs", "units"]
+__all__ = [
+    "balanced_partition", "peaks_table", "static_costs", "tied_groups", "transfers", "unit_costs", "units",
+]  # fmt: skip
 
 
 def units(model: Any) -> list[str]:
@@ -87,6 +89,18 @@ def _unit_of(path: str, root: str, unit_names: list[str]) -> str | None:
 _STATIC = ("Parameter", "Gradient", "Optimizer state", "Buffer")
 
 
+def static_costs(model: Any, names: list[str], *, train: bool) -> dict[str, float]:
+    """Bytes each unit holds whatever the inputs: its parameters (x4 in training: the gradient and AdamW's two
+    moments, each as large) and its buffers."""
+    out = {}
+    for n in names:
+        mod = model.get_submodule(n)
+        pb = sum(p.numel() * p.element_size() for p in mod.parameters())
+        bb = sum(b.numel() * b.element_size() for b in mod.buffers())
+        out[n] = float(pb * (4 if train else 1) + bb)
+    return out
+
+
 def unit_costs(
     model: Any, record: Record, names: list[str], *, train: bool, device_map: dict[str, str] | None = None
 ) -> dict[str, float]:
@@ -95,12 +109,7 @@ def unit_costs(
     their device's peak in ``record`` (activations, KV cache, temporaries). Bytes live at a device's peak that
     no unit's op allocated (the optimizer's temporaries, inputs, the loss) are shared among the units
     ``device_map`` put on that device in proportion to their weights (without a map: the first unit)."""
-    costs = {n: 0.0 for n in names}
-    for n in names:
-        mod = model.get_submodule(n)
-        pb = sum(p.numel() * p.element_size() for p in mod.parameters())
-        bb = sum(b.numel() * b.element_size() for b in mod.buffers())
-        costs[n] += pb * (4 if train else 1) + bb
+    costs = static_costs(model, names, train=train)
     from .memory import peak_bytes
     from .tables import storages_table
 

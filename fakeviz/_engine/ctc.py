@@ -58,6 +58,7 @@ from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
 from .moe import adopted
+from .value_reads import known_value
 
 __all__ = ["FAKE_RULE_OPS", "ctc_loss", "ctc_loss_outputs", "use_cudnn_ctc_loss"]
 
@@ -117,7 +118,7 @@ def use_cudnn_ctc_loss(
     if isinstance(input_lengths, torch.Tensor):  # the .Tensor overload
         if input_lengths.dtype != torch.int32 or target_lengths.dtype != torch.int32:
             return False
-        il, tl = _known(input_lengths), _known(target_lengths)
+        il, tl = known_value(input_lengths), known_value(target_lengths)
         if il is None or tl is None:
             return None
         return _lengths_fit(il.reshape(-1).tolist(), tl.reshape(-1).tolist())
@@ -127,13 +128,6 @@ def use_cudnn_ctc_loss(
     if any(int(n) != t_max for n in input_lengths):
         return False
     return _lengths_fit([int(n) for n in input_lengths], [int(n) for n in target_lengths])
-
-
-def _known(t: Any) -> torch.Tensor | None:
-    """The CPU value of fake tensor ``t`` when the run knows it (also while an op runs with values hidden)."""
-    from .value_reads import known_value
-
-    return known_value(t)
 
 
 def _ours(rule: Callable[..., Any]) -> Callable[..., Any]:

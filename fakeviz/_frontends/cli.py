@@ -302,33 +302,25 @@ def _describe(model: Any) -> dict[str, Any]:
 
 
 def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]) -> None:
-    """One recorded run: inference forward, training steps or generation."""
+    """One recorded run: inference forward, training steps or generation (:mod:`.steps`)."""
     import torch
+
+    from . import steps as _steps
 
     if args.train:
         opt_name = args.optimizer or "adamw"
-        steps = args.steps or 2
-        info["run"] = f"train, {steps} step{'s' if steps > 1 else ''}" + (
+        n = args.steps or 2
+        info["run"] = f"train, {n} step{'s' if n > 1 else ''}" + (
             f", {opt_name}" if opt_name != "none" else ", no optimizer"
         ) + (", activation checkpointing" if args.checkpointing else "")  # fmt: skip
-        model.train()
         if args.checkpointing:
             if not getattr(model, "supports_gradient_checkpointing", False):
                 raise UsageError(f"--checkpointing: {type(model).__name__} does not support gradient checkpointing")
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=True)
-        opt = _optimizer(opt_name, model)
-        for _ in range(steps):
-            out = model(**batch)
-            loss = out["loss"] if isinstance(out, dict) else out[0]
-            loss.backward()
-            del out, loss
-            if opt is not None:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+        _steps.train(model, batch, optimizer=opt_name, steps=n)
     elif args.generate:
         info["run"] = f"generate {args.generate} tokens ({args.cache} KV cache)"
-        model.eval()
         try:
             task = models.task_of(model)
         except ValueError:
@@ -337,35 +329,14 @@ def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]
             raise UsageError(f"--generate: {type(model).__name__} does not generate text")
         batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=False)
         batch.pop("decoder_input_ids", None)
-        pad = getattr(model.generation_config, "pad_token_id", None)
-        if pad is None:
-            pad = getattr(model.generation_config, "eos_token_id", None) or 0
-            pad = pad[0] if isinstance(pad, (list, tuple)) else pad
-        with torch.no_grad():
-            model.generate(
-                **batch, max_new_tokens=args.generate, min_new_tokens=args.generate, do_sample=False,
-                num_beams=1, cache_implementation=args.cache, pad_token_id=pad,
-            )  # fmt: skip
+        _steps.generate(model, batch, args.generate, cache=args.cache)
     else:
         info["run"] = "inference forward"
-        model.eval()
         batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=False)
-        with torch.no_grad():
-            model(**batch)
+        _steps.forward(model, batch)
     shape = next((v.shape for v in batch.values() if isinstance(v, torch.Tensor)), None)
     info["inputs"] = {k: list(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
     info["input_shape"] = list(shape) if shape is not None else None
-
-
-def _optimizer(name: str, model: Any) -> Any:
-    import torch
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    if name == "none":
-        return None
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, lr=1e-4)
 
 
 # ----------------------------------------------------------------------------------- data and table

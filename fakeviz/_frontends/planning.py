@@ -22,7 +22,7 @@ import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -52,13 +52,23 @@ class Plan:
     device_map: dict[str, str]
     trace: Any
     settings: dict[str, Any]
-    verdict: dict[str, Any]
     recordings: int = 1
-    offloaded: list[str] = field(default_factory=list)
 
     @property
     def capacities(self) -> dict[str, int]:
         return {f"cuda:{i}": c.bytes for i, c in enumerate(self.gpus)}
+
+    @functools.cached_property
+    def verdict(self) -> dict[str, Any]:
+        """The verdict of the record with each GPU's own capacity (:func:`fakeviz._analysis.verdict.verdict`)."""
+        from .._analysis.verdict import verdict
+
+        return verdict(self.trace, self.capacities)
+
+    @property
+    def offloaded(self) -> list[str]:
+        """The modules the map put on the cpu or disk (accelerate's maps offload what does not fit)."""
+        return [k for k, d in self.device_map.items() if not d.startswith("cuda")]
 
     @property
     def fits(self) -> bool:
@@ -101,11 +111,6 @@ class Plan:
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _gpus(gpus: Any) -> list[Capacity]:
-    caps = parse_gpus(gpus)
-    return caps
-
-
 def _dtype(dtype: Any) -> torch.dtype | None:
     from ..models import as_dtype
 
@@ -194,16 +199,6 @@ def _balanced_map(
     return dm
 
 
-def _weight_costs(model: torch.nn.Module, names: list[str], train: bool) -> dict[str, float]:
-    out = {}
-    for n in names:
-        mod = model.get_submodule(n)
-        pb = sum(p.numel() * p.element_size() for p in mod.parameters())
-        bb = sum(b.numel() * b.element_size() for b in mod.buffers())
-        out[n] = float(pb * (4 if train else 1) + bb)
-    return out
-
-
 @contextlib.contextmanager
 def _checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
     """Activation checkpointing of the model's repeated blocks for the block (transformers' own switch where
@@ -239,32 +234,17 @@ def _checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
 
 
 def _step(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens: int) -> None:
+    """The plan's run (:mod:`.steps`, as ``fakeviz report`` runs it): one AdamW step, or ``generate``, or a forward."""
     from .. import models
+    from . import steps
 
+    kwargs = models.inputs(model, batch=batch, seq=seq, labels=train)
     if train:
-        model.train()
-        kwargs = models.inputs(model, batch=batch, seq=seq, labels=True)
-        out = model(**kwargs)
-        loss = out["loss"] if isinstance(out, dict) else out[0]
-        loss.backward()
-        del out, loss
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return
-    model.eval()
-    kwargs = models.inputs(model, batch=batch, seq=seq, labels=False)
-    with torch.no_grad():
-        if new_tokens:
-            kwargs.pop("decoder_input_ids", None)
-            pad = getattr(model.generation_config, "pad_token_id", None)
-            if pad is None:
-                pad = getattr(model.generation_config, "eos_token_id", None) or 0
-                pad = pad[0] if isinstance(pad, (list, tuple)) else pad
-            model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                           num_beams=1, pad_token_id=pad)  # fmt: skip
-        else:
-            model(**kwargs)
+        steps.train(model, kwargs, optimizer="adamw", steps=1)
+    elif new_tokens:
+        steps.generate(model, kwargs, new_tokens)
+    else:
+        steps.forward(model, kwargs)
 
 
 def _reset(model: torch.nn.Module) -> None:
@@ -327,7 +307,7 @@ def plan(
     Returns:
         A :class:`Plan`.
     """
-    caps = _gpus(gpus)
+    caps = parse_gpus(gpus)
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
     if batch < 1 or seq < 1 or new_tokens < 0:
@@ -349,7 +329,7 @@ def plan(
             costs = _placement.unit_costs(mod, _costs_from.trace, names, train=train,
                                           device_map=_costs_from.device_map)  # fmt: skip
         else:
-            costs = _weight_costs(mod, names, train)
+            costs = _placement.static_costs(mod, names, train=train)
             dm = _balanced_map(mod, names, costs, caps)
             if len(caps) > 1:  # a first run as placed by weights: what each module brings to its device's peak
                 probe = _record_step(mod, dm, caps, settings)
@@ -358,13 +338,7 @@ def plan(
         dm = _balanced_map(mod, names, costs, caps)
     trace = _record_step(mod, dm, caps, settings)
     recordings += 1
-    caps_by_dev = {f"cuda:{i}": c.bytes for i, c in enumerate(caps)}
-    from .._analysis.verdict import verdict
-
-    v = verdict(trace, caps_by_dev)
-    offloaded = [k for k, d in dm.items() if not d.startswith("cuda")]
-    return Plan(model=label, gpus=caps, device_map=dm, trace=trace, settings=settings, verdict=v,
-                recordings=recordings, offloaded=offloaded)  # fmt: skip
+    return Plan(model=label, gpus=caps, device_map=dm, trace=trace, settings=settings, recordings=recordings)
 
 
 def _apply_all(model: torch.nn.Module, device: str) -> None:
@@ -400,7 +374,7 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     if "dtype" in grid:  # outermost: one build per dtype
         grid = {"dtype": grid.pop("dtype"), **grid}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-    caps = _gpus(gpus)
+    caps = parse_gpus(gpus)
     built: dict[Any, tuple[torch.nn.Module, str]] = {}
     rows, plans = [], []
     bar = _progress(len(combos)) if progress else None
@@ -486,7 +460,7 @@ class Largest:
 
 
 def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest:
-    caps = _gpus(gpus)
+    caps = parse_gpus(gpus)
     built = _build(model, _dtype(kw.pop("dtype", None)))
     tried: list[tuple[int, bool]] = []
     plans: dict[int, Plan] = {}
@@ -502,21 +476,15 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest
         tried.append((v, p.fits))
         return p.fits
 
-    lo, hi = 0, None  # lo fits (0: none known), hi fails
-    v = 1
-    while v <= limit:
-        if fits(v):
-            lo, v = v, v * 2
-        else:
+    lo, hi, v = 0, None, 1  # lo fits (0: none known), hi fails (limit + 1: none up to the limit)
+    while hi is None:  # doubling, the limit itself last
+        v = min(v, limit)
+        if not fits(v):
             hi = v
-            break
-    if hi is None:
-        hi = limit + 1 if lo >= limit else None
-        if hi is None:  # the doubling passed the limit: test the limit itself
-            if fits(limit):
-                lo, hi = limit, limit + 1
-            else:
-                hi = limit
+        elif v == limit:
+            lo, hi = v, limit + 1
+        else:
+            lo, v = v, v * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid):
@@ -524,9 +492,6 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest
         else:
             hi = mid
     failing = plans.get(hi)
-    if failing is None and hi <= limit:
-        fits(hi)
-        failing = plans[hi]
     return Largest(axis, lo, plans.get(lo), failing, recordings, tried)
 
 

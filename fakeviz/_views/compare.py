@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .._analysis.memory import peaks as peaks_of
 from .._core.devices import is_host
 from .._core.fmt import format_bytes
 from .._core.palette import CATEGORY_COLORS
@@ -40,18 +41,15 @@ def compare_table(items: list[Any], labels: list[str] | None = None) -> pd.DataF
     for i, item in enumerate(items):
         rec, caps, default = _unpack(item)
         label = labels[i] if labels else (default or f"run {i + 1}")
-        table = bars_data(rec).table
-        for r in table.itertuples(index=False):
-            if is_host(r.device):
+        for r in bars_data(rec).table.to_dict("records"):
+            if is_host(r["device"]):
                 continue
-            row: dict[str, Any] = {"run": label, "device": r.device}
-            for c in CATEGORIES:
-                row[c] = int(table.loc[table.device == r.device, c].iloc[0])
-            row["total"] = int(r.total)
-            cap = caps.get(r.device) if caps else None
-            row["capacity"] = float(cap) if cap is not None else np.nan
-            row["fits"] = bool(r.total <= cap) if cap is not None else None
-            rows.append(row)
+            cap = caps.get(r["device"]) if caps else None
+            rows.append({
+                "run": label, "device": r["device"], **{c: int(r[c]) for c in CATEGORIES}, "total": int(r["total"]),
+                "capacity": float(cap) if cap is not None else np.nan,
+                "fits": bool(r["total"] <= cap) if cap is not None else None,
+            })  # fmt: skip
     return pd.DataFrame(rows, columns=["run", "device", *CATEGORIES, "total", "capacity", "fits"])
 
 
@@ -93,8 +91,6 @@ def compare_timelines(items: list[Any], labels: list[str] | None = None, max_poi
     palette = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6", "#9D755D"]
     for i, item in enumerate(items):
         rec, caps, _ = _unpack(item)
-        from .._analysis.memory import peaks as peaks_of
-
         devices = [d for d in peaks_of(rec) if not is_host(d)]
         for j, dev in enumerate(sorted(devices)):
             data = timeline_data(rec, dev, max_points=max_points)

@@ -1,0 +1,56 @@
+"""The runs the front ends record: a training step, a forward, ``generate`` (the CLI's ``report`` and
+``fakeviz.plan`` both run these, so a plan and a report of the same settings record the same ops)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["forward", "generate", "make_optimizer", "train"]
+
+
+def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
+    """``"adamw"`` (lr 1e-4), ``"adam"``, ``"sgd"`` (momentum 0.9) over the trainable parameters, or None for ``"none"``."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if name == "none":
+        return None
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, lr=1e-4)
+
+
+def train(model: torch.nn.Module, kwargs: dict[str, Any], *, optimizer: str = "adamw", steps: int = 1) -> None:
+    """``steps`` training steps on ``kwargs`` (which hold the labels): forward, backward, optimizer step."""
+    model.train()
+    opt = make_optimizer(optimizer, model)
+    for _ in range(steps):
+        out = model(**kwargs)
+        loss = out["loss"] if isinstance(out, dict) else out[0]
+        loss.backward()
+        del out, loss
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+
+def forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+    """One inference forward, without autograd."""
+    model.eval()
+    with torch.no_grad():
+        model(**kwargs)
+
+
+def generate(model: torch.nn.Module, kwargs: dict[str, Any], new_tokens: int, *, cache: str | None = None) -> None:
+    """Greedy ``generate`` of exactly ``new_tokens`` tokens after the prompt in ``kwargs`` (prefill, then one decode
+    step per token, with a KV cache: transformers' default or ``cache``)."""
+    model.eval()
+    kwargs = {k: v for k, v in kwargs.items() if k != "decoder_input_ids"}
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(model.generation_config, "eos_token_id", None) or 0
+        pad = pad[0] if isinstance(pad, (list, tuple)) else pad
+    extra = {"cache_implementation": cache} if cache is not None else {}
+    with torch.no_grad():
+        model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
+                       pad_token_id=pad, **extra)  # fmt: skip
