@@ -44,7 +44,9 @@ class Plan:
     ``device_map``: module name -> ``"cuda:N"`` (or ``"cpu"`` where an accelerate map offloads), the dict
     transformers' ``from_pretrained(device_map=...)`` takes; ``trace``: the record of the step;
     ``peaks``: one row per GPU (weights, gradients, optimizer, kv_cache, activations, temporaries, other,
-    peak, capacity, headroom, fits); ``transfers``: bytes moved per device boundary; ``fits``.
+    peak, capacity, headroom, fits); ``transfers``: bytes moved per device boundary; ``fits``; ``module``: the
+    fake model the plan ran, placed by ``device_map`` (a copy when a module was passed: the plan leaves the
+    user's model where it was; the points of one sweep share it, placed as the last one ran).
     """
 
     model: str
@@ -53,6 +55,7 @@ class Plan:
     trace: Any
     settings: dict[str, Any]
     recordings: int = 1
+    module: torch.nn.Module | None = None
 
     @property
     def capacities(self) -> dict[str, int]:
@@ -117,15 +120,61 @@ def _dtype(dtype: Any) -> torch.dtype | None:
     return as_dtype(dtype)
 
 
-def _build(model: Any, dtype: torch.dtype | None) -> tuple[torch.nn.Module, str]:
-    if isinstance(model, torch.nn.Module):
-        if dtype is not None:
-            model = model.to(dtype)
-        return model, type(model).__name__
-    from .. import models
+@dataclass
+class _Built:
+    """The fake model a plan, a sweep or a search runs, built once (per dtype) and reused by every point.
 
-    label = model if isinstance(model, str) else type(model).__name__
-    return models.build(model, device="cuda:0", dtype=dtype), label
+    Note: [one fake mode per sweep]
+    The model lives in the fake mode of a :class:`~fakeviz.FakeSession`, and each point records with that
+    session: the parameters are the record's own tensors, not converted into a new fake mode at every
+    recording (for Llama-3.1-8B that conversion was a third of a point's time), and what one point leaves
+    alive (the parameters, the optimizer state) is carried into the next as existing before it (Note:
+    [carried storages]). A module the user passes is copied into that mode (:func:`fakeviz.fakeify`: tied
+    weights stay tied), so the plan never moves the user's own model. For training, ``optimizer`` is an AdamW
+    over the parameters whose state was made once by its own code (:func:`.steps.init_state`): every
+    recorded training step is a steady-state step, the state alive through forward and backward as from the
+    second step of a real run on (the first step's peak is never the larger: there the state is made only
+    at ``step()``).
+    """
+
+    model: torch.nn.Module
+    label: str
+    session: Any
+    optimizer: torch.optim.Optimizer | None = None
+    placed: dict[str, str] | None = None  # the device map the model was last moved by (:func:`_apply`)
+
+    def train_optimizer(self) -> torch.optim.Optimizer:
+        """The AdamW of training steps, its state made (once) and on its parameters' devices (a map moves them)."""
+        from . import steps
+
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        opt = self.optimizer
+        with _own_mode(self.model):
+            if opt is None or [id(p) for g in opt.param_groups for p in g["params"]] != [id(p) for p in params]:
+                opt = self.optimizer = steps.make_optimizer("adamw", self.model)
+                steps.init_state(opt)
+            for p, st in opt.state.items():
+                for k, v in st.items():  # AdamW keeps ``step`` on the cpu unless capturable/fused
+                    if isinstance(v, torch.Tensor) and v.dim() > 0 and v.device != p.device:
+                        st[k] = v.to(p.device)
+        return opt
+
+
+def _build(model: Any, dtype: torch.dtype | None) -> _Built:
+    """``model`` built (a name, folder or config) or copied (a module) into a new fake session's mode, on cuda:0."""
+    from .. import models
+    from .._api import FakeSession
+    from .._engine.session import fakeify, session_patches
+
+    session = FakeSession()
+    with session_patches(), session.mode:
+        if isinstance(model, torch.nn.Module):
+            mod = fakeify(model, mode=session.mode, device="cuda:0")
+            if dtype is not None:
+                mod = mod.to(dtype)
+            return _Built(mod, type(model).__name__, session)
+        label = model if isinstance(model, str) else type(model).__name__
+        return _Built(models.build(model, device="cuda:0", dtype=dtype), label, session)
 
 
 @contextlib.contextmanager
@@ -152,20 +201,18 @@ def _placed_device(device: str) -> str:
     return "cpu" if device == "disk" else device
 
 
-def _apply(model: torch.nn.Module, device_map: dict[str, str]) -> list[Any]:
-    """Move each mapped module to its device (shallower names first) and hook it so its inputs follow;
-    returns the hook handles."""
+def _apply(model: torch.nn.Module, device_map: dict[str, str], placed: dict[str, str] | None = None) -> list[Any]:
+    """Move each mapped module to its device (shallower names first; no moves when ``placed``, the map the model
+    was last moved by, is the same) and hook it so its inputs follow; returns the hook handles."""
     from torch.utils._pytree import tree_map
 
-    handles = []
-    with _own_mode(model):
-        # from a clean slate: what an earlier plan moved and this map does not name starts on the first device
-        first = next((d for d in device_map.values() if d.startswith("cuda")), "cuda:0")
-        model.to(torch.device(first))
-        for name in sorted(device_map, key=lambda k: (k.count(".") + (k != ""), k)):
-            dev = torch.device(_placed_device(device_map[name]))
-            mod = model.get_submodule(name) if name else model
-            mod.to(dev)
+    if placed != device_map:
+        with _own_mode(model):
+            # from a clean slate: what an earlier plan moved and this map does not name starts on the first device
+            model.to(torch.device(next((d for d in device_map.values() if d.startswith("cuda")), "cuda:0")))
+            for name in sorted(device_map, key=lambda k: (k.count(".") + (k != ""), k)):
+                dev = torch.device(_placed_device(device_map[name]))
+                (model.get_submodule(name) if name else model).to(dev)
 
     def mover(dev: torch.device) -> Callable[..., Any]:
         def move(x: Any) -> Any:
@@ -182,6 +229,7 @@ def _apply(model: torch.nn.Module, device_map: dict[str, str]) -> list[Any]:
             return [m for child in mod.children() for m in called(child)]
         return [mod]
 
+    handles = []
     for name, device in device_map.items():
         for mod in called(model.get_submodule(name) if name else model):
             hook = mover(torch.device(_placed_device(device)))
@@ -233,14 +281,15 @@ def _checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
             block.forward = fwd  # type: ignore[method-assign]
 
 
-def _step(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens: int) -> None:
+def _step(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens: int,
+          optimizer: torch.optim.Optimizer | str = "adamw") -> None:  # fmt: skip
     """The plan's run (:mod:`.steps`, as ``fakeviz report`` runs it): one AdamW step, or ``generate``, or a forward."""
     from .. import models
     from . import steps
 
     kwargs = models.inputs(model, batch=batch, seq=seq, labels=train)
     if train:
-        steps.train(model, kwargs, optimizer="adamw", steps=1)
+        steps.train(model, kwargs, optimizer=optimizer, steps=1)
     elif new_tokens:
         steps.generate(model, kwargs, new_tokens)
     else:
@@ -252,24 +301,30 @@ def _reset(model: torch.nn.Module) -> None:
         p.grad = None
 
 
-def _record_step(model: torch.nn.Module, device_map: dict[str, str], gpus: list[Capacity], s: dict[str, Any]) -> Any:
+def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity], s: dict[str, Any]) -> Any:
     from .._api import record
     from .._core.errors import RecordError
 
-    handles = _apply(model, device_map)
+    model = built.model
+    placed, built.placed = built.placed, None  # None until the moves are done
+    handles = _apply(model, device_map, placed)
+    built.placed = dict(device_map)
     trace = None
     gpu = gpus[0].gpu if all(c.gpu == gpus[0].gpu for c in gpus) else None
     try:
+        opt = built.train_optimizer() if s["train"] else None
         with _checkpointing(model, s["checkpointing"]):
             try:
-                with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model]) as trace:
-                    _step(model, batch=s["batch"], seq=s["seq"], train=s["train"], new_tokens=s["new_tokens"])
+                with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace:
+                    _step(model, batch=s["batch"], seq=s["seq"], train=s["train"], new_tokens=s["new_tokens"],
+                          optimizer=opt)  # fmt: skip
             except RecordError as exc:  # the step failed: the partial record says where (never "fits")
                 trace = exc.trace if exc.trace is not None else trace
     finally:
         for h in handles:
             h.remove()
         _reset(model)
+        built.session.records.clear()  # each plan keeps its own trace; the session only carries storages
     trace.meta["capacity"] = min(gpus, key=lambda c: c.bytes).spec
     return trace
 
@@ -286,7 +341,7 @@ def plan(
     new_tokens: int = 0,
     dtype: Any = None,
     checkpointing: bool = False,
-    _built: tuple[torch.nn.Module, str] | None = None,
+    _built: _Built | None = None,
     _costs_from: Plan | None = None,
 ) -> Plan:
     """Place ``model`` on ``gpus`` and run it as placed under fake tensors.
@@ -314,7 +369,8 @@ def plan(
         raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}: batch and seq must be >= 1")
     if train and new_tokens:
         raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
-    mod, label = _built if _built is not None else _build(model, _dtype(dtype))
+    built = _built if _built is not None else _build(model, _dtype(dtype))
+    mod, label = built.model, built.label
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
                 "dtype": str(next(mod.parameters()).dtype), "device_map_kind": device_map if isinstance(device_map, str) else "dict"}  # fmt: skip
     recordings = 0
@@ -322,6 +378,7 @@ def plan(
         dm = {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in device_map.items()}
     elif device_map in ("auto", "sequential"):
         _apply_all(mod, "cpu")
+        built.placed = None
         dm = accelerate_map(mod, device_map, caps)
     else:
         names = _placement.units(mod)
@@ -332,13 +389,14 @@ def plan(
             costs = _placement.static_costs(mod, names, train=train)
             dm = _balanced_map(mod, names, costs, caps)
             if len(caps) > 1:  # a first run as placed by weights: what each module brings to its device's peak
-                probe = _record_step(mod, dm, caps, settings)
+                probe = _record_step(built, dm, caps, settings)
                 recordings += 1
                 costs = _placement.unit_costs(mod, probe, names, train=train, device_map=dm)
         dm = _balanced_map(mod, names, costs, caps)
-    trace = _record_step(mod, dm, caps, settings)
+    trace = _record_step(built, dm, caps, settings)
     recordings += 1
-    return Plan(model=label, gpus=caps, device_map=dm, trace=trace, settings=settings, recordings=recordings)
+    return Plan(model=label, gpus=caps, device_map=dm, trace=trace, settings=settings, recordings=recordings,
+                module=mod)  # fmt: skip
 
 
 def _apply_all(model: torch.nn.Module, device: str) -> None:
@@ -375,7 +433,7 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         grid = {"dtype": grid.pop("dtype"), **grid}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     caps = parse_gpus(gpus)
-    built: dict[Any, tuple[torch.nn.Module, str]] = {}
+    built: dict[Any, _Built] = {}
     rows, plans = [], []
     bar = _progress(len(combos)) if progress else None
     for i, c in enumerate(combos):
@@ -390,8 +448,16 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         if bar is not None:
             bar(i + 1, p)
     df = pd.DataFrame(rows)
-    df.attrs["plans"] = plans
+    df.attrs["plans"] = _Plans(plans)
     return df
+
+
+class _Plans(list):  # type: ignore[type-arg]
+    """The plans of a sweep, on ``df.attrs["plans"]``: pandas deep-copies ``attrs`` into every frame it derives
+    (a column, a filter), and a copy of each plan's model and trace would cost as much as the sweep."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Plans:
+        return self
 
 
 def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["forward", "generate", "make_optimizer", "train"]
+__all__ = ["forward", "generate", "init_state", "make_optimizer", "train"]
 
 
 def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
@@ -20,10 +20,33 @@ def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer |
     return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, lr=1e-4)
 
 
-def train(model: torch.nn.Module, kwargs: dict[str, Any], *, optimizer: str = "adamw", steps: int = 1) -> None:
-    """``steps`` training steps on ``kwargs`` (which hold the labels): forward, backward, optimizer step."""
+def init_state(opt: torch.optim.Optimizer) -> None:
+    """Give ``opt`` the state it holds from its first step on (AdamW's ``exp_avg``, ``exp_avg_sq``, ``step``), by
+    its own code: a step on zero gradients, which are then dropped. A training step recorded after this is a
+    steady-state step: the optimizer state is alive through forward and backward, as from step 2 of a real run."""
+    params = [p for group in opt.param_groups for p in group["params"]]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def train(
+    model: torch.nn.Module,
+    kwargs: dict[str, Any],
+    *,
+    optimizer: str | torch.optim.Optimizer | None = "adamw",
+    steps: int = 1,
+) -> None:
+    """``steps`` training steps on ``kwargs`` (which hold the labels): forward, backward, optimizer step.
+    ``optimizer`` is a name (:func:`make_optimizer`, made here) or an optimizer over the model's parameters."""
     model.train()
-    opt = make_optimizer(optimizer, model)
+    opt = (
+        optimizer
+        if optimizer is None or isinstance(optimizer, torch.optim.Optimizer)
+        else make_optimizer(optimizer, model)
+    )
     for _ in range(steps):
         out = model(**kwargs)
         loss = out["loss"] if isinstance(out, dict) else out[0]

@@ -71,6 +71,8 @@ def _config_from_dict(raw: dict[str, Any], overrides: dict[str, Any], where: str
         pdtype = as_dtype(published) if published not in (None, "auto") else None
     except ValueError:
         pdtype = None
+    if pdtype is not None:  # kept on the config: build(config(name)) builds at the published dtype, as build(name)
+        cfg.dtype = pdtype
     return cfg, pdtype
 
 

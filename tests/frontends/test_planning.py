@@ -37,9 +37,11 @@ def test_weights_per_device_are_the_parameters_placed_there(llama: torch.nn.Modu
     p = fv.plan(llama, gpus="2x12GB", device_map=device_map, batch=1, seq=256)
     assert p.trace.error is None
     peaks = p.peaks.set_index("device")
-    # the model is left placed as the plan ran it: its tensors are on the plan's devices
+    # p.module is the plan's copy of the model, placed as the plan ran it; the user's model is not moved
+    assert p.module is not llama
+    assert _bytes_on(llama, "cuda:1") == 0
     for dev in ("cuda:0", "cuda:1"):
-        assert peaks.loc[dev, "weights"] == _bytes_on(llama, dev), dev
+        assert peaks.loc[dev, "weights"] == _bytes_on(p.module, dev), dev
         assert peaks.loc[dev, "capacity"] == 12 * 10**9
         assert peaks.loc[dev, "headroom"] == peaks.loc[dev, "capacity"] - peaks.loc[dev, "peak"]
     assert set(p.device_map.values()) <= {"cuda:0", "cuda:1"}
@@ -145,12 +147,67 @@ def test_checkpointing_lowers_the_training_peak(llama: torch.nn.Module) -> None:
     assert [p.settings["checkpointing"] for p in plans] == [False, True]
     saved = [int(p.trace.memory(allocator=False)["Activation"].max()) for p in plans]
     assert 0 < saved[1] < saved[0]  # the blocks keep only their inputs (the head's logits stay: not a block)
+    model = plans[-1].module
     on = (
-        llama.is_activation_checkpointing
-        if hasattr(llama, "is_activation_checkpointing")
-        else llama.is_gradient_checkpointing
+        model.is_activation_checkpointing
+        if hasattr(model, "is_activation_checkpointing")
+        else model.is_gradient_checkpointing
     )
     assert not on  # switched off again after the point
+
+
+def test_training_plan_is_the_steady_state_step(llama: torch.nn.Module) -> None:
+    """A training plan records the step with AdamW's state alive from the start (as from step 2 of a real run):
+    its peak equals a direct recording of build, optimizer state, step; and a first step alone peaks lower."""
+    from fakeviz._frontends import steps
+
+    p = fv.plan(llama, gpus="1x80GB", batch=8, seq=1024, train=True)
+
+    def direct(init: bool) -> int:
+        with fv.record(device="cuda:0", gpu=None) as t:
+            model = fv.models.build("meta-llama/Llama-3.1-8B", num_hidden_layers=2)
+            opt = steps.make_optimizer("adamw", model)
+            if init:
+                steps.init_state(opt)
+            steps.train(model, fv.models.inputs(model, batch=8, seq=1024, labels=True), optimizer=opt)
+        assert t.error is None
+        return int(t.peak_bytes()["cuda:0"]["bytes"])
+
+    peak = int(p.trace.peak_bytes()["cuda:0"]["bytes"])  # live bytes (the table's peak adds the allocator's)
+    assert peak == direct(init=True)
+    assert direct(init=False) < peak  # activations larger than the optimizer's temporaries: step 2 peaks higher
+    row = p.peaks.set_index("device").loc["cuda:0"]
+    params = sum(t.numel() * t.element_size() for t in p.module.parameters())
+    assert row["optimizer"] == 2 * params  # exp_avg and exp_avg_sq, bf16 as the parameters (``step`` on the cpu)
+
+
+def test_generate_plan_holds_the_kv_cache(llama: torch.nn.Module) -> None:
+    """``new_tokens``: prefill, then a decode step per token; the KV cache grows to the keys and values of every
+    layer for the tokens the last decode step attends to, by hand from the config."""
+    cfg = llama.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    kv = {}
+    for n in (0, 8):
+        p = fv.plan(llama, gpus="1x80GB", batch=2, seq=100, new_tokens=n)
+        assert p.trace.error is None and p.fits
+        kv[n] = int(p.trace.memory(allocator=False)["KV cache"].max())
+        assert "generate 8" in repr(p) or n == 0
+    per_token = 2 * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2  # k+v, batch 2, bf16
+    assert kv[0] == per_token * 100  # a forward alone: transformers fills a cache with the prompt too
+    assert per_token * (100 + 8 - 1) <= kv[8] <= 2 * per_token * (100 + 8)  # at most old and grown during a cat
+
+
+def test_max_batch_on_unequal_gpus(llama: torch.nn.Module) -> None:
+    gpus = ["14GB", "9GB"]
+    r = fv.max_batch(llama, gpus=gpus, seq=1024, train=True, limit=64)
+    assert r.plan is not None and r.plan.fits and r.failing is not None and not r.failing.fits
+    caps = r.plan.peaks.set_index("device").capacity
+    assert caps["cuda:0"] == 14 * 10**9 and caps["cuda:1"] == 9 * 10**9
+    at = fv.plan(llama, gpus=gpus, seq=1024, train=True, batch=r.value, device_map=r.plan.device_map)
+    above = fv.plan(llama, gpus=gpus, seq=1024, train=True, batch=r.value + 1, device_map=r.failing.device_map)
+    assert at.fits and not above.fits
+    peaks = at.peaks.set_index("device")
+    assert (peaks.peak <= peaks.capacity).all()
 
 
 def test_compare_puts_runs_on_one_scale(llama: torch.nn.Module) -> None:
