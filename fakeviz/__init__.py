@@ -22,12 +22,14 @@ from ._core.errors import (
     FakeVizError,
     FakeVizWarning,
     RecordError,
+    SimulationError,
     TraceFormatError,
     UnknownModelError,
 )
 from ._engine import cuda_shim as _cuda_shim
 from ._engine.session import fake_mode, fakeify, is_fake, meta_like
 from ._export import ExportCheck, check_export
+from ._frontends.distributed import Simulation, simulate
 from ._frontends.planning import Plan, compare, max_batch, max_seq, plan, sweep
 from ._fx import prop
 from ._trace import CATEGORIES, PHASES, ROLES, Trace, load
@@ -63,6 +65,9 @@ __all__ = [
     "compare",
     "max_batch",
     "max_seq",
+    "Simulation",
+    "SimulationError",
+    "simulate",
     "UnknownModelError",
     "CheckpointError",
     "CheckpointMismatchError",

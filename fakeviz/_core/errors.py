@@ -10,6 +10,7 @@ __all__ = [
     "DataDependentError",
     "FakeVizError",
     "FakeVizWarning",
+    "SimulationError",
     "RecordError",
     "TraceFormatError",
     "UnknownModelError",
@@ -58,6 +59,21 @@ class RecordError(FakeVizError):
         self.trace = trace
 
     def __reduce__(self) -> tuple[Any, ...]:  # keep picklable for multiprocessing
+        return (RuntimeError, (str(self),))
+
+
+class SimulationError(FakeVizError):
+    """A rank's step failed in :func:`fakeviz.simulate`. ``rank`` is that rank, ``user_line`` the user's line,
+    ``simulation`` the partial :class:`~fakeviz.Simulation` (the ranks recorded before it, and its partial
+    trace, marked incomplete); ``__cause__`` is the original error."""
+
+    def __init__(self, message: str, *, rank: int, user_line: str | None = None, simulation: Any = None) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.user_line = user_line
+        self.simulation = simulation
+
+    def __reduce__(self) -> tuple[Any, ...]:
         return (RuntimeError, (str(self),))
 
 

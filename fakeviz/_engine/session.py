@@ -29,6 +29,7 @@ from .._core.errors import FakeVizError
 from . import ctc as _ctc  # the CTC fake rules and the ctc_loss patch (Note: [cuDNN CTC under fake tensors])
 from . import cuda_api as _cuda_api
 from . import cuda_shim as _cuda_shim
+from . import distributed as _distributed
 from . import moe as _moe
 
 __all__ = [
@@ -219,6 +220,7 @@ def _apply_patches(on: bool) -> None:
         torch.autograd.grad = _original_grad
     _cuda_api.autocast_support(on)
     _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
+    _distributed.patch_sharding_prop(on)  # Note: [DTensor's shadow propagation]
 
 
 @contextlib.contextmanager

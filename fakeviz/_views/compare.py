@@ -24,13 +24,15 @@ __all__ = ["Comparison", "compare_bars", "compare_table", "compare_timelines"]
 
 
 def _unpack(item: Any) -> tuple[Any, dict[str, int] | None, str]:
-    """(record, per-device capacities or None, default label) of a plan or a trace."""
+    """(record, per-device capacities or None, default label) of a plan, a simulation's rank or a trace."""
     trace = getattr(item, "trace", None)
-    if trace is not None and hasattr(item, "capacities"):
+    if trace is not None and hasattr(item, "capacities") and hasattr(item, "settings"):
         s = item.settings
         run = "train" if s["train"] else (f"gen {s['new_tokens']}" if s["new_tokens"] else "fwd")
         label = f"{s['device_map_kind']} b{s['batch']} s{s['seq']} {run}" + (" ckpt" if s["checkpointing"] else "")
         return trace, item.capacities, label
+    if trace is not None and hasattr(item, "capacities"):  # a rank of a simulation
+        return trace, item.capacities, str(getattr(item, "label", ""))
     return item, None, ""
 
 

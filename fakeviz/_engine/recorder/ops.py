@@ -59,6 +59,10 @@ def _fmt_arg(a: Any) -> str:
         return repr(a)
     if ta is torch.device or ta is torch.dtype or ta is torch.memory_format or ta is torch.layout:
         return str(a)
+    if ta is torch.ScriptObject:  # a collective's process group: Note: [collectives in the record]
+        from ..distributed import script_object_text
+
+        return script_object_text(a).replace("{", "{{").replace("}", "}}")
     return str(a).replace("{", "{{").replace("}", "}}")
 
 

@@ -14,6 +14,7 @@ from ..._core.errors import RecordError
 from ..._core.record import Record
 from .. import cuda_api as _cuda_api
 from .. import cuda_shim as _cuda_shim
+from .. import distributed as _distributed
 from .. import values as _values
 from ..session import check_device, new_fake_mode, session_patches
 from ..tracing_checks import tracing_checks
@@ -216,6 +217,10 @@ class Recording:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         assert self._stack is not None
+        with contextlib.suppress(Exception):  # Note: [collectives in the record]: the groups by name
+            groups = _distributed.snapshot()
+            if groups is not None:
+                self.trace.meta["distributed"] = groups
         new = None
         symbolic = self.symbolic or (self.session is not None and self.session.symbolic)
         if exc is not None and symbolic and self._state is not None and not isinstance(exc, RecordError):

@@ -1,0 +1,374 @@
+"""Many GPUs with torch.distributed itself: :func:`simulate` runs the user's step once per rank under fake
+tensors, in torch's own fake process group, and returns a :class:`Simulation`.
+
+Note: [ranks under the fake process group]
+Each rank is one recording: ``init_process_group("fake", store=FakeStore(), rank=r, world_size=n)`` (torch's
+``torch.testing._internal.distributed.fake_pg``: every collective completes at once and moves no data), the
+rank's fake GPU made current (``cuda:{r % gpus_per_node}``, so ``fully_shard`` and ``DeviceMesh`` put it
+where a launcher would), ``init_device_mesh(device, mesh_shape, mesh_dim_names=...)``, then ``step(rank,
+mesh)``: the user's code builds, shards or parallelizes (``fully_shard``, ``parallelize_module``,
+``torch.distributed.pipelining``), and trains. Everything rank dependent is torch's own: DTensor's local
+shard shapes (uneven splits differ by rank), FSDP2's padded shards, a pipeline stage's layers. The
+collectives are ops in each record with their group and bytes (Note: [collectives in the record]); FSDP2's
+all-gather and reduce-scatter buffers are storages like any other, so they are in the peak when they are
+alive at it. The group is destroyed after each rank (and DeviceMesh's stack emptied): no state leaks from
+one rank into the next, and none is left behind.
+
+What the fake group cannot do is hand a rank data another rank made: a collective whose *result values*
+the step reads (``all_gather_object``, a loss all-reduced then ``.item()``) has no values under fake tensors;
+the step fails there with the rank, the user's line and what to do (:class:`~fakeviz.SimulationError`).
+
+Classes: two ranks are one class when their records are the same op for op (op, output shapes, dtypes, bytes,
+phase), devices and group members aside: "the same up to rank numbering".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from .._analysis import placement as _placement
+from .._core.errors import FakeVizError, SimulationError
+from .._core.gpus import Capacity, parse_gpus
+
+__all__ = ["Simulation", "simulate"]
+
+
+@dataclass
+class _Rank:
+    """One rank as :mod:`fakeviz._views.compare` reads a run: its trace, its GPU's capacity, a label."""
+
+    rank: int
+    trace: Any
+    capacities: dict[str, int]
+
+    @property
+    def label(self) -> str:
+        return f"rank {self.rank}"
+
+
+class Simulation:
+    """Every recorded rank of a :func:`simulate` run.
+
+    ``trace(rank)``; ``peaks``: one row per rank (its GPU): peak and bytes by kind, capacity, headroom, fits,
+    class; ``classes``: groups of ranks whose records are the same up to rank numbering; ``fits``;
+    ``collectives(rank)``: that rank's collectives (group, bytes in and out, ring bytes sent and received);
+    ``explore()``: per-rank bars side by side and a rank picker over each rank's explorer.
+    """
+
+    def __init__(self, *, world_size: int, mesh_shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None,
+                 device: str, gpu: Capacity, gpus_per_node: int, ranks: list[int]) -> None:  # fmt: skip
+        self.world_size = world_size
+        self.mesh_shape = mesh_shape
+        self.mesh_dim_names = mesh_dim_names
+        self.device = device
+        self.gpu = gpu
+        self.gpus_per_node = gpus_per_node
+        self.requested = ranks
+        self.traces: dict[int, Any] = {}
+        self.error: SimulationError | None = None
+
+    # ------------------------------------------------------------------------------------------ reading
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks recorded (in order)."""
+        return sorted(self.traces)
+
+    @property
+    def complete(self) -> bool:
+        """Every requested rank recorded, none failed."""
+        return self.error is None and set(self.requested) <= set(self.traces)
+
+    def device_of(self, rank: int) -> str:
+        return f"{self.device}:{rank % self.gpus_per_node}" if self.device != "cpu" else "cpu"
+
+    def trace(self, rank: int) -> Any:
+        """The record of ``rank``'s step (partial, with ``error`` set, for the rank that failed)."""
+        if rank not in self.traces:
+            raise KeyError(f"rank {rank} was not recorded; recorded: {_ranks_text(self.ranks)}")
+        return self.traces[rank]
+
+    def _runs(self) -> list[_Rank]:
+        return [_Rank(r, self.traces[r], {self.device_of(r): self.gpu.bytes}) for r in self.ranks]
+
+    @functools.cached_property
+    def _signatures(self) -> dict[int, str]:
+        return {r: _signature(self.traces[r]) for r in self.ranks}
+
+    @functools.cached_property
+    def _class_index(self) -> dict[int, int]:
+        """rank -> class (0, 1, ... in order of each class's first rank)."""
+        first: dict[str, int] = {}
+        return {r: first.setdefault(self._signatures[r], len(first)) for r in self.ranks}
+
+    def class_of(self, rank: int) -> int:
+        """The class of a recorded rank (a row of :attr:`classes`)."""
+        return self._class_index[rank]
+
+    @functools.cached_property
+    def classes(self) -> pd.DataFrame:
+        """One row per class of ranks whose records are the same up to rank numbering: ``class`` (0, 1, ...
+        in order of the first rank), ``ranks``, ``count``, ``ops``, ``peak`` (of its first rank), ``fits``."""
+        members: dict[int, list[int]] = {}
+        for r, k in self._class_index.items():
+            members.setdefault(k, []).append(r)
+        pk = self.peaks.set_index("rank")
+        rows = []
+        for k, rs in sorted(members.items()):
+            rows.append({"class": k, "ranks": _ranks_text(rs), "count": len(rs), "ops": self.traces[rs[0]].num_ops,
+                         "peak": int(pk.loc[rs[0], "peak"]), "fits": bool(pk.loc[rs, "fits"].all())})  # fmt: skip
+        return pd.DataFrame(rows, columns=["class", "ranks", "count", "ops", "peak", "fits"])
+
+    @functools.cached_property
+    def peaks(self) -> pd.DataFrame:
+        """One row per recorded rank: rank, device, the bytes by kind at its peak (weights, gradients, optimizer,
+        kv_cache, activations, temporaries, other), peak (the caching allocator's, as the verdict judges),
+        capacity, headroom, fits (False for a rank whose step failed)."""
+        frames = []
+        for run in self._runs():
+            t = _placement.peaks_table(run.trace, run.capacities)
+            t.insert(0, "rank", run.rank)
+            t["class"] = self._class_index[run.rank]
+            if run.trace.error is not None:
+                t["fits"] = False
+            frames.append(t)
+        if not frames:
+            return pd.DataFrame(columns=["rank", "device", "peak", "capacity", "headroom", "fits"])
+        return pd.concat(frames, ignore_index=True)
+
+    @property
+    def fits(self) -> bool:
+        """Every requested rank recorded, without error, under its GPU's capacity."""
+        return self.complete and bool(self.peaks.fits.all())
+
+    def collectives(self, rank: int | None = None) -> pd.DataFrame:
+        """The collectives of ``rank`` (default: the first recorded): :func:`fakeviz._analysis.collectives.collectives`."""
+        from .._analysis.collectives import collectives
+
+        return collectives(self.trace(self.ranks[0] if rank is None else rank))
+
+    @property
+    def text(self) -> str:
+        n = len(self.ranks)
+        k = len(self.classes)
+        worst = self.peaks.loc[self.peaks.peak.idxmax()] if n else None
+        state = "fits" if self.fits else ("incomplete" if not self.complete else "does not fit")
+        head = f"{state}: {n} of {self.world_size} ranks recorded, {k} class{'es' if k != 1 else ''}"
+        if worst is not None:
+            head += (f"; highest peak rank {int(worst['rank'])} {_gib(worst['peak'])} of "
+                     f"{_gib(worst['capacity'])} ({self.gpu.label})")  # fmt: skip
+        if self.error is not None:
+            head += f"; rank {self.error.rank} failed"
+        return head
+
+    def __repr__(self) -> str:
+        mesh = "x".join(map(str, self.mesh_shape))
+        names = f" {self.mesh_dim_names}" if self.mesh_dim_names else ""
+        return f"Simulation(world_size={self.world_size}, mesh {mesh}{names}): {self.text}"
+
+    # ------------------------------------------------------------------------------------------ views
+    def bars(self) -> Any:
+        """Each recorded rank's peak by category, side by side on one axis (:func:`fakeviz._views.compare.compare_bars`)."""
+        from .._views.compare import compare_bars
+
+        return compare_bars(self._runs())
+
+    def explore(self, rank: int | None = None) -> Any:
+        """The per-rank bars and a rank picker over each rank's explorer (:mod:`fakeviz._views.simulation`)."""
+        from .._views.simulation import simulation_widget
+
+        return simulation_widget(self._runs(), classes=self._class_index, first=rank, capacity=self.gpu.spec,
+                                 table=self.classes)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- simulate
+def simulate(
+    step: Callable[[int, Any], Any],
+    world_size: int,
+    *,
+    mesh_shape: Sequence[int] | None = None,
+    mesh_dim_names: Sequence[str] | None = None,
+    device: str = "cuda",
+    gpu: Any = None,
+    ranks: str | Sequence[int] = "all",
+    gpus_per_node: int = 8,
+) -> Simulation:
+    """Run ``step(rank, mesh)`` once per rank under fake tensors in torch.distributed's fake process group.
+
+    Args:
+        step: the user's code for one rank: build the model, shard it (``fully_shard``) or parallelize it
+            (``parallelize_module``, pipeline stages), make the optimizer, run a training step. ``mesh`` is
+            the rank's ``DeviceMesh`` of ``mesh_shape``.
+        world_size: the number of ranks.
+        mesh_shape, mesh_dim_names: the device mesh (default: 1-D over all ranks); ``(2, 4)`` with
+            ``("dp", "tp")`` is HSDP or FSDP x TP.
+        device: ``"cuda"`` (fake GPUs, on any machine) or ``"cpu"``.
+        gpu: each rank's GPU, a name or size (``"H100"``, ``"80GB"``); default H100.
+        ranks: ``"all"``, or the ranks to record (``[0, 63]``: the others are not run).
+        gpus_per_node: ranks per node; rank ``r`` runs on ``cuda:{r % gpus_per_node}``.
+
+    Returns:
+        A :class:`Simulation`. Raises :class:`~fakeviz.SimulationError` (its ``simulation`` holds the ranks
+        recorded so far and the failing rank's partial trace) when a rank's step fails.
+    """
+    dist = _distributed()
+    if world_size < 1:
+        raise ValueError(f"world_size={world_size}: must be at least 1")
+    shape = tuple(int(x) for x in (mesh_shape or (world_size,)))
+    n = 1
+    for x in shape:
+        n *= x
+    if n != world_size:
+        raise ValueError(f"mesh_shape={shape} holds {n} ranks, not world_size={world_size}")
+    names = tuple(mesh_dim_names) if mesh_dim_names is not None else None
+    if names is not None and len(names) != len(shape):
+        raise ValueError(f"mesh_dim_names={names}: one name per dimension of mesh_shape={shape}")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device={device!r}: use 'cuda' (fake GPUs) or 'cpu'")
+    todo = list(range(world_size)) if ranks == "all" else sorted({int(r) for r in ranks})  # type: ignore[union-attr]
+    bad = [r for r in todo if not 0 <= r < world_size]
+    if bad:
+        raise ValueError(f"ranks {bad} are outside 0..{world_size - 1}")
+    cap = parse_gpus(gpu if gpu is not None else "H100")
+    if len(cap) != 1:
+        raise ValueError(f"gpu={gpu!r}: one GPU kind per rank (e.g. 'H100'), not {len(cap)}")
+    if dist.is_initialized():
+        raise FakeVizError(
+            "simulate: a torch.distributed process group is already initialized in this process.\n"
+            "Call torch.distributed.destroy_process_group() first; simulate starts a fake group per rank."
+        )
+    per_node = max(1, min(gpus_per_node, world_size))
+    sim = Simulation(world_size=world_size, mesh_shape=shape, mesh_dim_names=names, device=device, gpu=cap[0],
+                     gpus_per_node=per_node, ranks=todo)  # fmt: skip
+    for r in todo:
+        trace, exc = _run_rank(step, sim, r)
+        sim.traces[r] = trace
+        if exc is not None:
+            sim.error = _error(exc, r, step, sim)
+            raise sim.error from exc
+    return sim
+
+
+def _distributed() -> Any:
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise FakeVizError("simulate: this torch build has no torch.distributed; install a build that has it")
+    import torch.distributed.tensor  # noqa: F401 - before the recording: Note: [DTensor's shadow propagation]
+
+    return dist
+
+
+@contextlib.contextmanager
+def _fake_group(rank: int, world_size: int) -> Iterator[None]:
+    """torch's fake process group as ``rank`` of ``world_size``; destroyed, with DeviceMesh's stack, after."""
+    import torch.distributed as dist
+    from torch.distributed import device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    hook = sys.excepthook  # init_process_group wraps it to prefix "[rankN]:" to every traceback line
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        sys.excepthook = hook
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        with contextlib.suppress(Exception):
+            device_mesh._mesh_resources.mesh_stack.clear()
+
+
+def _run_rank(step: Callable[[int, Any], Any], sim: Simulation, rank: int) -> tuple[Any, BaseException | None]:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .._api import record
+
+    dev = sim.device_of(rank)
+    trace = None
+    exc: BaseException | None = None
+    with _fake_group(rank, sim.world_size):
+        rec = record(device=dev, gpu=sim.gpu.gpu, gpus=sim.gpus_per_node if sim.device == "cuda" else None)
+        try:
+            with rec as trace:
+                if sim.device == "cuda":
+                    torch.cuda.set_device(rank % sim.gpus_per_node)
+                mesh = init_device_mesh(sim.device, sim.mesh_shape, mesh_dim_names=sim.mesh_dim_names)
+                step(rank, mesh)
+        except Exception as e:  # noqa: BLE001 - reported as a SimulationError with the partial record
+            exc = e
+            trace = getattr(e, "trace", None) or trace or rec.trace
+    trace.meta["rank"] = rank
+    trace.meta["capacity"] = sim.gpu.spec
+    return trace, exc
+
+
+def _error(exc: BaseException, rank: int, step: Callable[..., Any], sim: Simulation) -> SimulationError:
+    line = _user_line(exc, step)
+    what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    msg = str(exc)
+    if "monitored_barrier" in msg:
+        todo = "The fake group serves barrier(); use dist.barrier() in the step, or skip it when simulating."
+    elif getattr(exc, "op", None) is not None or "data-dependent" in msg.lower() or "item()" in msg:
+        todo = ("The fake group moves no data between ranks: a value another rank sends (all_gather_object, a "
+                "reduced loss read with .item()) does not exist here. Skip that read when simulating, e.g. "
+                "behind `if not fakeviz.is_fake(tensor)`.")  # fmt: skip
+    else:
+        todo = (
+            "Fix the step and simulate again; e.simulation holds the ranks recorded so far, e.__cause__ the full error."
+        )
+    where = f"{line}: " if line else ""
+    text = f"rank {rank}: {where}{type(exc).__name__}: {what[:300]}\n{todo}"
+    return SimulationError(text, rank=rank, user_line=line, simulation=sim)
+
+
+def _user_line(exc: BaseException, step: Callable[..., Any]) -> str | None:
+    """``file:line`` of the deepest frame of the step's own file in the traceback (else the recorder's)."""
+    rec_line = getattr(exc, "user_line", None)
+    code = getattr(step, "__code__", None)
+    fname = os.path.realpath(code.co_filename) if code is not None else None
+    found = None
+    for fs in traceback.extract_tb(exc.__traceback__):
+        if fname is not None and os.path.realpath(fs.filename) == fname:
+            found = f"{fs.filename}:{fs.lineno}"
+    return found or rec_line
+
+
+def _signature(trace: Any) -> str:
+    """What two ranks of one class share: per op, its name, output shapes, dtypes, bytes and phase."""
+    ops = trace.ops
+    cols = ops[["op", "phase", "shape", "dtype", "nbytes"]].astype(str)
+    h = hashlib.sha1()
+    h.update(pd.util.hash_pandas_object(cols, index=False).values.tobytes())
+    h.update(str(trace.error is not None).encode())
+    return h.hexdigest()
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``0-7``, ``0,2,4``, ``0-3,8-11``."""
+    if not ranks:
+        return ""
+    parts, start, prev = [], ranks[0], ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)
+
+
+def _gib(n: float) -> str:
+    from .._core.fmt import format_bytes
+
+    return format_bytes(int(n))
