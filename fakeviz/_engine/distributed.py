@@ -82,10 +82,16 @@ def patch_sharding_prop(on: bool) -> None:
         original = cls._propagate_tensor_meta_non_cached
 
         def _propagate_tensor_meta_non_cached(self: Any, op_schema: Any) -> Any:
-            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
             with unset_fake_temporarily():
-                return original(self, op_schema)
+                # a fresh mode, as in a real run; without the dispatch cache, which every mode of the process
+                # shares and which does not key "cuda" by the current device: a rank on cuda:1 would get
+                # cuda:0 tensors an earlier rank cached, and the op would fail on mixed devices
+                fresh = FakeTensorMode(allow_non_fake_inputs=True)
+                fresh.cache_enabled = False
+                with fresh:
+                    return original(self, op_schema)
 
         _ORIGINAL_PROP = original
         cls._propagate_tensor_meta_non_cached = _propagate_tensor_meta_non_cached

@@ -221,6 +221,22 @@ def _apply_patches(on: bool) -> None:
     _cuda_api.autocast_support(on)
     _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
     _distributed.patch_sharding_prop(on)  # Note: [DTensor's shadow propagation]
+    torch.UntypedStorage.resize_ = _resize if on else _original_resize  # type: ignore[method-assign]
+
+
+_original_resize = torch.UntypedStorage.resize_
+
+
+def _resize(self: Any, size: int) -> Any:
+    """``UntypedStorage.resize_`` that tells a recording (Note: [storage resize] in the recorder)."""
+    old = self.nbytes()
+    out = _original_resize(self, size)
+    if old != size:
+        mode = torch._guards.detect_fake_mode()
+        state = getattr(mode, "_fv_state", None)
+        if state is not None and state.active:
+            state.storage_resized(self, int(size))
+    return out
 
 
 @contextlib.contextmanager

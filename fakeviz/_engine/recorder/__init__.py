@@ -18,7 +18,9 @@ Known limitations
 * ``prim.*`` ops are never recorded (they are bookkeeping, not user ops).
 * Storages are identified on first sight; a storage that no recorded op ever
   produced or consumed (e.g. a kernel's internal workspace) is invisible.
-* A storage resized in place (``resize_``, ``set_``) keeps the largest size seen.
+* A tensor resized in place (``resize_``, ``set_``) keeps its storage's largest size seen; a storage resized
+  directly (``untyped_storage().resize_``, as FSDP2 frees and re-makes its unsharded parameters) ends its row
+  and starts a new one (Note: [storage resize]).
 """
 
 from __future__ import annotations

@@ -188,6 +188,12 @@ class _FakeRecordingMode(FakeTensorMode):
         # called on a cache miss only: random ops are never cached here (Note: [values under fake tensors])
         if _values.never_cached(func):
             raise _BypassDispatchCache("fakeviz: random op")
+        dev = kwargs.get("device") if kwargs else None
+        if type(dev) is torch.device and dev.index is None and dev.type != "cpu":
+            # "cuda" means the current device, which the cache key does not hold: FakeTensorMode's cache is
+            # shared by every mode of the process, and a rank of fakeviz.simulate on cuda:1 would get the
+            # cuda:0 tensor an earlier rank cached (torch.empty(n, device="cuda"))
+            raise _BypassDispatchCache("fakeviz: device without index")
         return _fake_validate_key(self, func, args, kwargs)
 
     def may_turn_const(self, t: Any) -> bool:

@@ -7,6 +7,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..._core.schema import ROLE_PARAM, TID_BITS
 from .common import (
@@ -21,6 +22,7 @@ from .common import (
     _ST_DEVICE,
     _ST_FREE,
     _ST_NAME,
+    _ST_NBYTES,
     _ST_OWNER,
     _ST_ROLES,
     P_INIT,
@@ -36,6 +38,7 @@ class _StorageRef(weakref.ref):
 
 
 _SERIAL = itertools.count(1)  # Note: [tensor tags]
+_PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
 
 class StoragesMixin:
@@ -56,6 +59,7 @@ class StoragesMixin:
         self.live: dict[int, _StorageRef] = {}  # StorageImpl address -> its weakref (which has the id)
         self.on_free = self._on_free  # one bound method for every storage's weakref callback
         self.next_tensor = 0
+        self.dormant: dict[int, tuple[Any, int, int, int, int]] = {}  # Note: [storage resize]
 
     def tensor_id(self, t: Any) -> int:
         """The ``$N`` id of a tensor; unseen tensors are registered as inputs."""
@@ -72,6 +76,11 @@ class StoragesMixin:
         return tid
 
     def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:
+        if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+            # Note: [wrapper tensors hold no memory]: a DTensor (an FSDP2 / tensor-parallel parameter) is a
+            # wrapper of the global shape; its memory is its local tensor's storage
+            attrs, _ = t.__tensor_flatten__()
+            return self.storage_id(getattr(t, attrs[0]), seq, roles) if attrs else -1
         try:
             st = t.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse, nested, functional wrappers
@@ -114,6 +123,37 @@ class StoragesMixin:
         ref.key = key
         ref.sid = sid
         self.live[key] = ref
+
+    def storage_resized(self, st: Any, new: int) -> None:
+        """Note: [storage resize]
+        FSDP2 frees an unsharded parameter's memory with ``untyped_storage().resize_(0)`` after use and makes it
+        again with ``resize_(n)`` before the next all-gather: one StorageImpl, several lifetimes. No op is
+        dispatched for either (``UntypedStorage.resize_`` is patched in a session to call this). A resize
+        ends the storage's current row at this point of the record (its weakref is dropped: no free callback
+        for that row) and a resize to a size above 0 starts a new row with the device, roles, name and owner
+        of the last one, so memory follows the storage's size as it is. A storage never seen is left to be
+        registered when a tensor uses it."""
+        key = st._cdata
+        now = len(self.b.opd) // _N_OP
+        std = self.b.std
+        ref = self.live.get(key)
+        if ref is not None:
+            row = ref.sid * _N_ST
+            if std[row + _ST_NBYTES] == new:
+                return
+            self.dormant[key] = (weakref.ref(st), std[row + _ST_DEVICE], std[row + _ST_ROLES], std[row + _ST_NAME],
+                                 std[row + _ST_OWNER])  # fmt: skip
+            std[row + _ST_FREE] = now
+            del self.live[key]
+        if new <= 0:
+            return
+        prev = self.dormant.pop(key, None)
+        if prev is None or prev[0]() is not st:
+            return
+        _, devid, roles, name, owner = prev
+        sid = self._new_storage(st, key, devid, now, roles)
+        std[sid * _N_ST + _ST_NAME] = name
+        std[sid * _N_ST + _ST_OWNER] = owner
 
     def _on_free(self, ref: _StorageRef) -> None:
         sid = ref.sid

@@ -1,0 +1,247 @@
+"""fakeviz.simulate with torch.distributed's own fake process group, FSDP2 and tensor parallel
+(``fakeviz/_frontends/distributed.py``, Note: [ranks under the fake process group], Note: [collectives in the record]).
+
+A tiny transformer (embedding, blocks of LayerNorm / Linear / ReLU / Linear, head) is sharded by torch's own
+``fully_shard`` and ``parallelize_module`` at world sizes 2, 3 and 8; local shard bytes per rank are checked
+against hand-computed values (FSDP2 pads every rank's shard to ``ceil(dim0 / world)`` rows; DTensor's local
+shapes are uneven where the split is), the collectives and their bytes against the shard sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import fakeviz as fv
+
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+from torch.distributed.fsdp import fully_shard  # noqa: E402
+from torch.distributed.tensor.parallel import (  # noqa: E402
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+D, VOCAB, BATCH, SEQ = 64, 1001, 2, 16
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.up = nn.Linear(d, 4 * d)
+        self.down = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class Tiny(nn.Module):
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, D)
+        self.blocks = nn.ModuleList(Block(D) for _ in range(layers))
+        self.out = nn.Linear(D, VOCAB, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.out(x)
+
+
+def _train(model: nn.Module) -> None:
+    opt = torch.optim.AdamW(model.parameters())
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    model(ids).float().sum().backward()
+    opt.step()
+
+
+def _fsdp_step(seen: dict[int, dict[str, tuple[tuple[int, ...], int]]], **kw: object):  # noqa: ANN202
+    def step(rank: int, mesh: object) -> None:
+        model = Tiny()
+        for b in model.blocks:
+            fully_shard(b, mesh=mesh, **kw)
+        fully_shard(model, mesh=mesh, **kw)
+        # torch's own view of this rank's shards: local shape, bytes of the (padded) storage
+        seen[rank] = {n: (tuple(p.to_local().shape), p.to_local().untyped_storage().nbytes())
+                      for n, p in model.named_parameters()}  # fmt: skip
+        _train(model)
+
+    return step
+
+
+def _hand_shard(shape: tuple[int, ...], rank: int, world: int) -> tuple[tuple[int, ...], int]:
+    """FSDP2 on dim 0: every rank's storage holds ceil(d0 / world) rows (padded); its local tensor the rows it owns."""
+    rows = math.ceil(shape[0] / world)
+    rest = math.prod(shape[1:])
+    owned = max(0, min(rows, shape[0] - rank * rows))
+    return (owned, *shape[1:]), rows * rest * 4
+
+
+def _param_bytes_before_forward(trace: object) -> int:
+    """Parameter bytes live at the last op before the forward: the sharded (padded) parameters only (the
+    unsharded ones are freed by ``fully_shard``; the first forward op already gathers the root's)."""
+    mem = trace.memory(allocator=False)  # type: ignore[attr-defined]
+    mem = mem[mem.device.astype(str).str.startswith("cuda")]
+    first = mem.index[mem.phase == "forward"][0]
+    return int(mem.loc[:first].Parameter.iloc[-2])
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_fsdp2_shards_per_rank_are_the_hand_computed_bytes(world: int) -> None:
+    seen: dict[int, dict] = {}
+    sim = fv.simulate(_fsdp_step(seen), world, gpu="H100")
+    assert sim.ranks == list(range(world)) and sim.complete and sim.fits
+    shapes = {n: tuple(p.shape) for n, p in Tiny().named_parameters()}
+    for rank in range(world):
+        hand = {n: _hand_shard(s, rank, world) for n, s in shapes.items()}
+        assert seen[rank] == hand, rank  # torch's shards are what the hand formula says (padded storage)
+        assert sim.trace(rank).meta["distributed"]["world_size"] == world
+        assert _param_bytes_before_forward(sim.trace(rank)) == sum(b for _, b in hand.values()), rank
+        assert sim.peaks.set_index("rank").loc[rank, "device"] == f"cuda:{rank}"
+    even = all(s[0] % world == 0 for s in shapes.values())
+    # an uneven split (1001 rows, 64 rows over 3) makes the ranks that own fewer rows a class of their own
+    assert (len(sim.classes) == 1) == even
+    assert sim.classes["count"].sum() == world
+
+
+def test_fsdp2_collectives_and_their_bytes() -> None:
+    world = 2
+    sim = fv.simulate(_fsdp_step({}), world, gpu="H100")
+    col = sim.collectives(0)
+    ag, rs = col[col.kind == "all_gather"], col[col.kind == "reduce_scatter"]
+    # forward: root (emb + out) then each block; backward: each block again (reshard after forward), root kept
+    assert len(ag) >= 3 and len(rs) == 3
+    assert (ag.group_size == world).all() and (ag.ranks == "0-1").all()
+    assert (ag.bytes_out == world * ag.bytes_in).all()
+    assert (ag.sent == (world - 1) * ag.bytes_in).all() and (ag.received == ag.sent).all()
+    assert (rs.bytes_in == world * rs.bytes_out).all()
+    block = sum(math.ceil(s[0] / world) * math.prod(s[1:]) * 4 for s in (p.shape for p in Block(D).parameters()))
+    assert (ag.bytes_in == block).sum() >= 2  # each block's all-gather sends its padded shard
+    assert set(ag.phase.astype(str)) == {"forward", "backward"} and set(rs.phase.astype(str)) == {"backward"}
+    # the all-gather output buffers are storages of the record, alive at their time like any tensor
+    ops = sim.trace(0).ops.set_index("seq")
+    assert all(ops.loc[s, "nbytes"] == b for s, b in zip(ag.seq, ag.bytes_out))
+
+
+def test_reshard_after_forward_trades_memory_for_all_gathers() -> None:
+    runs = {}
+    for reshard in (True, False):
+        sim = fv.simulate(_fsdp_step({}, reshard_after_forward=reshard), 2, gpu="H100", ranks=[0])
+        col = sim.collectives(0)
+        runs[reshard] = (int((col.kind == "all_gather").sum()), int(sim.trace(0).peak_bytes()["cuda:0"]["bytes"]))
+    assert runs[False][0] < runs[True][0]  # the blocks' parameters stay gathered for backward
+    assert runs[False][1] >= runs[True][1]
+
+
+def test_hsdp_on_a_2d_mesh() -> None:
+    seen: dict[int, dict] = {}
+    sim = fv.simulate(_fsdp_step(seen), 4, mesh_shape=(2, 2), mesh_dim_names=("replicate", "shard"), gpu="H100")
+    assert sim.fits and len(sim.classes) == 2  # shard 0 and shard 1 of the uneven 1001-row tables
+    w = Tiny().emb.weight.shape
+    assert seen[0]["emb.weight"] == ((math.ceil(w[0] / 2), D), math.ceil(w[0] / 2) * D * 4)
+    assert seen[2]["emb.weight"] == seen[0]["emb.weight"]  # replicas of shard 0
+    col = sim.collectives(3)
+    ag, ar = col[col.kind == "all_gather"], col[col.kind == "all_reduce"]
+    # mesh [[0, 1], [2, 3]]: rank 3 shards with rank 2 (the last dim) and is a replica of rank 1
+    assert (ag.group_size == 2).all() and set(ag.ranks) == {"2-3"}
+    assert len(ar) >= 1 and (ar.group_size == 2).all() and set(ar.ranks) == {"1,3"}  # gradients across replicas
+    assert (ar.phase.astype(str) == "backward").all()
+
+
+def test_tensor_parallel_halves_the_weights_and_all_reduces() -> None:
+    world = 2
+    local: dict[int, dict[str, tuple[int, ...]]] = {}
+
+    def step(rank: int, mesh: object) -> None:
+        block = Block(D)
+        parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        local[rank] = {n: tuple(getattr(p, "to_local", lambda p=p: p)().shape) for n, p in block.named_parameters()}
+        x = torch.randn(BATCH, SEQ, D)
+        block(x).sum().backward()
+
+    sim = fv.simulate(step, world, gpu="H100")
+    for rank in range(world):
+        assert local[rank]["up.weight"] == (4 * D // world, D)
+        assert local[rank]["down.weight"] == (D, 4 * D // world)
+        assert local[rank]["norm.weight"] == (D,)  # not parallelized: replicated
+    full = sum(p.numel() for p in Block(D).parameters()) * 4
+    split = sum(p.numel() for n, p in Block(D).named_parameters() if n.startswith(("up", "down.weight"))) * 4
+    assert _param_bytes_before_forward(sim.trace(0)) == full - split + split // world
+    col = sim.collectives(0)
+    ar = col[(col.kind == "all_reduce") & (col.phase.astype(str) == "forward")]
+    assert len(ar) == 1 and ar.bytes_in.iloc[0] == BATCH * SEQ * D * 4  # RowwiseParallel's partial sums
+    assert len(sim.classes) == 1
+
+
+def test_sequence_parallel_gathers_the_sequence() -> None:
+    world = 2
+
+    def step(rank: int, mesh: object) -> None:
+        block = Block(D)
+        plan = {"norm": SequenceParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
+        parallelize_module(block.norm, mesh, plan["norm"])
+        parallelize_module(block, mesh, {"up": plan["up"], "down": plan["down"]})
+        block.norm(torch.randn(BATCH, SEQ, D)).sum().backward()
+
+    sim = fv.simulate(step, world, gpu="H100", ranks=[1])
+    assert sim.ranks == [1] and sim.complete
+    assert sim.trace(1).error is None
+
+
+def test_ranks_subset_records_only_those() -> None:
+    sim = fv.simulate(_fsdp_step({}), 8, gpu="H100", ranks=[0, 7])
+    assert sim.ranks == [0, 7] and set(sim.peaks["rank"]) == {0, 7}
+    assert sim.classes["count"].sum() == 2 and len(sim.classes) == 2  # rank 7 owns the short rows of 1001
+    with pytest.raises(KeyError, match="rank 3 was not recorded"):
+        sim.trace(3)
+
+
+def test_a_collective_the_fake_group_cannot_serve_is_a_clean_error() -> None:
+    def step(rank: int, mesh: object) -> None:
+        model = Tiny()
+        fully_shard(model, mesh=mesh)
+        dist.monitored_barrier()  # only the gloo backend has it
+
+    with pytest.raises(fv.SimulationError) as info:
+        fv.simulate(step, 2, gpu="H100")
+    e = info.value
+    text = str(e)
+    assert text.startswith("rank 0: ") and "test_distributed.py:" in text.splitlines()[0]
+    assert "monitored_barrier" in text and "dist.barrier()" in text
+    assert len(text.splitlines()) <= 25 and "Traceback" not in text
+    assert e.rank == 0 and isinstance(e.__cause__, ValueError)
+    sim = e.simulation
+    assert sim is not None and not sim.complete and not sim.fits and "incomplete" in sim.text
+    assert sim.trace(0).num_ops > 0  # the partial record is kept
+    assert not dist.is_initialized()  # no process group left behind
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="holds 6 ranks"):
+        fv.simulate(lambda r, m: None, 4, mesh_shape=(2, 3))
+    with pytest.raises(ValueError, match="outside 0..3"):
+        fv.simulate(lambda r, m: None, 4, ranks=[4])
+    with pytest.raises(ValueError, match="one name per dimension"):
+        fv.simulate(lambda r, m: None, 4, mesh_shape=(2, 2), mesh_dim_names=("dp",))
+
+
+def test_explore_renders_a_rank_picker() -> None:
+    pytest.importorskip("ipywidgets")
+    sim = fv.simulate(_fsdp_step({}), 3, gpu="H100")
+    w = sim.explore()
+    picker = w.children[2]
+    assert [v for _, v in picker.options] == [0, 1, 2]
+    assert "class 1" in picker.options[2][0]
+    before = w.children[3].children[0]
+    picker.value = 2
+    assert w.children[3].children[0] is not before  # the picked rank's explorer
+    bars = sim.bars()
+    assert len(bars.data[0].x[0]) == 3
