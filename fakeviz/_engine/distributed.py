@@ -22,11 +22,11 @@ __all__ = ["script_object_text", "snapshot"]
 
 
 def script_object_text(a: Any) -> str:
-    """``group('NAME')`` for a c10d ProcessGroup ScriptObject, ``ReduceOp.SUM`` for a ReduceOp, else the class."""
+    """``group('NAME')`` for a c10d ProcessGroup ScriptObject, ``ReduceOp.SUM`` for a ReduceOp, else ``str(a)``."""
     try:
         qn = a._type().qualified_name()
     except Exception:  # noqa: BLE001 - not a TorchScript class instance
-        return type(a).__name__
+        return str(a)
     if qn.endswith("c10d.ProcessGroup"):
         try:
             pg = torch.distributed.ProcessGroup.unbox(a)
@@ -36,7 +36,7 @@ def script_object_text(a: Any) -> str:
     if qn.endswith("c10d.ReduceOp"):
         op = getattr(a, "op", None)
         return f"ReduceOp.{getattr(op, 'name', '?')}" if op is not None else "ReduceOp"
-    return qn.rsplit(".", 1)[-1]
+    return str(a)  # any other class (the profiler's _RecordFunction) as torch's logging tensor writes it
 
 
 def snapshot() -> dict[str, Any] | None:
