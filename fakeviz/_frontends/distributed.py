@@ -165,8 +165,7 @@ class Simulation:
         state = "fits" if self.fits else ("incomplete" if not self.complete else "does not fit")
         head = f"{state}: {n} of {self.world_size} ranks recorded, {k} class{'es' if k != 1 else ''}"
         if worst is not None:
-            head += (f"; highest peak rank {int(worst['rank'])} {_gib(worst['peak'])} of "
-                     f"{_gib(worst['capacity'])} ({self.gpu.label})")  # fmt: skip
+            head += f"; highest peak rank {int(worst['rank'])} {_gib(worst['peak'])} of {self.gpu.label}"
         if self.error is not None:
             head += f"; rank {self.error.rank} failed"
         return head
