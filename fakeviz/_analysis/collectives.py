@@ -4,8 +4,8 @@ the bytes it reads and writes on this rank, and the bytes a ring algorithm sends
 Wire bytes follow the ring algorithms NCCL uses for large messages (and its "bus bandwidth" convention), for
 a group of ``n`` ranks: an all-gather of a shard of ``s`` bytes sends and receives ``(n - 1) * s``; a
 reduce-scatter of ``b`` input bytes ``(n - 1) / n * b``; an all-reduce of ``b`` bytes ``2 (n - 1) / n * b``; an
-all-to-all ``(n - 1) / n * b``; a send its bytes out, a recv its bytes in; a broadcast ``b`` received by every
-rank but the root (which sends ``b``); other collectives are left empty (NaN).
+all-to-all ``(n - 1) / n * b``; a send its bytes out, a recv its bytes in; a barrier nothing. A broadcast (its
+root is not in the record's arguments) and other collectives are left empty (NaN).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from .._core.record import Record
 
-__all__ = ["KINDS", "collectives", "group_of"]
+__all__ = ["KINDS", "collectives", "group_of", "ranks_text"]
 
 # op name (without namespace and overload) -> kind
 KINDS = {
@@ -125,7 +125,7 @@ def _collectives(rec: Record) -> Any:
         rows.append({
             "seq": seq, "op": ops[int(op_codes[seq])], "kind": kind, "phase": table.phase.iat[seq],
             "module": table.module.iat[seq], "user_line": table.user_line.iat[seq], "group": g,
-            "group_size": n, "ranks": _ranks_text(ranks), "bytes_in": b_in, "bytes_out": b_out,
+            "group_size": n, "ranks": ranks_text(ranks), "bytes_in": b_in, "bytes_out": b_out,
             "sent": sent, "received": received,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
@@ -155,10 +155,16 @@ def _wire(kind: str, b_in: int, b_out: int, n: float, rank: Any, ranks: Any) -> 
     return float(v), float(v)
 
 
-def _ranks_text(ranks: list[int] | None) -> str:
-    """``0-7`` for a run, ``0,8,16`` for a stride, ``?`` unknown."""
+def ranks_text(ranks: list[int] | None) -> str:
+    """Ranks as runs: ``0-7``, ``1,3``, ``0-3,8-11``; ``?`` when unknown."""
     if not ranks:
         return "?"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
-    return ",".join(map(str, ranks))
+    parts, start, prev = [], ranks[0], ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
+        if r is not None:
+            start = prev = r
+    return ",".join(parts)

@@ -27,9 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import os
 import sys
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +36,9 @@ import pandas as pd
 import torch
 
 from .._analysis import placement as _placement
+from .._analysis.collectives import ranks_text as _ranks_text
 from .._core.errors import FakeVizError, SimulationError
+from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
 
 __all__ = ["Simulation", "simulate"]
@@ -165,7 +165,7 @@ class Simulation:
         state = "fits" if self.fits else ("incomplete" if not self.complete else "does not fit")
         head = f"{state}: {n} of {self.world_size} ranks recorded, {k} class{'es' if k != 1 else ''}"
         if worst is not None:
-            head += f"; highest peak rank {int(worst['rank'])} {_gib(worst['peak'])} of {self.gpu.label}"
+            head += f"; highest peak rank {int(worst['rank'])} {format_bytes(int(worst['peak']))} of {self.gpu.label}"
         if self.error is not None:
             head += f"; rank {self.error.rank} failed"
         return head
@@ -253,7 +253,7 @@ def simulate(
         trace, exc = _run_rank(step, sim, r)
         sim.traces[r] = trace
         if exc is not None:
-            sim.error = _error(exc, r, step, sim)
+            sim.error = _error(exc, r, sim)
             raise sim.error from exc
     return sim
 
@@ -311,8 +311,8 @@ def _run_rank(step: Callable[[int, Any], Any], sim: Simulation, rank: int) -> tu
     return trace, exc
 
 
-def _error(exc: BaseException, rank: int, step: Callable[..., Any], sim: Simulation) -> SimulationError:
-    line = _user_line(exc, step)
+def _error(exc: BaseException, rank: int, sim: Simulation) -> SimulationError:
+    line = _user_line(exc)
     what = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     msg = str(exc)
     if "monitored_barrier" in msg:
@@ -330,16 +330,12 @@ def _error(exc: BaseException, rank: int, step: Callable[..., Any], sim: Simulat
     return SimulationError(text, rank=rank, user_line=line, simulation=sim)
 
 
-def _user_line(exc: BaseException, step: Callable[..., Any]) -> str | None:
-    """``file:line`` of the deepest frame of the step's own file in the traceback (else the recorder's)."""
-    rec_line = getattr(exc, "user_line", None)
-    code = getattr(step, "__code__", None)
-    fname = os.path.realpath(code.co_filename) if code is not None else None
-    found = None
-    for fs in traceback.extract_tb(exc.__traceback__):
-        if fname is not None and os.path.realpath(fs.filename) == fname:
-            found = f"{fs.filename}:{fs.lineno}"
-    return found or rec_line
+def _user_line(exc: BaseException) -> str | None:
+    """``file:line`` of the innermost frame of the user's code where the step failed (:func:`user_frame`)."""
+    from .._engine.export import user_frame
+
+    f = user_frame(exc)
+    return f"{f.filename}:{f.lineno}" if f is not None else None
 
 
 def _signature(trace: Any) -> str:
@@ -350,24 +346,3 @@ def _signature(trace: Any) -> str:
     h.update(pd.util.hash_pandas_object(cols, index=False).values.tobytes())
     h.update(str(trace.error is not None).encode())
     return h.hexdigest()
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``0-7``, ``0,2,4``, ``0-3,8-11``."""
-    if not ranks:
-        return ""
-    parts, start, prev = [], ranks[0], ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else str(start))
-        if r is not None:
-            start = prev = r
-    return ",".join(parts)
-
-
-def _gib(n: float) -> str:
-    from .._core.fmt import format_bytes
-
-    return format_bytes(int(n))

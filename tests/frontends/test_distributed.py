@@ -13,6 +13,7 @@ import math
 
 import pytest
 import torch
+from tiny_lm import Block, TinyLM
 from torch import nn
 
 import fakeviz as fv
@@ -31,29 +32,8 @@ from torch.distributed.tensor.parallel import (  # noqa: E402
 D, VOCAB, BATCH, SEQ = 64, 1001, 2, 16
 
 
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 4 * d)
-        self.down = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
-class Tiny(nn.Module):
-    def __init__(self, layers: int = 2) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, D)
-        self.blocks = nn.ModuleList(Block(D) for _ in range(layers))
-        self.out = nn.Linear(D, VOCAB, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.emb(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(x)
+def Tiny(layers: int = 2) -> TinyLM:  # noqa: N802 - read as the model class it builds
+    return TinyLM(VOCAB, D, layers)
 
 
 def _train(model: nn.Module) -> None:

@@ -19,6 +19,7 @@ import traceback
 
 import pytest
 import torch
+from tiny_lm import TinyLM
 from torch import nn
 
 import fakeviz as fv
@@ -38,30 +39,8 @@ D, VOCAB, BATCH, SEQ, LAYERS = 256, 16384, 8, 32, 4
 F32 = 4
 
 
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(d)
-        self.up = nn.Linear(d, 4 * d)
-        self.down = nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(torch.relu(self.up(self.norm(x))))
-
-
-class Tiny(nn.Module):
-    def __init__(self, layers: int = LAYERS) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, D)
-        self.blocks = nn.ModuleList(Block(D) for _ in range(layers))
-        self.norm = nn.LayerNorm(D)
-        self.out = nn.Linear(D, VOCAB, bias=False)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.emb(ids)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(self.norm(x))
+def Tiny(layers: int = LAYERS) -> TinyLM:  # noqa: N802 - read as the model class it builds
+    return TinyLM(VOCAB, D, layers, final_norm=True)
 
 
 def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
