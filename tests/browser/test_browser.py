@@ -6,7 +6,7 @@
   class is called ``<script>alert(1)</script>`` (with a child called
   ``<img src=x onerror=...>``) shows as text, runs nothing and opens no dialog.
 * ``test_jupyterlab_explorer``: JupyterLab 4 (started here on 127.0.0.1 with a token, in
-  a temporary folder holding a copy of ``notebooks/02_explorer.ipynb``) runs the tutorial
+  a temporary folder holding the explorer tour, ``tests/browser/explorer_tour.py``) runs it
   from its Run menu; both explorers render; the selection set from Python shows; a click
   on a tree node selects it (tree, timeline spans, ops table, bars share, alias graph),
   and re-running a cell shows the kernel got the click.
@@ -31,10 +31,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import explorer_tour
 import pytest
 import torch
 from browser_util import (  # tests/ is on sys.path under pytest
-    NOTEBOOKS,
     ROOT,
     PageProblems,
     browser_missing,
@@ -53,7 +53,7 @@ warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(browser_missing()), reason=str(browser_missing()))]
 
-NOTEBOOK = "02_explorer.ipynb"
+NOTEBOOK = "explorer_tour.ipynb"
 EVIL_CLASS = "<script>alert(1)</script>"
 EVIL_CHILD = "<img src=x onerror=alert(2)>"
 LAB_VIEWPORT = {"width": 1440, "height": 1100}
@@ -286,13 +286,13 @@ def test_report_draws_python_colours(tmp_path, browser, bundle, scheme):
 # --------------------------------------------------------------------- JupyterLab
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory, bundle):
-    """A JupyterLab server on 127.0.0.1 (token, temporary root with the tutorial notebook), always stopped."""
+    """A JupyterLab server on 127.0.0.1 (token, temporary root with the explorer tour), always stopped."""
     reason = jupyter_missing()
     if reason:
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("lab")
-    shutil.copy(NOTEBOOKS / NOTEBOOK, root / NOTEBOOK)
-    shutil.copy(NOTEBOOKS / NOTEBOOK, root / f"nb7_{NOTEBOOK}")
+    explorer_tour.write(root / NOTEBOOK)
+    explorer_tour.write(root / f"nb7_{NOTEBOOK}")
     with jupyter_server(root) as server:
         yield server
 

@@ -1,4 +1,5 @@
-"""Execute the tutorial notebooks headlessly with nbclient and check what a reader would see."""
+"""The ``%%fake`` tour (tests/notebook/magic_tour.py: every option, the progress line, the error display) executed
+headlessly with nbclient in this interpreter's kernel; the tutorials themselves are tests/notebook/test_tutorials.py."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+import magic_tour  # noqa: E402  (tests/notebook is on sys.path under pytest)
 
-NB_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+nbclient = pytest.importorskip("nbclient")
 
 
 class _RecordingClient(nbclient.NotebookClient):
@@ -24,28 +25,9 @@ class _RecordingClient(nbclient.NotebookClient):
         return super().process_message(msg, cell, cell_index)
 
 
-GENERATORS = sorted(NB_DIR.glob("_make_*.py"))
-
-
-@pytest.mark.parametrize("script", GENERATORS, ids=[p.stem for p in GENERATORS])
-def test_generator_reproduces_the_committed_notebook(script: Path, tmp_path: Path) -> None:
-    """Each notebook is written by its ``_make_NN.py``: running it again gives the committed file, byte for byte."""
-    import subprocess
-    import sys
-
-    target = next(NB_DIR.glob(script.stem.replace("_make_", "") + "_*.ipynb"))
-    out = tmp_path / target.name
-    subprocess.run([sys.executable, str(script), str(out)], check=True, cwd=tmp_path)
-    assert out.read_bytes() == target.read_bytes(), f"{target.name} differs from what {script.name} writes: rerun it"
-
-
-def test_every_notebook_has_a_generator() -> None:
-    made = {p.stem.replace("_make_", "") for p in GENERATORS}
-    assert {p.name[:2] for p in NB_DIR.glob("*.ipynb")} <= made
-
-
 def _execute(name: str, tmp_path: Path):
-    nb = nbformat.read(NB_DIR / name, as_version=4)
+    magic_tour.write(tmp_path / name)
+    nb = nbformat.read(tmp_path / name, as_version=4)
     client = _RecordingClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
     client.updates = []
     client.execute()
@@ -65,8 +47,8 @@ def _text(cell) -> str:
     return "\n".join(parts)
 
 
-def test_01_fake_magic_notebook(tmp_path):
-    nb = _execute("01_fake_magic.ipynb", tmp_path)
+def test_magic_tour(tmp_path):
+    nb = _execute("magic_tour.ipynb", tmp_path)
     cells = [c for c in nb.cells if c.cell_type == "code"]
     by_src = {c.source.splitlines()[0]: c for c in cells}
     first = by_src["%%fake --device cuda:0 --dtype bfloat16 --gpu L4 -o trace"]

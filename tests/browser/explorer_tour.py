@@ -1,6 +1,6 @@
-"""Regenerate notebooks/02_explorer.ipynb (outputs stripped): python notebooks/_make_02.py [OUT.ipynb]"""
+"""The explorer tour the browser tests run in JupyterLab and Notebook 7: ``write(path)`` writes it (no outputs).
 
-import sys
+It was tutorial 02 before the tutorials were renumbered (issue 20); it stays as the browser tests' fixture."""
 
 import nbformat as nbf
 
@@ -36,8 +36,11 @@ cells = [
        "and no network needed to open it."),
     code('report = trace.to_html("explorer_report.html", "L4")\nprint(report.name, f"{report.stat().st_size / 1e6:.1f} MB")'),
 ]  # fmt: skip
-for i, cell in enumerate(cells):
-    cell.id = f"cell-{i:02d}"  # fixed ids: the script reproduces the committed notebook byte for byte
-nb = nbf.v4.new_notebook(cells=cells)
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, sys.argv[1] if len(sys.argv) > 1 else __file__.replace("_make_02.py", "02_explorer.ipynb"))
+
+
+def write(path) -> None:
+    for i, cell in enumerate(cells):
+        cell.id = f"cell-{i:02d}"
+    nb = nbf.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbf.write(nb, path)

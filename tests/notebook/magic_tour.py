@@ -1,6 +1,7 @@
-"""Regenerate notebooks/01_fake_magic.ipynb (outputs stripped): python notebooks/_make_01.py [OUT.ipynb]"""
+"""A tour of every ``%%fake`` option, executed by tests/notebook/test_notebooks.py: ``write(path)`` writes it.
 
-import sys
+It was tutorial 01 before the tutorials were renumbered (issue 20); tutorial 01 now teaches the magic
+briefly, and this notebook keeps checking every option, the progress line and the error display."""
 
 import nbformat as nbf
 
@@ -54,8 +55,11 @@ cells = [
     code("%%fake -o t_cfg\nw = torch.empty(4)\nprint(w.device)"),
     code("%unload_ext fakeviz"),
 ]  # fmt: skip
-for i, cell in enumerate(cells):
-    cell.id = f"cell-{i:02d}"  # fixed ids: the script reproduces the committed notebook byte for byte
-nb = nbf.v4.new_notebook(cells=cells)
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nbf.write(nb, sys.argv[1] if len(sys.argv) > 1 else __file__.replace("_make_01.py", "01_fake_magic.ipynb"))
+
+
+def write(path) -> None:
+    for i, cell in enumerate(cells):
+        cell.id = f"cell-{i:02d}"
+    nb = nbf.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbf.write(nb, path)
