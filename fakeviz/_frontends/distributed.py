@@ -19,7 +19,9 @@ the step reads (``all_gather_object``, a loss all-reduced then ``.item()``) has 
 the step fails there with the rank, the user's line and what to do (:class:`~fakeviz.SimulationError`).
 
 Classes: two ranks are one class when their records are the same op for op (op, output shapes, dtypes, bytes,
-phase), devices and group members aside: "the same up to rank numbering".
+phase), devices and group members aside: "the same up to rank numbering". A rank that was not recorded because
+a recorded one stands for it (``stand_ins``: only where fakeviz built the step and knows which ranks are
+identical, Note: [parallel plans] in :mod:`fakeviz._frontends.parallel`) is in its stand-in's class.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ class Simulation:
     """Every recorded rank of a :func:`simulate` run.
 
     ``trace(rank)``; ``peaks``: one row per rank (its GPU): peak and bytes by kind, capacity, headroom, fits,
-    class; ``classes``: groups of ranks whose records are the same up to rank numbering; ``fits``;
+    class, recorded; ``classes``: groups of ranks whose records are the same up to rank numbering; ``fits``;
+    ``stand_ins``: rank -> the recorded rank whose record is its own (ranks found identical, not re-recorded);
     ``collectives(rank)``: that rank's collectives (group, bytes in and out, ring bytes sent and received);
     ``explore()``: per-rank bars side by side and a rank picker over each rank's explorer.
     """
@@ -76,7 +79,9 @@ class Simulation:
         self.gpus_per_node = gpus_per_node
         self.requested = ranks
         self.traces: dict[int, Any] = {}
+        self.stand_ins: dict[int, int] = {}
         self.error: SimulationError | None = None
+        self.settings: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -85,15 +90,22 @@ class Simulation:
         return sorted(self.traces)
 
     @property
+    def covered(self) -> list[int]:
+        """The ranks recorded or stood in for by a recorded one (in order)."""
+        return sorted({*self.traces, *self.stand_ins})
+
+    @property
     def complete(self) -> bool:
-        """Every requested rank recorded, none failed."""
-        return self.error is None and set(self.requested) <= set(self.traces)
+        """Every requested rank recorded (or stood in for), none failed."""
+        return self.error is None and set(self.requested) <= set(self.covered)
 
     def device_of(self, rank: int) -> str:
         return f"{self.device}:{rank % self.gpus_per_node}" if self.device != "cpu" else "cpu"
 
     def trace(self, rank: int) -> Any:
-        """The record of ``rank``'s step (partial, with ``error`` set, for the rank that failed)."""
+        """The record of ``rank``'s step (partial, with ``error`` set, for the rank that failed); for a stand-in
+        rank, the record of the rank recorded for it (``stand_ins[rank]``: its devices are that rank's)."""
+        rank = self.stand_ins.get(rank, rank)
         if rank not in self.traces:
             raise KeyError(f"rank {rank} was not recorded; recorded: {_ranks_text(self.ranks)}")
         return self.traces[rank]
@@ -109,7 +121,8 @@ class Simulation:
     def _class_index(self) -> dict[int, int]:
         """rank -> class (0, 1, ... in order of each class's first rank)."""
         first: dict[str, int] = {}
-        return {r: first.setdefault(self._signatures[r], len(first)) for r in self.ranks}
+        index = {r: first.setdefault(self._signatures[r], len(first)) for r in self.ranks}
+        return dict(sorted({**index, **{r: index[s] for r, s in self.stand_ins.items()}}.items()))
 
     def class_of(self, rank: int) -> int:
         """The class of a recorded rank (a row of :attr:`classes`)."""
@@ -118,33 +131,42 @@ class Simulation:
     @functools.cached_property
     def classes(self) -> pd.DataFrame:
         """One row per class of ranks whose records are the same up to rank numbering: ``class`` (0, 1, ...
-        in order of the first rank), ``ranks``, ``count``, ``ops``, ``peak`` (of its first rank), ``fits``."""
+        in order of the first rank), ``ranks``, ``count``, ``recorded`` (its ranks that were recorded; the
+        others stood in for), ``ops``, ``peak`` (of its first recorded rank), ``fits``."""
         members: dict[int, list[int]] = {}
         for r, k in self._class_index.items():
             members.setdefault(k, []).append(r)
         pk = self.peaks.set_index("rank")
         rows = []
         for k, rs in sorted(members.items()):
-            rows.append({"class": k, "ranks": _ranks_text(rs), "count": len(rs), "ops": self.traces[rs[0]].num_ops,
-                         "peak": int(pk.loc[rs[0], "peak"]), "fits": bool(pk.loc[rs, "fits"].all())})  # fmt: skip
-        return pd.DataFrame(rows, columns=["class", "ranks", "count", "ops", "peak", "fits"])
+            done = [r for r in rs if r in self.traces]
+            rows.append({"class": k, "ranks": _ranks_text(rs), "count": len(rs), "recorded": _ranks_text(done),
+                         "ops": self.traces[done[0]].num_ops, "peak": int(pk.loc[done[0], "peak"]),
+                         "fits": bool(pk.loc[rs, "fits"].all())})  # fmt: skip
+        return pd.DataFrame(rows, columns=["class", "ranks", "count", "recorded", "ops", "peak", "fits"])
 
     @functools.cached_property
     def peaks(self) -> pd.DataFrame:
         """One row per recorded rank: rank, device, the bytes by kind at its peak (weights, gradients, optimizer,
         kv_cache, activations, temporaries, other), peak (the caching allocator's, as the verdict judges),
-        capacity, headroom, fits (False for a rank whose step failed)."""
-        frames = []
+        capacity, headroom, fits (False for a rank whose step failed), class, recorded (False: a stand-in, its row
+        its recorded rank's on its own device)."""
+        frames = {}
         for run in self._runs():
             t = _placement.peaks_table(run.trace, run.capacities)
             t.insert(0, "rank", run.rank)
             t["class"] = self._class_index[run.rank]
+            t["recorded"] = True
             if run.trace.error is not None:
                 t["fits"] = False
-            frames.append(t)
+            frames[run.rank] = t
+        for r, s in self.stand_ins.items():
+            t = frames[s].copy()
+            t["rank"], t["device"], t["recorded"] = r, self.device_of(r), False
+            frames[r] = t
         if not frames:
             return pd.DataFrame(columns=["rank", "device", "peak", "capacity", "headroom", "fits"])
-        return pd.concat(frames, ignore_index=True)
+        return pd.concat([frames[r] for r in sorted(frames)], ignore_index=True)
 
     @property
     def fits(self) -> bool:
@@ -163,7 +185,10 @@ class Simulation:
         k = len(self.classes)
         worst = self.peaks.loc[self.peaks.peak.idxmax()] if n else None
         state = "fits" if self.fits else ("incomplete" if not self.complete else "does not fit")
-        head = f"{state}: {n} of {self.world_size} ranks recorded, {k} class{'es' if k != 1 else ''}"
+        head = f"{state}: {n} of {self.world_size} ranks recorded"
+        if self.stand_ins:
+            head += f" ({len(self.stand_ins)} more found identical to one of them)"
+        head += f", {k} class{'es' if k != 1 else ''}"
         if worst is not None:
             head += f"; highest peak rank {int(worst['rank'])} {format_bytes(int(worst['peak']))} of {self.gpu.label}"
         if self.error is not None:
@@ -201,6 +226,7 @@ def simulate(
     gpu: Any = None,
     ranks: str | Sequence[int] = "all",
     gpus_per_node: int = 8,
+    _rank_keys: Callable[[], dict[int, Any]] | None = None,
 ) -> Simulation:
     """Run ``step(rank, mesh)`` once per rank under fake tensors in torch.distributed's fake process group.
 
@@ -215,6 +241,9 @@ def simulate(
         gpu: each rank's GPU, a name or size (``"H100"``, ``"80GB"``); default H100.
         ranks: ``"all"``, or the ranks to record (``[0, 63]``: the others are not run).
         gpus_per_node: ranks per node; rank ``r`` runs on ``cuda:{r % gpus_per_node}``.
+        _rank_keys: (fakeviz's own recipes: :mod:`.parallel`) called after the first rank is recorded, rank ->
+            a key equal for ranks known to record identically; with ``ranks="auto"`` one rank per key is
+            recorded and the others stand in (:attr:`Simulation.stand_ins`).
 
     Returns:
         A :class:`Simulation`. Raises :class:`~fakeviz.SimulationError` (its ``simulation`` holds the ranks
@@ -234,7 +263,15 @@ def simulate(
         raise ValueError(f"mesh_dim_names={names}: one name per dimension of mesh_shape={shape}")
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device={device!r}: use 'cuda' (fake GPUs) or 'cpu'")
-    todo = list(range(world_size)) if ranks == "all" else sorted({int(r) for r in ranks})  # type: ignore[union-attr]
+    auto = isinstance(ranks, str) and ranks == "auto"
+    if auto and _rank_keys is None:
+        raise ValueError(
+            "ranks='auto' needs to know which ranks are identical: only fakeviz's own recipes do "
+            "(fakeviz.plan(..., parallel=...)). For your own step give ranks='all' or a list, e.g. [0, 63]."
+        )
+    if isinstance(ranks, str) and ranks not in ("all", "auto"):
+        raise ValueError(f"ranks={ranks!r}: use 'all', or a list of ranks")
+    todo = list(range(world_size)) if isinstance(ranks, str) else sorted({int(r) for r in ranks})
     bad = [r for r in todo if not 0 <= r < world_size]
     if bad:
         raise ValueError(f"ranks {bad} are outside 0..{world_size - 1}")
@@ -249,9 +286,18 @@ def simulate(
     per_node = max(1, min(gpus_per_node, world_size))
     sim = Simulation(world_size=world_size, mesh_shape=shape, mesh_dim_names=names, device=device, gpu=cap[0],
                      gpus_per_node=per_node, ranks=todo)  # fmt: skip
-    for r in todo:
+    seen: dict[Any, int] = {}
+    for i, r in enumerate(todo):
+        if auto and i == 1:
+            keys = _rank_keys()  # type: ignore[misc]
+            seen = {keys[todo[0]]: todo[0]}
+        if seen and keys[r] in seen:
+            sim.stand_ins[r] = seen[keys[r]]
+            continue
         trace, exc = _run_rank(step, sim, r)
         sim.traces[r] = trace
+        if auto and i > 0:
+            seen[keys[r]] = r
         if exc is not None:
             sim.error = _error(exc, r, sim)
             raise sim.error from exc

@@ -30,6 +30,7 @@ import torch
 
 from .._analysis import placement as _placement
 from .._core.gpus import Capacity, parse_gpus
+from . import steps
 
 __all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
 
@@ -145,8 +146,6 @@ class _Built:
 
     def train_optimizer(self) -> torch.optim.Optimizer:
         """The AdamW of training steps, its state made (once) and on its parameters' devices (a map moves them)."""
-        from . import steps
-
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = self.optimizer
         with _own_mode(self.model):
@@ -247,55 +246,6 @@ def _balanced_map(
     return dm
 
 
-@contextlib.contextmanager
-def _checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
-    """Activation checkpointing of the model's repeated blocks for the block (transformers' own switch where
-    the model has one, else each block's forward through ``torch.utils.checkpoint``)."""
-    if not on:
-        yield
-        return
-    if getattr(model, "supports_gradient_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
-        # transformers 5 renamed the switch (the old name warns)
-        new = hasattr(model, "activation_checkpointing_enable")
-        enable = model.activation_checkpointing_enable if new else model.gradient_checkpointing_enable
-        disable = model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable
-        key = "activation_checkpointing_kwargs" if new else "gradient_checkpointing_kwargs"
-        enable(**{key: {"use_reentrant": False}})
-        try:
-            yield
-        finally:
-            disable()
-        return
-    from torch.utils.checkpoint import checkpoint
-
-    names = [n for n in _placement.units(model) if n.rsplit(".", 1)[-1].isdigit()]
-    saved = []
-    for n in names:
-        block = model.get_submodule(n)
-        saved.append((block, block.forward))
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        for block, fwd in saved:
-            block.forward = fwd  # type: ignore[method-assign]
-
-
-def _step(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens: int,
-          optimizer: torch.optim.Optimizer | str = "adamw") -> None:  # fmt: skip
-    """The plan's run (:mod:`.steps`, as ``fakeviz report`` runs it): one AdamW step, or ``generate``, or a forward."""
-    from .. import models
-    from . import steps
-
-    kwargs = models.inputs(model, batch=batch, seq=seq, labels=train)
-    if train:
-        steps.train(model, kwargs, optimizer=optimizer, steps=1)
-    elif new_tokens:
-        steps.generate(model, kwargs, new_tokens)
-    else:
-        steps.forward(model, kwargs)
-
-
 def _reset(model: torch.nn.Module) -> None:
     for p in model.parameters():
         p.grad = None
@@ -313,10 +263,10 @@ def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity]
     gpu = gpus[0].gpu if all(c.gpu == gpus[0].gpu for c in gpus) else None
     try:
         opt = built.train_optimizer() if s["train"] else None
-        with _checkpointing(model, s["checkpointing"]):
+        with steps.checkpointing(model, s["checkpointing"]):
             try:
                 with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace:
-                    _step(model, batch=s["batch"], seq=s["seq"], train=s["train"], new_tokens=s["new_tokens"],
+                    steps.run(model, batch=s["batch"], seq=s["seq"], train=s["train"], new_tokens=s["new_tokens"],
                           optimizer=opt)  # fmt: skip
             except RecordError as exc:  # the step failed: the partial record says where (never "fits")
                 trace = exc.trace if exc.trace is not None else trace
@@ -341,9 +291,11 @@ def plan(
     new_tokens: int = 0,
     dtype: Any = None,
     checkpointing: bool = False,
+    parallel: dict[str, int] | None = None,
+    ranks: Any = "auto",
     _built: _Built | None = None,
     _costs_from: Plan | None = None,
-) -> Plan:
+) -> Any:
     """Place ``model`` on ``gpus`` and run it as placed under fake tensors.
 
     Args:
@@ -358,10 +310,26 @@ def plan(
         new_tokens: with ``train=False``, ``generate`` that many tokens after the prefill (KV cache).
         dtype: parameter dtype (default: the published one).
         checkpointing: activation checkpointing of the repeated blocks (no code change needed).
+        parallel: torch.distributed over ``gpus`` instead of a device map: degrees per axis, ``{"dp_shard": 8,
+            "tp": 8}`` (``dp_replicate`` x ``dp_shard`` is HSDP), for a model given by name, folder or config.
+            Every rank runs torchtitan's recipe (FSDP2 ``fully_shard`` per block, tensor parallel by the model's
+            own plan) under the fake process group: Note: [parallel plans] in :mod:`fakeviz._frontends.parallel`.
+            ``batch`` is then each data-parallel rank's batch.
+        ranks: with ``parallel``: ``"auto"`` (one rank per shard layout; identical ranks stand in), ``"all"``,
+            or a list.
 
     Returns:
-        A :class:`Plan`.
+        A :class:`Plan`; with ``parallel``, a :class:`~fakeviz.Simulation` (per-rank peaks, classes, verdict).
     """
+    if parallel is not None:
+        from .parallel import parallel_plan
+
+        if device_map != "balanced":
+            raise ValueError("parallel= and device_map= are two ways to use the GPUs: give one of them")
+        if batch < 1 or seq < 1 or new_tokens < 0 or (train and new_tokens):
+            raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}, train={train}: not a step to run")
+        return parallel_plan(model, gpus=gpus, parallel=parallel, batch=batch, seq=seq, train=train,
+                             new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks)  # fmt: skip
     caps = parse_gpus(gpus)
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")

@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["forward", "generate", "init_state", "make_optimizer", "train"]
+__all__ = ["checkpointing", "forward", "generate", "init_state", "make_optimizer", "run", "train"]
 
 
 def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
@@ -57,6 +60,9 @@ def train(
             opt.zero_grad(set_to_none=True)
 
 
+train_steps = train  # for run(), whose ``train`` flag hides the function
+
+
 def forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
     """One inference forward, without autograd."""
     model.eval()
@@ -77,3 +83,53 @@ def generate(model: torch.nn.Module, kwargs: dict[str, Any], new_tokens: int, *,
     with torch.no_grad():
         model.generate(**kwargs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1,
                        pad_token_id=pad, **extra)  # fmt: skip
+
+
+@contextlib.contextmanager
+def checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
+    """Activation checkpointing of the model's repeated blocks for the block (transformers' own switch where
+    the model has one, else each block's forward through ``torch.utils.checkpoint``)."""
+    if not on:
+        yield
+        return
+    if getattr(model, "supports_gradient_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
+        # transformers 5 renamed the switch (the old name warns)
+        new = hasattr(model, "activation_checkpointing_enable")
+        enable = model.activation_checkpointing_enable if new else model.gradient_checkpointing_enable
+        disable = model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable
+        key = "activation_checkpointing_kwargs" if new else "gradient_checkpointing_kwargs"
+        enable(**{key: {"use_reentrant": False}})
+        try:
+            yield
+        finally:
+            disable()
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    from .._analysis import placement
+
+    names = [n for n in placement.units(model) if n.rsplit(".", 1)[-1].isdigit()]
+    saved = []
+    for n in names:
+        block = model.get_submodule(n)
+        saved.append((block, block.forward))
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for block, fwd in saved:
+            block.forward = fwd  # type: ignore[method-assign]
+
+
+def run(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens: int,
+          optimizer: torch.optim.Optimizer | str = "adamw") -> None:  # fmt: skip
+    """A plan's run: one training step (AdamW by default), or ``generate`` of ``new_tokens``, or a forward."""
+    from .. import models
+
+    kwargs = models.inputs(model, batch=batch, seq=seq, labels=train)
+    if train:
+        train_steps(model, kwargs, optimizer=optimizer, steps=1)
+    elif new_tokens:
+        generate(model, kwargs, new_tokens)
+    else:
+        forward(model, kwargs)

@@ -1,0 +1,215 @@
+"""``fv.plan(model, gpus="64xH100", parallel={"dp_shard": 8, "tp": 8})``: a catalog model sharded by
+torch.distributed's own recipes and simulated per rank (:func:`fakeviz.simulate`), no user step needed.
+
+Note: [parallel plans]
+The step every rank runs is the recipe torchtitan uses for a decoder-only transformer:
+
+* the model is built on the meta device (nothing allocated until it is sharded);
+* ``tp``: ``parallelize_module`` over the ``tp`` mesh with the model's own tensor-parallel plan
+  (``config.base_model_tp_plan``, transformers' record of which projections split by column and which by
+  row: ``colwise`` -> ``ColwiseParallel()``, ``rowwise`` -> ``RowwiseParallel()``); embeddings, norms and the
+  output head are replicated across ``tp`` (``Replicate()`` DTensors: no sequence parallelism);
+* activation checkpointing of the repeated blocks when asked (:func:`.steps.checkpointing`);
+* ``dp_shard`` (FSDP2) / ``dp_replicate`` x ``dp_shard`` (HSDP): ``fully_shard`` of each repeated block, then
+  of the root, over the data-parallel mesh;
+* ``to_empty`` onto the rank's fake GPU, then the step: a steady-state training step with AdamW (the state
+  made by its own code first, :func:`.steps.init_state`), or a forward, or ``generate``. ``batch`` is the
+  batch of one data-parallel rank (torchtitan's local batch).
+
+Ranks found identical are recorded once. This step has no rank-dependent code of its own: what differs
+between ranks is only the local shard of each sharded parameter (uneven splits), so two ranks whose every
+parameter has the same local shape (torch's ``_compute_local_shape_and_global_offset`` at their mesh
+coordinates, from the placements rank 0's parameters got) record the same ops, shapes and bytes. Rank 0 is
+recorded first; then one rank per other layout; every other rank stands in by its layout's recorded rank
+(:attr:`fakeviz.Simulation.stand_ins`). ``ranks="all"`` records them all (the tests check that the classes
+agree).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._core.gpus import parse_gpus
+
+__all__ = ["AXES", "parallel_plan"]
+
+AXES = ("dp_replicate", "dp_shard", "tp")  # mesh order: outermost (slowest-varying rank) first, as torchtitan
+_STYLES = ("colwise", "rowwise")
+
+
+def parse_parallel(parallel: dict[str, int], gpus: Any) -> tuple[tuple[int, ...], tuple[str, ...], Any]:
+    """``(mesh_shape, mesh_dim_names, gpu)`` for ``parallel`` over ``gpus`` (``"64xH100"`` or one GPU kind)."""
+    if not isinstance(parallel, dict) or not parallel:
+        raise ValueError(f"parallel={parallel!r}: give degrees per axis, e.g. {{'dp_shard': 8, 'tp': 8}}")
+    unknown = sorted(set(parallel) - set(AXES))
+    if unknown:
+        raise ValueError(
+            f"parallel: unknown axis {', '.join(map(repr, unknown))}; plan knows {', '.join(AXES)}.\n"
+            "For pipeline stages or another recipe, write the step yourself and call fakeviz.simulate(step, ...)."
+        )
+    sizes = {}
+    for k, v in parallel.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"parallel[{k!r}]={v!r}: a degree is an integer >= 1")
+        sizes[k] = v
+    dims = [(a, sizes[a]) for a in AXES if sizes.get(a, 1) > 1] or [("dp_shard", 1)]
+    world = math.prod(n for _, n in dims)
+    caps = parse_gpus(gpus)
+    if len({c.bytes for c in caps}) != 1 or len({c.gpu for c in caps}) != 1:
+        raise ValueError(f"gpus={gpus!r}: a parallel plan runs every rank on one GPU kind")
+    if len(caps) not in (1, world):
+        raise ValueError(
+            f"gpus={gpus!r} holds {len(caps)} GPUs, but parallel={parallel} makes {world} ranks.\n"
+            f"Give {world} GPUs (e.g. '{world}x{caps[0].label.split()[0]}') or change the degrees."
+        )
+    return tuple(n for _, n in dims), tuple(a for a, _ in dims), caps[0]
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks (``model.layers.0`` ...): what FSDP2 wraps one by one."""
+    from .._analysis import placement
+
+    return [model.get_submodule(n) for n in placement.units(model) if n.rsplit(".", 1)[-1].isdigit()]
+
+
+def check_tp(cfg: Any, size: int) -> dict[str, str]:
+    """The config's colwise/rowwise TP plan, after checking that ``size`` ranks can split it (whole heads)."""
+    tp_plan = {k: v for k, v in dict(getattr(cfg, "base_model_tp_plan", None) or {}).items() if v in _STYLES}
+    if not tp_plan:
+        raise ValueError(
+            f"tp: {type(cfg).__name__} has no tensor-parallel plan (config.base_model_tp_plan with colwise/rowwise "
+            "entries); use dp_shard / dp_replicate, or parallelize the model in your own step with fakeviz.simulate"
+        )
+    for heads in ("num_attention_heads", "num_key_value_heads"):
+        n = getattr(cfg, heads, None)
+        if isinstance(n, int) and n % size:
+            raise ValueError(f"tp={size} does not divide {heads}={n}: every rank must hold whole attention heads")
+    return tp_plan
+
+
+def tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> int:
+    """``parallelize_module`` of the base model by its config's ``base_model_tp_plan``; returns the modules split."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    base = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {k: styles[v]() for k, v in check_tp(model.config, tp_mesh.size()).items()}
+    parallelize_module(base, tp_mesh, plan)
+    _replicate_the_rest(model, tp_mesh)
+    return len(plan)
+
+
+def _replicate_the_rest(model: torch.nn.Module, mesh: Any) -> None:
+    """Every module the TP plan left with plain parameters (embeddings, norms, the output head) gets them as
+    ``Replicate()`` DTensors over ``mesh`` (``distribute_module``), its inputs made DTensors and its outputs local
+    again, so that every parameter is a DTensor: AdamW's foreach ops refuse a mix (as in torchtitan, where
+    no parameter stays plain)."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def inputs(mod: Any, args: Any, mesh: Any) -> Any:
+        return tuple(DTensor.from_local(a, mesh, [Replicate()], run_check=False)
+                     if isinstance(a, torch.Tensor) and not isinstance(a, DTensor) else a for a in args)  # fmt: skip
+
+    def outputs(mod: Any, out: Any, mesh: Any) -> Any:
+        return out.to_local() if isinstance(out, DTensor) else out
+
+    for mod in list(model.modules()):
+        own = list(mod.parameters(recurse=False))
+        if own and not all(isinstance(q, DTensor) for q in own):
+            distribute_module(mod, mesh, input_fn=inputs, output_fn=outputs)
+
+
+def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
+                  layouts: list[tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...], tuple[Any, ...]]],
+                  ) -> Callable[[int, Any], None]:  # fmt: skip
+    """The step of Note: [parallel plans]; the first rank's sharded parameters' layouts go to ``layouts``."""
+    from torch.distributed.fsdp import fully_shard
+
+    from .. import models
+    from .steps import checkpointing, init_state, make_optimizer, run
+
+    def step(rank: int, mesh: Any) -> None:
+        with torch.device("meta"):
+            m = models.build(model, dtype=settings["dtype"])
+        if "tp" in names:
+            tensor_parallel(m, mesh["tp"])
+        dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
+        if dp:
+            dp_mesh = mesh[dp] if len(dp) > 1 else mesh[dp[0]]
+            for block in _blocks(m):
+                fully_shard(block, mesh=dp_mesh)
+            fully_shard(m, mesh=dp_mesh)
+        m.to_empty(device=torch.device("cuda", torch.cuda.current_device()))
+        if not layouts:
+            layouts.extend(_layout(p) for p in m.parameters())
+        opt = None
+        if settings["train"]:
+            opt = make_optimizer("adamw", m)
+            init_state(opt)
+        with checkpointing(m, settings["checkpointing"]), warnings.catch_warnings():
+            # the root's output is the head's local view (``to_local``): nothing here writes it in place
+            warnings.filterwarnings("ignore", message=".*returned a view tensor", category=UserWarning)
+            run(m, batch=settings["batch"], seq=settings["seq"], train=settings["train"],
+                  new_tokens=settings["new_tokens"], optimizer=opt)  # fmt: skip
+
+    return step
+
+
+def _layout(p: torch.Tensor) -> tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...], tuple[Any, ...]]:
+    """(global shape, mesh dim names, mesh shape, placements) of a DTensor parameter; a plain one: no mesh."""
+    mesh = getattr(p, "device_mesh", None)
+    if mesh is None:
+        return tuple(p.shape), None, (), ()
+    return tuple(p.shape), tuple(mesh.mesh_dim_names or ()), tuple(mesh.shape), tuple(p.placements)
+
+
+def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str, ...]) -> dict[int, Hashable]:
+    """rank -> the local shape of every parameter at the rank's coordinates: equal keys, identical records."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    world = math.prod(mesh_shape)
+    keys: dict[int, Hashable] = {}
+    for r in range(world):
+        coord = dict(zip(names, (int(c) for c in np.unravel_index(r, mesh_shape))))
+        key = []
+        for shape, dims, sub_shape, placements in layouts:
+            if dims is None:
+                continue
+            if not dims or any(d not in coord for d in dims):  # a mesh this recipe did not name: no skipping
+                return {q: q for q in range(world)}
+            local, _ = _compute_local_shape_and_global_offset(shape, sub_shape, [coord[d] for d in dims], placements)
+            key.append(tuple(local))
+        keys[r] = tuple(key)
+    return keys
+
+
+def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int, seq: int, train: bool,
+                  new_tokens: int, dtype: Any, checkpointing: bool, ranks: Any = "auto") -> Any:  # fmt: skip
+    """:func:`fakeviz.plan` with ``parallel=``: a :class:`~fakeviz.Simulation` of every rank (Note: [parallel plans])."""
+    from ..models import as_dtype
+    from .distributed import simulate
+
+    if isinstance(model, torch.nn.Module):
+        raise ValueError(
+            "parallel= builds the model on every rank: pass its name, folder or config (a module cannot be rebuilt);\n"
+            "for your own module, write the step and call fakeviz.simulate(step, world_size, ...)"
+        )
+    shape, names, gpu = parse_parallel(parallel, gpus)
+    if "tp" in names:
+        from .. import models
+
+        check_tp(models.config(model), shape[names.index("tp")])
+    settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
+                "dtype": as_dtype(dtype), "parallel": dict(parallel)}  # fmt: skip
+    layouts: list[Any] = []
+    step = parallel_step(model, names, settings, layouts)
+    sim = simulate(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
+                   _rank_keys=lambda: rank_keys(layouts, shape, names))  # fmt: skip
+    sim.settings = {**settings, "dtype": str(settings["dtype"]) if settings["dtype"] else None, "model": str(model)}
+    return sim
