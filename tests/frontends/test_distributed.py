@@ -161,6 +161,25 @@ def test_tensor_parallel_halves_the_weights_and_all_reduces() -> None:
     assert len(sim.classes) == 1
 
 
+def test_tensor_parallel_flops_are_each_ranks_local_matmuls() -> None:
+    """A DTensor op runs its local op, which the recorder sees too: only the local one is counted (the outer
+    call at the global shape was counted as well before)."""
+    d_in, d_hidden, rows = 64, 128, 8
+
+    def step(rank: int, mesh: object) -> None:
+        m = torch.nn.Sequential(
+            torch.nn.Linear(d_in, d_hidden, bias=False), torch.nn.Linear(d_hidden, d_in, bias=False)
+        )
+        parallelize_module(m.cuda(), mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        m(torch.randn(rows, d_in, device="cuda")).sum().backward()
+
+    sim = fv.simulate(step, 2, gpu="H100")
+    local = 2 * rows * d_in * (d_hidden // 2)  # each rank's half of either matmul
+    flops = sim.trace(1).flops()
+    assert flops["forward"] == 2 * local
+    assert flops["backward"] == 3 * local  # both weight gradients, and the input gradient of the second layer
+
+
 def test_sequence_parallel_gathers_the_sequence() -> None:
     world = 2
 

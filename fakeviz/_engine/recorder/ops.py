@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
 
 from ..._core.errors import DataDependentError, FakeVizError
 from ..._core.schema import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES
@@ -64,6 +65,18 @@ def _fmt_arg(a: Any) -> str:
 
         return script_object_text(a).replace("{", "{{").replace("}", "}}")
     return str(a).replace("{", "{{").replace("}", "}}")
+
+
+def _wrapper_call(args: tuple[Any, ...], out: Any) -> bool:
+    """The call is on a wrapper subclass (DTensor): it runs ops on its inner tensors, which the recorder sees
+    too and which carry the work. Counting the outer call as well counted a TP rank's matmul at its global
+    shape on top of its local one (and the optimizer's foreach ops twice)."""
+    for a in (out, *args):
+        items = a if isinstance(a, (list, tuple)) else (a,)
+        for x in items:
+            if isinstance(x, _Tensor) and not isinstance(x, _FakeTensor) and _is_wrapper(x):
+                return True
+    return False
 
 
 def _key_safe(a: Any) -> bool:
@@ -389,7 +402,7 @@ class OpsMixin:
         else:
             cacheable = False
         try:
-            flops = _op_flops(func, args, kwargs, out)
+            flops = 0 if _wrapper_call(args, out) else _op_flops(func, args, kwargs, out)
         except Exception:  # noqa: BLE001 - a formula failing on odd arguments: no figure, not a lost op
             flops = -1
         if cacheable and entry is _DETACH:
