@@ -34,7 +34,7 @@ cells = [
         "per-layer summary counts GPT-2 as 163 M parameters when it has 124,439,808, and how the alias graph "
         "and the layer tree show the tie;\n"
         "* how to read the alias graph: `trace.alias_graph(around=...)` as tables, "
-        "`fakeviz.views.alias_graph` as a figure.\n"
+        "the explorer's alias panel and `fakeviz.views.alias_graph` as pictures.\n"
         "\n"
         "Everything runs on a laptop CPU in a few seconds; the GPU is fake (`cuda:0`)."
     ),
@@ -43,7 +43,7 @@ cells = [
         "import torch\n"
         "\n"
         "import fakeviz as fv\n"
-        "from fakeviz import models, views\n"
+        "from fakeviz import models\n"
         "\n"
         'pd.set_option("display.width", 140)\n'
         'pd.set_option("display.max_colwidth", 60)'
@@ -160,16 +160,12 @@ cells = [
     ),
     md(
         "Four view edges (`view`, `t`, `slice`, `select`) fan out of `$0`, and two write edges land on storage 0: "
-        "`add_` through the slice `$3` and `copy_` through the row `$5`. Drawn, squares are storages (coloured "
-        "by memory category), circles tensors, a red ring marks a tensor that was written in place. Hover an "
-        "edge for its op. (The explorer, `trace.explore()`, has the same graph in its alias panel, linked to the "
-        "layer tree. A notebook saved without its outputs' scripts, as GitHub shows it, keeps only the figure's "
-        "title line, printed below it.)"
-    ),
-    code(
-        'fig = views.alias_graph(trace, around="$0")  # the same figure for tensor $0 (x) and its storage\n'
-        "fig.show()\n"
-        "print(fig.layout.title.text)"
+        "`add_` through the slice `$3` and `copy_` through the row `$5`.\n"
+        "\n"
+        "The same graph is drawn in the explorer's alias panel (`trace.explore()`, part 5 opens it on GPT-2) and "
+        'by `views.alias_graph(trace, around="$0")`, a plotly figure to put in your own dashboards: squares are '
+        "storages (coloured by memory category), circles tensors, diamonds parameter names; a red ring marks a "
+        "tensor written in place, orange edges a tie, and hovering an edge names its op."
     ),
     md(
         "## 4. In-place writes: free memory, but autograd has opinions\n"
@@ -267,10 +263,7 @@ cells = [
     ),
     code(
         'nodes, edges = gpt2.alias_graph(around="lm_head.weight")\n'
-        'print(edges[edges.kind != "storage"].to_string(index=False))\n'
-        'fig = views.alias_graph(gpt2, around="lm_head.weight")\n'
-        "fig.show()\n"
-        "print(fig.layout.title.text)"
+        'print(edges[edges.kind != "storage"].to_string(index=False))'
     ),
     md(
         "The layer tree knows about the tie too: `tied` marks every module whose parameters are shared with "
@@ -278,6 +271,14 @@ cells = [
         "shared matrix, each module's `params` includes it, and the root counts it once:"
     ),
     code('gpt2.modules.query("tied")[["path", "params", "param_bytes", "tied_with"]]'),
+    md(
+        "Finally, all of it in one picture. The explorer opens here with `lm_head` selected: its alias panel "
+        "is redrawn around that module's parameters (the tied matrix with its two names, its gradient, its "
+        "views), linked to the layer tree, the memory bars and the op table; click another module to move the "
+        "graph. On GitHub, or in a notebook saved without widget state, you see its static summary instead "
+        "(the peak memory by category)."
+    ),
+    code('gpt2.explore("H100", selected_module="GPT2LMHeadModel.lm_head")'),
     md(
         "## Exercises\n"
         "\n"
