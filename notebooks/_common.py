@@ -70,9 +70,10 @@ def tidy(nb: nbf.NotebookNode) -> nbf.NotebookNode:
                 if len(str(data.get("text/html", ""))) > MAX_OUTPUT:
                     data.pop("text/html")
                     data["text/plain"] = "(an interactive figure: run the notebook to see it)"
-                out.pop("metadata", None) if not out.get("metadata") else None
             if "text" in out and len(out["text"]) > MAX_OUTPUT:
                 out["text"] = out["text"][:2000] + "\n… (output cut for the stored notebook)\n"
+            if out.get("output_type") in ("display_data", "execute_result"):
+                out["metadata"] = {}  # nbformat requires the field; what kernels put there is display hints only
             kept.append(out)
         cell.outputs = kept
     return nb

@@ -48,6 +48,15 @@ def _stamp() -> str:
 
 def binder_env() -> Path:
     """The fresh Binder-like environment (built here when missing or stale); returns its ``share/jupyter``."""
+    import fcntl
+
+    VENV.parent.mkdir(exist_ok=True)
+    with open(ROOT / ".venv-binder.lock", "w") as lock:  # one build at a time (parallel pytest runs)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build()
+
+
+def _build() -> Path:
     stamp = VENV / ".binder-stamp"
     if not (stamp.exists() and stamp.read_text() == _stamp()):
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
