@@ -163,14 +163,18 @@ cells = [
         "    return df\n"
         "\n"
         "\n"
+        'peak = sim.trace(0).peak()["cuda:0"]\n'
+        'print(f"rank 0 peaks in the {peak.phase} at {peak.op} ({peak.module})")\n'
         "in_mib(sim.peaks)"
     ),
     md(
-        "The peak is in the backward of the first step: the loss over 4 × 512 positions × 50,257 logits "
-        "(activations and temporaries) dwarfs a 2-block model's weights. The weights at the peak are more than "
-        "the 25.5 MiB shard: the root's parameters (the embeddings) are gathered to their full 157 MB for the "
-        "forward and, as FSDP2 does for the root, kept until the backward is done. The gradients and optimizer "
-        "columns are 0: in a first step AdamW's state is made in `step()`, after the peak.\n"
+        "The peak is in the backward of the first step, where the cross-entropy's `log_softmax` is "
+        "differentiated: the loss over 4 × 512 positions × 50,257 logits (activations and temporaries) "
+        "dwarfs a 2-block model's weights. The weights at the peak, 175.8 MiB, are "
+        "the 25.5 MiB of shards plus the root's parameters (the embeddings), gathered to their full (padded) "
+        "150.3 MiB for the forward and, as FSDP2 does for the root, kept until the backward is done. The "
+        "gradients and optimizer columns are 0: in a first step, gradients are reduce-scattered after the "
+        "peak and AdamW's state is made in `step()`.\n"
         "\n"
         "To see what sharding buys, record the same step on a single GPU, without FSDP, and compare what is "
         "alive when the step ends:"
@@ -291,7 +295,7 @@ cells = [
         "def tp_step(rank, mesh):\n"
         "    train(rank, build_parallel(mesh))"
     ),
-    md("Two ranks, one mesh dimension named `tp`. The step is what the tutorials show, and it fails:"),
+    md("Two ranks, one mesh dimension named `tp`, and the obvious step. It fails:"),
     code(
         "try:\n"
         '    fv.simulate(tp_step, 2, mesh_dim_names=("tp",), gpu="H100")\n'
