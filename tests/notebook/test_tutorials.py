@@ -14,7 +14,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbrun import NB_DIR, RSS_LIMIT, ROOT, code_cells, execute
+from nbrun import NB_DIR, ROOT, RSS_LIMIT, code_cells, execute
 
 sys.path.insert(0, str(NB_DIR))
 from _common import INSTALL, REPOSITORY, sources  # noqa: E402
