@@ -144,6 +144,22 @@ def text(cell) -> str:
     return "\n".join(parts)
 
 
+def plain(cell) -> str:
+    """The cell's printed text and plain-text results (no HTML, so each table row appears once)."""
+    parts = []
+    for out in cell.get("outputs", []):
+        parts.append(out.get("text", ""))
+        parts.append(str(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(parts)
+
+
+def find_int(pattern: str, s: str) -> int:
+    """The integer (commas allowed) of ``pattern``'s first group in ``s``."""
+    m = re.search(pattern, s)
+    assert m, f"{pattern!r} not in:\n{s[:3000]}"
+    return int(m.group(1).replace(",", ""))
+
+
 def errors(cell) -> str:
     """The cell's traceback as a reader sees it (colours removed), or ''."""
     return "\n".join(

@@ -10,6 +10,7 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 import magic_tour  # noqa: E402  (tests/notebook is on sys.path under pytest)
+from nbrun import text as _text  # noqa: E402  (tests/notebook is on sys.path under pytest)
 
 nbclient = pytest.importorskip("nbclient")
 
@@ -33,18 +34,6 @@ def _execute(name: str, tmp_path: Path):
     client.execute()
     nb.metadata["_updates"] = client.updates
     return nb
-
-
-def _text(cell) -> str:
-    parts = []
-    for out in cell.get("outputs", []):
-        if "text" in out:
-            parts.append(out["text"])
-        data = out.get("data", {})
-        parts.extend(str(data[k]) for k in ("text/plain", "text/html") if k in data)
-        if out.get("output_type") == "error":
-            parts.append(out["ename"] + ": " + out["evalue"])
-    return "\n".join(parts)
 
 
 def test_magic_tour(tmp_path):

@@ -13,6 +13,7 @@ import re
 import pytest
 import torch
 from nbrun import cell, code_cells, errors, execute, text
+from nbrun import find_int as _int
 
 import fakeviz as fv
 from fakeviz import models
@@ -27,12 +28,6 @@ MIB = 2**20
 @pytest.fixture(scope="module")
 def nb():
     return execute(NB)
-
-
-def _int(pattern: str, s: str) -> int:
-    m = re.search(pattern, s)
-    assert m, f"{pattern!r} not in:\n{s[:3000]}"
-    return int(m.group(1).replace(",", ""))
 
 
 def blenderbot_params(cfg) -> int:

@@ -16,6 +16,7 @@ import re
 import pytest
 import torch
 from nbrun import cell, execute, text
+from nbrun import find_int as _int
 
 import fakeviz as fv
 from fakeviz import models
@@ -31,12 +32,6 @@ KIB = 1024
 @pytest.fixture(scope="module")
 def nb():
     return execute(NB)
-
-
-def _int(pattern: str, s: str) -> int:
-    m = re.search(pattern, s)
-    assert m, f"{pattern!r} not in:\n{s[:3000]}"
-    return int(m.group(1).replace(",", ""))
 
 
 def llama_params(cfg) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from nbrun import cell, execute
+from nbrun import cell, execute, plain
 
 from fakeviz import models
 from fakeviz._core.gpus import parse_gpus
@@ -37,15 +37,6 @@ def nb():
 @pytest.fixture(scope="module")
 def config():
     return models.config("meta-llama/Llama-3.1-8B")
-
-
-def plain(c) -> str:
-    """The cell's printed text and plain-text results (no HTML, so each table row appears once)."""
-    parts = []
-    for out in c.get("outputs", []):
-        parts.append(out.get("text", ""))
-        parts.append(str(out.get("data", {}).get("text/plain", "")))
-    return "\n".join(parts)
 
 
 def num(s: str) -> int:

@@ -21,7 +21,7 @@ import sys
 
 import pytest
 import torch
-from nbrun import cell, execute
+from nbrun import cell, execute, plain
 
 NB = "08_many_gpus.ipynb"
 WORLD, BATCH, SEQ, LAYERS = 8, 4, 512, 2  # the notebook's runs
@@ -33,15 +33,6 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def nb():
     return execute(NB)
-
-
-def plain(c) -> str:
-    """The cell's printed text and plain-text results (no HTML, so each table row appears once)."""
-    parts = []
-    for out in c.get("outputs", []):
-        parts.append(out.get("text", ""))
-        parts.append(str(out.get("data", {}).get("text/plain", "")))
-    return "\n".join(parts)
 
 
 def num(s: str) -> int:
