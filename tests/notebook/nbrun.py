@@ -10,8 +10,8 @@ change (a stamp holds their hash); CI starts from a clean clone, so there it is 
 ``FAKEVIZ_NB_KERNEL=dev`` runs the notebooks in this interpreter's ``python3`` kernel instead (quick while
 writing a notebook; CI never sets it).
 
-The executed notebook carries ``metadata["_peak_rss"]`` (the kernel's peak resident memory in bytes, from
-``getrusage`` in a cell added after the last one and removed again) and ``metadata["_updates"]`` (every
+The executed notebook carries ``metadata["_peak_rss"]`` (the kernel's peak resident memory in bytes: ``VmHWM``
+of ``/proc/self/status``, read in a cell added after the last one and removed again) and ``metadata["_updates"]`` (every
 ``update_display_data`` message: progress lines are only visible there).
 """
 
@@ -35,7 +35,12 @@ KERNEL = "fakeviz-binder"
 RSS_LIMIT = 1.5e9
 
 _executed: dict[str, nbformat.NotebookNode] = {}
-_RSS_CELL = "import resource as _r; print('peak-rss-kb', _r.getrusage(_r.RUSAGE_SELF).ru_maxrss)"
+# VmHWM: the kernel's own high-water mark. Not getrusage's ru_maxrss: Linux keeps that across execve, so a kernel
+# forked from a large pytest process starts with the parent's RSS as its "peak" (seen: 1.83 GB for every notebook)
+_RSS_CELL = (
+    "import re as _re, pathlib as _p; "
+    "print('peak-rss-kb', _re.search(r'VmHWM:\\s+(\\d+)', _p.Path('/proc/self/status').read_text()).group(1))"
+)
 
 
 def _stamp() -> str:
