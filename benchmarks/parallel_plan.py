@@ -30,8 +30,6 @@ PARALLEL = {"dp_shard": 8, "tp": 8}
 
 
 def _baseline(layers: int | None, seq: int, ac: bool) -> float:
-    import torch
-
     import fakeviz as fv
     import fakeviz.models  # noqa: F401
     from fakeviz._frontends.steps import checkpointing, init_state, make_optimizer
@@ -47,7 +45,7 @@ def _baseline(layers: int | None, seq: int, ac: bool) -> float:
             model(**kw).loss.backward()
             opt.step()
     assert trace.error is None, trace.error
-    del model, opt, torch
+    del model, opt
     return time.perf_counter() - t
 
 

@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import nbclient
@@ -118,8 +119,10 @@ def execute(name: str, workdir: Path | None = None) -> nbformat.NotebookNode:
         client.updates = []
         client.execute()
     finally:
-        if env_path is not None:
-            os.environ.pop("JUPYTER_PATH") if old is None else os.environ.__setitem__("JUPYTER_PATH", old)
+        if env_path is not None and old is None:
+            os.environ.pop("JUPYTER_PATH")
+        elif env_path is not None:
+            os.environ["JUPYTER_PATH"] = old
     last = nb.cells.pop()
     kb = re.search(r"peak-rss-kb (\d+)", text(last))
     nb.metadata["_peak_rss"] = int(kb.group(1)) * 1024 if kb else None
@@ -130,10 +133,7 @@ def execute(name: str, workdir: Path | None = None) -> nbformat.NotebookNode:
 
 
 def _workdir(name: str) -> Path:
-    import tempfile
-
-    d = Path(tempfile.mkdtemp(prefix="fakeviz-nb-" + name.split("_")[0] + "-"))
-    return d
+    return Path(tempfile.mkdtemp(prefix="fakeviz-nb-" + name.split("_")[0] + "-"))
 
 
 def text(cell) -> str:

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..._core.schema import OP_COLS, OUT_COLS, P_COLS, PHASES, ST_COLS, field
 
@@ -68,3 +69,12 @@ def _no_torch_function(fn: Any) -> Any:
             return fn(*args, **kwargs)
 
     return hook
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
+
+
+def is_wrapper(t: Any) -> bool:
+    """A wrapper tensor subclass (DTensor: an FSDP2 / tensor-parallel parameter): it holds no memory of its own
+    and its ops run on its inner tensors, which the recorder sees too (the plain types answer at once)."""
+    return type(t) not in _PLAIN and is_traceable_wrapper_subclass(t)

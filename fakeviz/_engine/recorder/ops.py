@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass as _is_wrapper
 
 from ..._core.errors import DataDependentError, FakeVizError
 from ..._core.schema import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES
@@ -40,6 +39,7 @@ from .common import (
     _get_ident,
     _graph_task_id,
     _Tensor,
+    is_wrapper,
 )
 
 _SIMPLE = (int, bool, str, type(None))
@@ -74,7 +74,7 @@ def _wrapper_call(args: tuple[Any, ...], out: Any) -> bool:
     for a in (out, *args):
         items = a if isinstance(a, (list, tuple)) else (a,)
         for x in items:
-            if isinstance(x, _Tensor) and not isinstance(x, _FakeTensor) and _is_wrapper(x):
+            if isinstance(x, _Tensor) and is_wrapper(x):
                 return True
     return False
 

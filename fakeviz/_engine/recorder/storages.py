@@ -7,7 +7,6 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..._core.schema import ROLE_PARAM, TID_BITS
 from .common import (
@@ -26,6 +25,7 @@ from .common import (
     _ST_OWNER,
     _ST_ROLES,
     P_INIT,
+    is_wrapper,
 )
 
 
@@ -38,7 +38,6 @@ class _StorageRef(weakref.ref):
 
 
 _SERIAL = itertools.count(1)  # Note: [tensor tags]
-_PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
 
 class StoragesMixin:
@@ -76,7 +75,7 @@ class StoragesMixin:
         return tid
 
     def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:
-        if type(t) not in _PLAIN and is_traceable_wrapper_subclass(t):
+        if is_wrapper(t):
             # Note: [wrapper tensors hold no memory]: a DTensor (an FSDP2 / tensor-parallel parameter) is a
             # wrapper of the global shape; its memory is its local tensor's storage
             attrs, _ = t.__tensor_flatten__()
