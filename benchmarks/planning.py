@@ -28,7 +28,6 @@ import torch
 import fakeviz as fv
 import fakeviz.models
 from fakeviz._frontends import steps
-from fakeviz._frontends.planning import _step
 
 OUT = Path(__file__).resolve().parent / "results" / "planning.json"
 AXES = {"batch": [1, 2, 4, 8], "seq": [1024, 2048], "checkpointing": [False, True]}
@@ -45,7 +44,7 @@ def _independent(name: str, overrides: dict[str, Any], point: dict[str, Any]) ->
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         opt = steps.make_optimizer("adamw", model)
         steps.init_state(opt)
-        _step(model, batch=point["batch"], seq=point["seq"], train=True, new_tokens=0, optimizer=opt)
+        steps.run(model, batch=point["batch"], seq=point["seq"], train=True, new_tokens=0, optimizer=opt)
         del model, opt
     assert trace.error is None, trace.error
     return int(trace.peak_bytes()["cuda:0"]["bytes"])

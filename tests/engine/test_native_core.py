@@ -5,7 +5,9 @@ includes from ``csrc/fvcore/``) takes the common path of ``_State.record`` and `
 ``FAKEVIZ_PURE_PYTHON=1`` makes the Python methods record instead. Every column and every string
 table of the two traces must be equal, for fake and real runs of every zoo model, a Llama step
 with the recorded op cache hot, and the uncommon paths (lift_fresh, symbolic sizes,
-data-dependent errors, progress reports, unknown cuda devices).
+data-dependent errors, progress reports, unknown cuda devices). The fast dispatch-cache key (Note: [fast
+dispatch-cache key] in ``recorder/modes.py``) gives the trace torch's own key gives, and its hits pass torch's
+cross-check.
 """
 
 from __future__ import annotations
@@ -357,3 +359,79 @@ def test_core_is_rebuilt_when_the_header_changes(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(schema, "LAYOUT", wider)
     with pytest.raises(RuntimeError, match="fill the new ones in new_storage"):
         _native._load()
+
+
+# ------------------------------------------------------------------ Note: [fast dispatch-cache key]
+def _fast_keys(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
+    from fakeviz._engine.recorder import modes
+
+    monkeypatch.setattr(modes, "_FAST_KEYS", on)
+
+
+@pytest.mark.parametrize("name", ["llama", "bert", "t5", "views_inplace", "convnet_channels_last"])
+def test_fast_cache_keys_give_torchs_trace(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FakeTensorMode's cache is emptied before each run, so each run makes its own entries under its own keys."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    traces = []
+    for on in (False, True):
+        _fast_keys(monkeypatch, on)
+        FakeTensorMode.cache.clear()
+        traces.append(_record(lambda: zoo.run(name), pure=False, monkeypatch=monkeypatch)[0])
+    _assert_same_trace(traces[1], traces[0])
+
+
+def test_fast_cache_key_hits_equal_a_fresh_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's own cross-check (``fake_tensor_cache_crosscheck_enabled``) re-runs every cache hit without the
+    cache and raises if the two outputs differ; a Llama step hits the fast keys thousands of times."""
+    import torch._dynamo.config as dynamo_config
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fakeviz._engine.recorder import modes
+
+    _fast_keys(monkeypatch, True)
+    FakeTensorMode.cache.clear()
+    hits = FakeTensorMode.cache_hits
+    with dynamo_config.patch(fake_tensor_cache_crosscheck_enabled=True):  # a hidden flag: patch() only
+        trace, _ = _record(_llama_step, pure=False, monkeypatch=monkeypatch, device="cuda:0")
+    assert trace.error is None
+    fast = [k for k in FakeTensorMode.cache if k.key[0] is modes._FAST]
+    assert len(fast) > 50 and FakeTensorMode.cache_hits - hits > 500
+
+
+def test_fast_cache_key_tells_apart_what_torchs_key_does() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fakeviz._engine.recorder.modes import _FakeRecordingMode, _fast_key
+
+    mode, other = _FakeRecordingMode(), FakeTensorMode()
+    add = torch.ops.aten.add.Tensor
+    with mode:
+        a = torch.empty(4, 6)
+        variants = {
+            "base": (a, a),
+            "dtype": (a, a.to(torch.float16)),
+            "shape": (a, torch.empty(6, 4)),
+            "stride": (a, torch.empty(6, 4).t()),
+            "offset": (a, torch.empty(5, 6)[1:]),
+            "storage bytes": (a, torch.empty(30)[:24].view(4, 6)),
+            "device": (a, torch.empty(4, 6, device="cuda:1")),
+            "requires_grad": (a, torch.empty(4, 6, requires_grad=True)),
+            "conj": (torch.empty(4, 6, dtype=torch.complex64), torch.empty(4, 6, dtype=torch.complex64).conj()),
+        }
+        keys = {k: _fast_key(mode, add, v, {}) for k, v in variants.items()}
+        assert None not in keys.values()
+        assert len(set(keys.values())) == len(keys), keys
+        assert _fast_key(mode, add, (a, torch.empty(4, 6)), {}) == keys["base"]  # same metadata, same key
+        scalars = [_fast_key(mode, add, (a, s), {}) for s in (1, 1.0, True)]
+        assert len(set(scalars)) == 3  # 1, 1.0 and True hash alike but give other dtypes
+        assert _fast_key(mode, add, (a, a), {"alpha": 2}) != _fast_key(mode, add, (a, a), {"alpha": 2.0})
+        # torch's own key decides on what the fast key does not know
+        sym_free = _fast_key(mode, add, (a, torch.ones(4, 6)), {})  # a small tensor with a kept value
+        assert sym_free is None or sym_free == keys["base"]
+    with other:
+        foreign = torch.empty(4, 6)
+    assert _fast_key(mode, add, (a, foreign), {}) is None
+    assert _fast_key(mode, add, (a, torch.empty(4, 6, device="meta")), {}) is None
+    assert _fast_key(mode, torch.ops.aten.sum.dim_IntList, (a, [0]), {"dtype": None}) is not None
+    assert _fast_key(mode, add, (a, {"x": 1}), {}) is None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorConfig as _FakeTensorConfig
-from torch._subclasses.fake_tensor import FakeTensorMode, _BypassDispatchCache
+from torch._subclasses.fake_tensor import FakeTensorMode, _BypassDispatchCache, _DispatchCacheKey
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import values as _values
@@ -167,6 +167,70 @@ def _contiguous_out(mode: Any, out: Any) -> Any:
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, out.fake_device)
 
 
+# Note: [fast dispatch-cache key]
+# FakeTensorMode's cache key (``_cache_key``) turns every FakeTensor argument into a ``TensorMetadata``
+# dataclass (its memory format found by ``suggest_memory_format``) and flattens it field by field through
+# ``dataclasses.fields``: about 25 us per tensor, a third of a recorded Llama training step (and a
+# ``_foreach_*`` op of AdamW has hundreds of tensor arguments). For the common case, a mode without a
+# ShapeEnv and arguments that are plain FakeTensors of this mode (strided, no constant, no symbolic sizes)
+# and plain scalars, ``_fast_key`` builds an equivalent key directly: per tensor dtype, sizes, strides,
+# device, storage offset, storage bytes, requires_grad, conj/neg bits and inference flag (the memory format
+# torch also keys on is a function of sizes and strides). Any other argument (a SymInt, a real tensor, a
+# function, a GraphModule, ...) takes torch's own key, which decides to key or to bypass. The fast keys start
+# with ``_FAST`` and so never equal a key of torch's (both live in FakeTensorMode's process-wide cache).
+# ``tests/engine/test_native_core.py`` checks that a recording with and without it gives the same trace.
+_FAST = ("fakeviz-fast-key", 1)
+_SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout,
+                      torch.memory_format})  # fmt: skip
+_STRIDED = torch.strided
+
+
+class _NotFast(Exception):
+    pass
+
+
+def _fast_args(mode: Any, out: list[Any], args: Any) -> None:
+    for a in args:
+        t = type(a)
+        if t is _FakeTensor:
+            if (
+                a.fake_mode is not mode
+                or a.constant is not None
+                or a.layout is not _STRIDED
+                or a._has_symbolic_sizes_strides
+            ):
+                raise _NotFast
+            out.append((_FAST, a.dtype, a.shape, a.stride(), a.fake_device, a.storage_offset(),
+                        a.untyped_storage().nbytes(), a.requires_grad, a.is_conj(), a.is_neg(), a.is_inference()))  # fmt: skip
+        elif t in _SCALARS:
+            out.append(t)
+            out.append(a)
+        elif t is list or t is tuple:
+            out.append(t)
+            out.append(len(a))
+            _fast_args(mode, out, a)
+        else:
+            raise _NotFast
+
+
+def _fast_key(mode: Any, func: Any, args: Any, kwargs: Any) -> Any:
+    """Note: [fast dispatch-cache key]: the key, or None where torch's own key must decide."""
+    if mode.shape_env is not None or mode.in_kernel_invocation:
+        return None
+    out = [_FAST, func, torch.get_default_dtype(), torch._C._get_default_device(), torch.is_inference_mode_enabled(),
+           torch.fx.experimental.proxy_tensor.get_proxy_mode() is not None]  # fmt: skip
+    try:
+        _fast_args(mode, out, args)
+        if kwargs:
+            out.append(len(kwargs))
+            for k, v in kwargs.items():
+                out.append(k)
+                _fast_args(mode, out, (v,))
+    except _NotFast:
+        return None
+    return _DispatchCacheKey(tuple(out))
+
+
 class _FakeRecordingMode(FakeTensorMode):
     """FakeTensorMode with the recorder fused in. See Note: [recorder fused into the fake mode]."""
 
@@ -195,6 +259,10 @@ class _FakeRecordingMode(FakeTensorMode):
             # cuda:0 tensor an earlier rank cached (torch.empty(n, device="cuda"))
             raise _BypassDispatchCache("fakeviz: device without index")
         return _fake_validate_key(self, func, args, kwargs)
+
+    def _cache_key(self, state: Any, func: Any, args: Any, kwargs: Any) -> Any:
+        key = _fast_key(self, func, args, kwargs) if _FAST_KEYS else None
+        return key if key is not None else _fake_cache_key(self, state, func, args, kwargs)
 
     def may_turn_const(self, t: Any) -> bool:
         # torch.tensor(data): keep the values of up to VALUE_LIMIT elements (torch keeps one)
@@ -261,6 +329,8 @@ def _remove_core_hooks(mode: _FakeRecordingMode) -> None:
 _fake_dispatch = FakeTensorMode.__torch_dispatch__
 _fake_dispatch_impl = FakeTensorMode._dispatch_impl
 _fake_validate_key = FakeTensorMode._validate_cache_key
+_fake_cache_key = FakeTensorMode._cache_key
+_FAST_KEYS = True  # Note: [fast dispatch-cache key]; tests switch it off to compare
 _fake_output_from_entry = getattr(FakeTensorMode, "_output_from_cache_entry", None)  # private: may be renamed
 _fake_make_entry = getattr(FakeTensorMode, "_make_cache_entry", None)
 
