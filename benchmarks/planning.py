@@ -33,11 +33,13 @@ OUT = Path(__file__).resolve().parent / "results" / "planning.json"
 AXES = {"batch": [1, 2, 4, 8], "seq": [1024, 2048], "checkpointing": [False, True]}
 
 
-def _independent(name: str, overrides: dict[str, Any], point: dict[str, Any]) -> int:
+def _independent(name: str, overrides: dict[str, Any], point: dict[str, Any]) -> tuple[int, float]:
     """One point recorded from scratch as a user would without ``sweep``: build inside the recording, make the
     AdamW and its state (``steps.init_state``: what a plan's steady-state step starts with), then the training
-    step; its peak."""
+    step; its peak and the seconds it took. The garbage collection before it (the last point's model is a
+    cycle) is not timed: it took 0.25-0.6 s with both models' objects around, a third of a point."""
     gc.collect()
+    t0 = time.perf_counter()
     with fv.record(device="cuda:0", gpu="H200") as trace:
         model = fv.models.build(name, **overrides)
         if point["checkpointing"]:
@@ -46,8 +48,9 @@ def _independent(name: str, overrides: dict[str, Any], point: dict[str, Any]) ->
         steps.init_state(opt)
         steps.run(model, batch=point["batch"], seq=point["seq"], train=True, new_tokens=0, optimizer=opt)
         del model, opt
+    seconds = time.perf_counter() - t0
     assert trace.error is None, trace.error
-    return int(trace.peak_bytes()["cuda:0"]["bytes"])
+    return int(trace.peak_bytes()["cuda:0"]["bytes"]), seconds
 
 
 def bench_sweep(layers: int | None) -> dict[str, Any]:
@@ -59,12 +62,13 @@ def bench_sweep(layers: int | None) -> dict[str, Any]:
     _independent(name, {"num_hidden_layers": 1}, points[0])
     warm = fv.models.config(name, num_hidden_layers=1)
     fv.sweep(warm, gpus="H200", train=True, progress=False, **{k: v[:1] for k, v in AXES.items()})
+    gc.collect()
     t0 = time.perf_counter()
     df = fv.sweep(fv.models.config(name, **overrides), gpus="H200", train=True, progress=False, **AXES)
     t_sweep = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    peaks = [_independent(name, overrides, p) for p in points]
-    t_indep = time.perf_counter() - t0
+    runs = [_independent(name, overrides, p) for p in points]
+    peaks = [peak for peak, _ in runs]
+    t_indep = sum(seconds for _, seconds in runs)
     raw = [int(p.trace.peak_bytes()["cuda:0"]["bytes"]) for p in df.attrs["plans"]]
     return {
         "points": len(points),

@@ -212,6 +212,7 @@ def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPa
         assert modes in users and len(users) >= 2, (name, users)
         for m in users:
             monkeypatch.setattr(m, name, counted)
+    monkeypatch.setattr(modes, "_LIGHT_OUTPUTS", False)  # cache hits wrap in Python (Note: [light cache-hit outputs])
     trace, kind = _record(_llama_step, pure=False, monkeypatch=monkeypatch, device="cuda:0")
     assert kind == "c"
     assert calls == {"_fake_detach": 0, "_wrap_fake": 1}, calls
@@ -361,16 +362,18 @@ def test_core_is_rebuilt_when_the_header_changes(tmp_path: Path, monkeypatch: py
         _native._load()
 
 
-# ------------------------------------------------------------------ Note: [fast dispatch-cache key]
+# ------------------------------------------------ Note: [fast dispatch-cache key], [light cache-hit outputs]
 def _fast_keys(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
     from fakeviz._engine.recorder import modes
 
     monkeypatch.setattr(modes, "_FAST_KEYS", on)
+    monkeypatch.setattr(modes, "_LIGHT_OUTPUTS", on)
 
 
 @pytest.mark.parametrize("name", ["llama", "bert", "t5", "views_inplace", "convnet_channels_last"])
 def test_fast_cache_keys_give_torchs_trace(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """FakeTensorMode's cache is emptied before each run, so each run makes its own entries under its own keys."""
+    """The fast keys and light cache-hit outputs against torch's own key and outputs. FakeTensorMode's cache is
+    emptied before each run, so each run makes its own entries under its own keys."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     traces = []
@@ -383,7 +386,8 @@ def test_fast_cache_keys_give_torchs_trace(name: str, monkeypatch: pytest.Monkey
 
 def test_fast_cache_key_hits_equal_a_fresh_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's own cross-check (``fake_tensor_cache_crosscheck_enabled``) re-runs every cache hit without the
-    cache and raises if the two outputs differ; a Llama step hits the fast keys thousands of times."""
+    cache and raises if the two outputs differ (sizes, strides, dtype, device, storage, offset); a Llama step hits
+    the fast keys, and makes light outputs, thousands of times."""
     import torch._dynamo.config as dynamo_config
     from torch._subclasses.fake_tensor import FakeTensorMode
 

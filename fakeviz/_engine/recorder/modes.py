@@ -120,6 +120,66 @@ _warn_mutable_data_ptr = torch._C._set_warn_deprecated_on_mutable_data_ptr
 _throw_mutable_data_ptr = torch._C._set_throw_on_mutable_data_ptr
 
 
+def _fast_output_from_entry(mode: Any, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
+    """FakeTensorMode's ``_output_from_cache_entry`` for a mode without a ShapeEnv (a cache hit's outputs).
+
+    Note: [light cache-hit outputs]
+    On a dispatch-cache hit FakeTensorMode makes each output through ``in_kernel_invocation_manager`` (a
+    generator context manager), ``torch.empty_strided`` on meta and ``FakeTensor.__new__``: about 40 % of the
+    time of a recorded backward. This does the same steps with the context manager inlined and the output
+    wrapped by :func:`_wrap_fake` (Note: [light FakeTensor wrap]): an in-place op returns its argument, a
+    constant entry its value, a view is set onto its input's storage. An entry with symbolic sizes, another
+    layout or an unexpected dispatch state, or a run inside ``torch.export`` (whose fake-tensor leak tracker
+    hooks the constructor) takes torch's own method.
+    """
+    if (
+        not _LIGHT_OUTPUTS
+        or mode.shape_env is not None
+        or _is_exporting()
+        or _meta_in_tls() != mode.in_kernel_invocation
+    ):
+        return _fake_output_from_entry(mode, state, entry, key, func, args)
+    outs = []
+    for info in entry.output_infos:
+        md = info.metadata
+        if info.inplace_idx is not None:
+            outs.append(args[info.inplace_idx])
+            continue
+        if md is None:
+            if info.view_idx is not None:
+                return _fake_output_from_entry(mode, state, entry, key, func, args)
+            outs.append(info.constant_value)  # None, or a non-tensor output
+            continue
+        shape, stride, offset = md.shape, md.stride, md.storage_offset
+        if md.layout is not _STRIDED or type(offset) is not int or not all(type(v) is int for v in (*shape, *stride)):
+            return _fake_output_from_entry(mode, state, entry, key, func, args)
+        view = isinstance(func, torch._ops.OpOverload) and func.is_view
+        if view and info.view_idx is None:
+            return _fake_output_from_entry(mode, state, entry, key, func, args)
+        prev = mode.in_kernel_invocation
+        with _DisableTorchDispatch():
+            mode.in_kernel_invocation = True
+            with _PreserveDispatchKeyGuard():
+                _set_meta_in_tls(True)
+                try:
+                    meta = _EMPTY_STRIDED(shape, stride, dtype=md.dtype, layout=md.layout, device="meta",
+                                          requires_grad=md.requires_grad)  # fmt: skip
+                    if md.is_conj:
+                        torch._C._set_conj(meta, True)
+                    if md.is_neg:
+                        torch._C._set_neg(meta, True)
+                    if view:
+                        meta.set_(args[info.view_idx].untyped_storage(), offset, shape, stride)
+                finally:
+                    mode.in_kernel_invocation = prev
+        outs.append(_wrap_fake(mode, meta, md.device))
+    return tuple(outs) if entry.is_output_tuple else outs[0]
+
+
+_EMPTY_STRIDED = torch.empty_strided
+_LIGHT_OUTPUTS = True  # Note: [light cache-hit outputs]; tests switch it off to compare
+
+
 def _install_fallback_probe() -> None:
     """Note: [fallback kernels]
     FakeTensorMode runs an op that has no meta kernel by running the real kernel
@@ -287,7 +347,7 @@ class _FakeRecordingMode(FakeTensorMode):
     # Note: [recorded op cache]: hand the outermost op's dispatch-cache entry to the recorder
     def _output_from_cache_entry(self, state: Any, entry: Any, key: Any, func: Any, args: Any) -> Any:
         self._fv_entry(func, entry)
-        return _fake_output_from_entry(self, state, entry, key, func, args)
+        return _fast_output_from_entry(self, state, entry, key, func, args)
 
     def _make_cache_entry(self, state: Any, key: Any, func: Any, args: Any, kwargs: Any, output: Any) -> Any:
         entry = _fake_make_entry(self, state, key, func, args, kwargs, output)
@@ -333,6 +393,7 @@ _fake_cache_key = FakeTensorMode._cache_key
 _FAST_KEYS = True  # Note: [fast dispatch-cache key]; tests switch it off to compare
 _fake_output_from_entry = getattr(FakeTensorMode, "_output_from_cache_entry", None)  # private: may be renamed
 _fake_make_entry = getattr(FakeTensorMode, "_make_cache_entry", None)
+_is_exporting = torch.compiler.is_exporting
 
 
 def _fake_dispatch_fast(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
