@@ -364,7 +364,7 @@ class Values:
             if isinstance(x, _Tensor) and not isinstance(x, FakeTensor):
                 if x.device.type != "cpu" or x.layout != torch.strided or x.numel() > VALUE_LIMIT:
                     return x
-                fake = self.mode.fake_tensor_converter.from_real_tensor(self.mode, x)
+                fake = self.mode.from_real_recorded(x)  # Note: [converted tensors]
                 if fake.constant is None:
                     with no_dispatch():  # a copy: an in-place op of the fake run must not write the user's tensor
                         self._attach(fake, x.detach().clone())

@@ -324,6 +324,23 @@ class _FakeRecordingMode(FakeTensorMode):
         key = _fast_key(self, func, args, kwargs) if _FAST_KEYS else None
         return key if key is not None else _fake_cache_key(self, state, func, args, kwargs)
 
+    def validate_and_convert_non_fake_tensors(self, func: Any, converter: Any, flat_args: Any, args_spec: Any) -> Any:
+        validated, fakes = super().validate_and_convert_non_fake_tensors(func, converter, flat_args, args_spec)
+        st = self._fv_state
+        if st is not None and st.active:  # Note: [converted tensors]
+            for a, v in zip(flat_args, validated):
+                if v is not a and type(v) is _FakeTensor and isinstance(a, _Tensor):
+                    st.converted(a, v)
+        return validated, fakes
+
+    def from_real_recorded(self, x: Any) -> Any:
+        """``x`` (a real CPU tensor the values layer keeps the values of) in this mode: Note: [converted tensors]."""
+        fake = self.fake_tensor_converter.from_real_tensor(self, x)
+        st = self._fv_state
+        if st is not None and st.active:
+            st.converted(x, fake)
+        return fake
+
     def may_turn_const(self, t: Any) -> bool:
         # torch.tensor(data): keep the values of up to VALUE_LIMIT elements (torch keeps one)
         return (

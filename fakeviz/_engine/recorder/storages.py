@@ -245,6 +245,35 @@ class StoragesMixin:
                     break
         self.trace.meta.setdefault("deepcopies", []).append([self.b.num_ops(), self.tensor_id(out)])
 
+    def converted(self, src: Any, out: Any) -> None:
+        """Note: [converted tensors]
+        A tensor the recording mode does not own (a real tensor, or a FakeTensor of another fake mode: a model
+        built with ``fv.fake_mode()`` or by ``fakeviz report`` before the record) is converted into the mode at
+        its first use in an op (FakeTensorMode's ``from_real_tensor``, memoised per source tensor): the op runs
+        on a copy of it with a storage of its own. The op's inputs are recorded as the source tensor, but a
+        view the op returns lives in the copy's storage, which was then a new storage (every ``weight.t()``
+        of a Linear, saved for backward, counted as an activation). The copy's storage is entered as another
+        address of the source's storage id; its entry goes when the copy's storage dies, without a free (the
+        source's own storage records that)."""
+        try:
+            key = out.untyped_storage()._cdata
+        except (NotImplementedError, RuntimeError):
+            return
+        if key in self.live:
+            return
+        sid = self.storage_id(src, -1)
+        if sid < 0:
+            return
+        ref = _StorageRef(out.untyped_storage(), self._alias_gone)
+        ref.key = key
+        ref.sid = sid
+        self.live[key] = ref
+
+    def _alias_gone(self, ref: _StorageRef) -> None:
+        live = self.live
+        if live.get(ref.key) is ref:
+            del live[ref.key]
+
     def _alias_lifted(self, src: Any, out: Any) -> None:
         """Note: [lift_fresh]
         A real ``aten.lift_fresh`` (``torch.tensor(...)``) returns its input; the fake
