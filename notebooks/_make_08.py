@@ -247,8 +247,8 @@ cells = [
     md(
         "`sim.explore()` puts it together in a live kernel: the classes, every rank's peak by category side by "
         "side, and a rank picker that opens the chosen rank's explorer (layer tree, memory timeline, ops). "
-        "Saved without a kernel (on GitHub) it shows only the widget's name: unlike a single trace's explorer, "
-        "the simulation view has no static summary yet. The tables above are the same information."
+        "Saved without a kernel (on GitHub, nbviewer) the cell shows a static summary instead: the classes "
+        "table and rank 0's trace summary."
     ),
     code("sim.explore()"),
     md(

@@ -2,15 +2,27 @@
 peak bars side by side on one axis, and a rank picker that shows the chosen rank's explorer.
 
 A pure function of the ranks' records (each run: ``rank``, ``trace``, ``capacities``, ``label``, ``explore``).
+Displayed as the explorer is (Note: [static fallback] in :mod:`fakeviz._views.explorer`): first a static summary
+(the classes table and the first recorded rank's trace summary, no script), then the live box, which hides the
+summary while it lives (a ``<style>`` in one of its HTML children); a notebook saved without widget state, GitHub
+and nbviewer show the summary.
 """
 
 from __future__ import annotations
 
+import html
+import itertools
 from typing import Any
 
 import pandas as pd
 
 from .compare import compare_bars
+from .explorer import display_with_fallback, fallback_bundle
+from .static import static_html
+
+LABEL = "fakeviz simulation"
+_ids = itertools.count()
+_box: list[type] = []  # the VBox subclass, made at the first use (ipywidgets is imported lazily)
 
 __all__ = ["simulation_widget"]
 
@@ -43,4 +55,47 @@ def simulation_widget(runs: list[Any], *, classes: dict[int, int], table: pd.Dat
 
     picker.observe(show, names="value")
     show()
-    return ipywidgets.VBox([head, bars, picker, holder])
+    sid = f"fv-sim-{next(_ids)}"
+    hide = ipywidgets.HTML(f"<style>[data-fv-static='{sid}']{{display:none}}</style>")
+    box = _box_class()([hide, head, bars, picker, holder])
+    box.static_html = summary_html(runs, table, capacity, static_id=sid)
+    return box
+
+
+def summary_html(runs: list[Any], table: pd.DataFrame, capacity: Any = None, *, static_id: str = "") -> str:
+    """The static summary of a simulation: how many ranks were recorded, the classes table, and the first
+    recorded rank's trace summary (:func:`fakeviz._views.static.static_html`)."""
+    ranks = sorted(run.rank for run in runs)
+    first = min(runs, key=lambda run: run.rank) if runs else None
+    parts = [
+        f"<div data-fv-static='{html.escape(static_id)}' dir='ltr' style='max-width:100%;box-sizing:border-box;"
+        "overflow-wrap:anywhere;font:13px/1.4 system-ui,sans-serif'>",
+        f"<div><b>{LABEL}</b>: {len(ranks)} rank{'s' if len(ranks) != 1 else ''} recorded"
+        + (f" ({html.escape(', '.join(map(str, ranks[:16])))}{', ...' if len(ranks) > 16 else ''})" if ranks else "")
+        + "</div>",
+        table.to_html(index=False, border=0),
+    ]
+    if first is not None:
+        parts.append(f"<div style='margin-top:6px'><b>rank {first.rank}</b></div>")
+        parts.append(static_html(first.trace, capacity))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _box_class() -> type:
+    if not _box:
+        import ipywidgets
+
+        class SimulationBox(ipywidgets.VBox):  # type: ignore[misc]
+            """The simulation's box, displayed with its static summary (Note: [static fallback])."""
+
+            static_html: str | None = None
+
+            def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+                return fallback_bundle(super()._repr_mimebundle_(**kwargs), self.static_html, LABEL)
+
+            def _ipython_display_(self) -> None:
+                display_with_fallback(super()._repr_mimebundle_(), self.static_html, LABEL)
+
+        _box.append(SimulationBox)
+    return _box[0]

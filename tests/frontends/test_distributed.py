@@ -236,11 +236,35 @@ def test_explore_renders_a_rank_picker() -> None:
     pytest.importorskip("ipywidgets")
     sim = fv.simulate(_fsdp_step({}), 3, gpu="H100")
     w = sim.explore()
-    picker = w.children[2]
+    hide, head, bars, picker, holder = w.children
     assert [v for _, v in picker.options] == [0, 1, 2]
     assert "class 1" in picker.options[2][0]
-    before = w.children[3].children[0]
+    before = holder.children[0]
     picker.value = 2
-    assert w.children[3].children[0] is not before  # the picked rank's explorer
+    assert holder.children[0] is not before  # the picked rank's explorer
     bars = sim.bars()
     assert len(bars.data[0].x[0]) == 3
+
+
+def test_explore_shows_a_static_summary_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note: [static fallback]: the summary (classes table, rank 0's trace) is an output of its own before the
+    live box, which hides it while it lives; the box's one bundle also carries it as text/html."""
+    pytest.importorskip("ipywidgets")
+    import IPython.display
+
+    sim = fv.simulate(_fsdp_step({}), 3, gpu="H100")
+    w = sim.explore()
+    sid = w.static_html.split("data-fv-static='", 1)[1].split("'", 1)[0]
+    assert sid in w.children[0].value and "display:none" in w.children[0].value
+    assert "<table" in w.static_html and "3 ranks recorded" in w.static_html and "fakeviz trace" in w.static_html
+    assert "<script" not in w.static_html
+    for cls in sim.classes.itertuples():
+        assert f"<td>{cls[1]}</td>" in w.static_html
+    shown: list[dict] = []
+    monkeypatch.setattr(IPython.display, "display", lambda data, raw=False: shown.append(data))
+    w._ipython_display_()
+    first, second = shown
+    assert first["text/html"].endswith(w.static_html) and "widget-view" not in str(first)
+    assert "application/vnd.jupyter.widget-view+json" in second
+    bundle = w._repr_mimebundle_()
+    assert bundle["text/html"] == w.static_html and "run the cell with a kernel" in bundle["text/plain"]
