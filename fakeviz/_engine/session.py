@@ -126,6 +126,7 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
 #     queues into a FakeVizError that says why and what to do;
 #   * FakeTensor joins torch.optim's and torch.utils._foreach_utils' lists of types that take the
 #     foreach kernels (as DTensor does on import): see Note: [foreach on fake tensors];
+#   * torch._utils._rebuild_tensor (torch.load): Note: [torch.load under fake tensors];
 #   * on the CPU-only shim, torch.cuda.amp.common.amp_definitely_not_available and
 #     torch.cuda.is_bf16_supported, so torch.autocast("cuda") runs under fake cuda as
 #     it would on a GPU instead of disabling itself (cuda_api.autocast_support). The rest of
@@ -222,9 +223,27 @@ def _apply_patches(on: bool) -> None:
     _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
     _distributed.patch_sharding_prop(on)  # Note: [DTensor's shadow propagation]
     torch.UntypedStorage.resize_ = _resize if on else _original_resize  # type: ignore[method-assign]
+    torch._utils._rebuild_tensor = _rebuild_tensor if on else _original_rebuild
 
 
 _original_resize = torch.UntypedStorage.resize_
+_original_rebuild = torch._utils._rebuild_tensor
+
+
+def _rebuild_tensor(storage: Any, storage_offset: int, size: Any, stride: Any) -> Any:
+    """Note: [torch.load under fake tensors]
+    ``torch.load`` in a fake mode makes each storage on meta, with the device it was saved from in
+    ``_fake_device`` (the real load would put it there, or where ``map_location`` says), rebuilds each tensor
+    as ``torch.empty((0,), device=<the storage's device: meta>).set_(storage, ...)`` and only then gives the
+    tensor its fake device. Recorded, that was two ops and two storages on a ``meta`` device. Here the empty
+    tensor is made on the restore device, as in a real load, so the op log and the storages are a real load's."""
+    untyped = storage._untyped_storage
+    loc = getattr(untyped, "_fake_device", None)
+    if loc is None or untyped.device.type != "meta" or torch._guards.detect_fake_mode(None) is None:
+        return _original_rebuild(storage, storage_offset, size, stride)
+    device = torch._utils._get_restore_location(loc)
+    t = torch.empty((0,), dtype=storage.dtype, device=device)
+    return t.set_(untyped, storage_offset, size, stride)
 
 
 def _resize(self: Any, size: int) -> Any:

@@ -58,6 +58,22 @@ def _graph_candidates(trace: Record, around: Any) -> int:
     return int(len(tt) + tt.storage.nunique())
 
 
+def around_text(around: Any) -> str:
+    """``around`` for a title: a tensor as its dtype, shape and device (not its repr, which a fake tensor fills
+    with ``FakeTensor(...)``), ``("storage", 3)`` as ``storage 3``, a name or ``$N`` as itself."""
+    import torch
+
+    if isinstance(around, torch.Tensor):
+        dtype = str(around.dtype).removeprefix("torch.")
+        return f"a tensor {dtype}[{', '.join(map(str, around.shape))}] on {around.device}"
+    if isinstance(around, tuple) and len(around) == 2 and around[0] == "storage":
+        return f"storage {around[1]}"
+    if isinstance(around, tuple) and len(around) == 2 and around[0] == "storages":
+        ids = list(around[1])
+        return "storages " + ", ".join(map(str, ids[:8])) + (", ..." if len(ids) > 8 else "")
+    return str(around)
+
+
 def alias_graph_data(trace: Record, around: Any = None, max_nodes: int = 200) -> GraphData:
     """Storages, tensors and parameter names from :func:`~fakeviz._analysis.alias.alias_graph`, bounded, laid out.
 
@@ -283,7 +299,7 @@ def alias_graph(source: Record | GraphData, around: Any = None, max_nodes: int =
         f"{counts.get('name', 0)} names"
     )
     if data.around is not None:
-        title += f" around {esc(data.around)}"
+        title += f" around {esc(around_text(data.around))}"
     if data.dropped:
         shown = data.total - data.dropped
         title += f"<br><sup>showing {shown} of {data.total} storages and tensors (max_nodes)</sup>"

@@ -240,7 +240,11 @@ def test_bars_verdict_when_it_does_not_fit(mlp_trace):
     cap = pk.bytes // 2
     data = V.bars_data(mlp_trace, cap)
     assert data.capacity == cap
-    assert data.title.startswith(f"does not fit {V.format_bytes(cap)}") and "cuda:0 needs" in data.title and "(over by" in data.title
+    assert (
+        data.title.startswith(f"does not fit {V.format_bytes(cap)}")
+        and "cuda:0 needs" in data.title
+        and "(over by" in data.title
+    )
     assert "first fails at op 0 " in data.title  # the first allocation already needs a 2 MiB segment
     row = data.table.set_index("device").loc["cuda:0"]
     assert not row["fits"] and row["headroom"] < 0
@@ -673,3 +677,13 @@ def test_icicle_draws_no_zero_size_sector(mlp_trace):
     assert zero and not (zero - {data.table["id"].iloc[0]}) & ids
     icicle = V.layer_tree(mlp_trace, "params").data[0]
     assert all(v > 0 for v in icicle["values"]) and isinstance(icicle.marker.line.width, (int, float))
+
+
+def test_alias_graph_title_names_a_tensor_by_its_metadata_not_its_repr():
+    with fv.record() as trace:
+        w = torch.empty(64, 64)
+        w.t().contiguous()
+    fig = V.alias_graph(trace, around=w)
+    title = fig.layout.title.text
+    assert "around a tensor float32[64, 64] on cpu" in title and "FakeTensor" not in title
+    assert "around storage 0" in V.alias_graph(trace, around=("storage", 0)).layout.title.text

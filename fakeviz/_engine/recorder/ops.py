@@ -60,6 +60,10 @@ def _fmt_arg(a: Any) -> str:
         return repr(a)
     if ta is torch.device or ta is torch.dtype or ta is torch.memory_format or ta is torch.layout:
         return str(a)
+    if ta is torch.UntypedStorage or ta is torch.TypedStorage:
+        # ``set_(storage, ...)`` (torch.load's rebuild): str() of a storage prints every byte of it (a 16 GB
+        # checkpoint's weights as text), and a fake one prints its meta device: its size in bytes only
+        return f"Storage({a.nbytes()} bytes)"
     if ta is torch.ScriptObject:  # a collective's process group: Note: [collectives in the record]
         from ..distributed import script_object_text
 
