@@ -71,6 +71,15 @@ def _fmt_arg(a: Any) -> str:
     return str(a).replace("{", "{{").replace("}", "}}")
 
 
+# Note: [wrapper calls are not ops]
+# An op on a wrapper subclass (a DTensor: FSDP2 and tensor-parallel parameters, their gradients and AdamW's
+# state) reaches the recording mode first with the wrappers as arguments. FakeTensorMode does not run it: it
+# returns NotImplemented, and the subclass's own dispatch then runs the op on its local tensors, which the
+# mode records. The NotImplemented call is not recorded (``run_op``, and ``run_op.c`` in the C core): it made
+# a row with no outputs and global shapes beside the local op that does the work (38 extra rows in a 2-rank
+# AdamW step, ``tests/frontends/test_fsdp_memtracker.py``).
+
+
 def _wrapper_call(args: tuple[Any, ...], out: Any) -> bool:
     """The call is on a wrapper subclass (DTensor): it runs ops on its inner tensors, which the recorder sees
     too and which carry the work. Counting the outer call as well counted a TP rank's matmul at its global
@@ -528,7 +537,7 @@ class OpsMixin:
             raise
         finally:
             loc.depth = depth
-        if depth == 0:
+        if depth == 0 and out is not NotImplemented:  # Note: [wrapper calls are not ops]
             try:
                 entry = loc.entry
                 self.record(func, args, kwargs, out, entry[1] if entry is not None and entry[0] is func else None)

@@ -68,7 +68,7 @@ static PyObject *Core_run_op(Core *self, PyObject *const *args, Py_ssize_t nargs
         }
         return NULL;
     }
-    if (depth == 0) {
+    if (depth == 0 && out != Py_NotImplemented) { /* Note: [wrapper calls are not ops] */
         PyObject *e = PyDict_GetItemWithError(d, s_entry); /* borrowed: (func, entry) or None */
         PyObject *entry = Py_None;
         if (e && PyTuple_Check(e) && PyTuple_GET_SIZE(e) == 2 && PyTuple_GET_ITEM(e, 0) == func)
