@@ -57,6 +57,16 @@ ASSUMPTIONS: tuple[tuple[str, str, str, Any, str], ...] = (
 )  # fmt: skip
 
 
+ALL_SELECTED = "values unknown: assumed every element of {what} is selected (the largest output, an upper bound)"
+
+# Note: [values after collectives]: a collective on a tensor whose values a fake run keeps (a loss, a count,
+# a small buffer) runs on those values under torch.distributed's fake process group, which moves no data, so
+# the tensor keeps this rank's own values (an all-reduced loss is not summed over the ranks). A real run's
+# values come from the other ranks too: each such collective is a stated assumption in fidelity().
+COLLECTIVES = frozenset({"c10d", "_c10d_functional", "c10d_functional"})
+COLLECTIVE_VALUES = "the values it writes are this rank's own: the fake process group moves no data between ranks"
+
+
 def rule_for_read() -> tuple[Any, str] | None:
     """The assumption for the read being made now, from the innermost frame outside torch and fakeviz."""
     import linecache

@@ -488,6 +488,8 @@ class Values:
             return self._hidden([], lambda: self.impl(self.mode, func, types, args, kwargs))
         real: Any = _FAILED
         if known:
+            if func.namespace in _reads.COLLECTIVES:  # the fake process group moves no data: said, not silent
+                self.assume(func, _reads.COLLECTIVE_VALUES)
             try:
                 real = _real_call(func, args, kwargs)
             except Exception:  # noqa: BLE001 - no value, not a failed op: the fake rule already ran
@@ -700,7 +702,7 @@ class Values:
                     with no_dispatch():
                         cols = i.constant.nonzero().unbind(1)
                 else:
-                    self.assume(func, _ALL_SELECTED.format(what=f"the boolean index of shape {list(i.shape)}"))
+                    self.assume(func, _reads.ALL_SELECTED.format(what=f"the boolean index of shape {list(i.shape)}"))
                     cols = [torch.empty(i.numel(), dtype=torch.long) for _ in range(i.dim())]
                 for c in cols:
                     meta = torch.empty(tuple(c.shape), dtype=torch.long, device="meta")
@@ -724,12 +726,12 @@ class Values:
             t = args[0]
             n = t.numel()
             meta = torch.empty_strided((n, t.dim()), (1, max(n, 1)), dtype=torch.long, device="meta")
-            self.assume(func, _ALL_SELECTED.format(what=f"the {list(t.shape)} tensor"))
+            self.assume(func, _reads.ALL_SELECTED.format(what=f"the {list(t.shape)} tensor"))
             return FakeTensor(self.mode, meta, t.fake_device)
         if func is aten.masked_select.default:
             t, mask = args[0], args[1]
             n = math.prod(torch.broadcast_shapes(t.shape, mask.shape))
-            self.assume(func, _ALL_SELECTED.format(what=f"the mask of shape {list(mask.shape)}"))
+            self.assume(func, _reads.ALL_SELECTED.format(what=f"the mask of shape {list(mask.shape)}"))
             return FakeTensor(self.mode, torch.empty(n, dtype=t.dtype, device="meta"), t.fake_device)
         if func is aten._ctc_loss.Tensor:
             return ctc_loss_outputs(self.mode, args, kwargs, lambda text: self.assume(func, text))
@@ -739,9 +741,6 @@ class Values:
         """List ``text`` as an assumption of op ``func`` (a row of ``fidelity()["assumptions"]``)."""
         if self.recorder is not None:
             self.recorder.note_assumption(func, text)
-
-
-_ALL_SELECTED = "values unknown: assumed every element of {what} is selected (the largest output, an upper bound)"
 
 
 def advice(exc: BaseException) -> str:

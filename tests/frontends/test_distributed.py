@@ -268,3 +268,25 @@ def test_explore_shows_a_static_summary_first(monkeypatch: pytest.MonkeyPatch) -
     assert "application/vnd.jupyter.widget-view+json" in second
     bundle = w._repr_mimebundle_()
     assert bundle["text/html"] == w.static_html and "run the cell with a kernel" in bundle["text/plain"]
+
+
+def test_a_value_after_a_collective_is_a_stated_assumption() -> None:
+    """Note: [values after collectives]: a small tensor's values survive an all_reduce under the fake process
+    group (it moves no data), which fidelity() states; a tensor without kept values needs no assumption."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        with fv.record() as t:
+            loss = torch.tensor([1.5, 2.5])
+            dist.all_reduce(loss)
+            local = loss.tolist()
+            big = torch.zeros(1 << 17)
+            dist.all_reduce(big)
+    finally:
+        dist.destroy_process_group()
+    assert t.error is None and local == [1.5, 2.5]
+    rows = t.fidelity()["assumptions"]
+    assert list(rows.op) == ["c10d.allreduce_.default"]
+    assert "this rank's own" in rows.assumption.iloc[0] and "fake process group" in rows.assumption.iloc[0]
