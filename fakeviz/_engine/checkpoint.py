@@ -226,7 +226,8 @@ def find_weights(folder: str | os.PathLike[str]) -> tuple[Path | None, list[Path
     return None, []
 
 
-def _read_index(index: Path) -> list[Path]:
+def _read_index(index: Path) -> tuple[list[Path], dict[str, str]]:
+    """The shard files an index names (each once, in order) and its weight map, from one read of the index."""
     try:
         raw = json.loads(index.read_text())
         weight_map = raw["weight_map"]
@@ -238,7 +239,7 @@ def _read_index(index: Path) -> list[Path]:
     if missing:
         raise _bad(index, f"{len(missing)} shard(s) named in the index are missing: {', '.join(missing[:5])}",
                    "Download the missing shards (or all of the checkpoint) into the same folder.")  # fmt: skip
-    return [index.parent / f for f in files]
+    return [index.parent / f for f in files], weight_map
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -266,8 +267,7 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         raise _bad(path, "no such file or folder")
     weight_map: dict[str, str] | None = None
     if index is not None:
-        files = _read_index(index)
-        weight_map = json.loads(index.read_text())["weight_map"]
+        files, weight_map = _read_index(index)
     tensors: dict[str, TensorInfo] = {}
     header_bytes = 0
     fmt = "safetensors" if all(f.suffix == ".safetensors" for f in files) else "torch"
