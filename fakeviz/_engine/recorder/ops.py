@@ -218,8 +218,9 @@ def _called_from_parameter_new() -> bool:
     # Python, while on a plain tensor it aliases in C++ without dispatching.
     # That detach is bookkeeping of the fake path: it is not recorded, so fake
     # and real runs log the same ops (the Parameter gets its id when first used).
+    # A dispatch mode above the recording (FSDPMemTracker) puts its own frames between: look up to 24 up.
     f = sys._getframe(3)
-    for _ in range(8):
+    for _ in range(24):
         if f is None:
             return False
         if f.f_code is _PARAM_NEW:

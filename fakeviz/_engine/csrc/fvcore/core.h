@@ -21,7 +21,7 @@ _Static_assert(FV_ST_WIDTH == 8, "the core writes 8 storage columns: fill the ne
 
 enum { P_INIT = FV_PHASE_INIT, P_FORWARD = FV_PHASE_FORWARD, P_BACKWARD = FV_PHASE_BACKWARD,
        P_OPTIMIZER = FV_PHASE_OPTIMIZER, P_OTHER = FV_PHASE_OTHER };
-#define PARAM_NEW_FRAMES 9
+#define PARAM_NEW_FRAMES 25 /* the Python recorder looks 24 frames up from its caller: ops._called_from_parameter_new */
 
 static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *s_seen_forward,
     *s_progress, *s_bw_line, *s_sequence_nr, *s_tensor_id, *s_is_internal, *s_line_id,
