@@ -61,9 +61,7 @@ def _graph_candidates(trace: Record, around: Any) -> int:
 def around_text(around: Any) -> str:
     """``around`` for a title: a tensor as its dtype, shape and device (not its repr, which a fake tensor fills
     with ``FakeTensor(...)``), ``("storage", 3)`` as ``storage 3``, a name or ``$N`` as itself."""
-    import torch
-
-    if isinstance(around, torch.Tensor):
+    if all(hasattr(around, a) for a in ("dtype", "shape", "device")):  # a tensor (views do not import torch)
         dtype = str(around.dtype).removeprefix("torch.")
         return f"a tensor {dtype}[{', '.join(map(str, around.shape))}] on {around.device}"
     if isinstance(around, tuple) and len(around) == 2 and around[0] == "storage":
