@@ -72,3 +72,24 @@ def test_a_big_real_weight_is_one_storage() -> None:
         w.t()
         w.view(-1)
     assert len(t.storages) == 1 and list(t.storages.nbytes) == [w.untyped_storage().nbytes()]
+
+
+def test_a_real_module_keeps_its_real_gradients() -> None:
+    """Note: [real leaves in a fake record]: a fake record leaves no FakeTensor gradient on real parameters; a
+    later real backward accumulates as if the record had not run."""
+    torch.manual_seed(0)
+    model, x = _model(), torch.randn(8, 32)
+    fresh = _model()
+    with fv.record() as t:
+        _run(model, x)
+        _run(fresh, x)
+    assert t.peak()["cpu"].by_category["Gradient"] > 0  # the record saw the gradients
+    assert all(p.grad is None for p in model.parameters()) and all(p.grad is None for p in fresh.parameters())
+    assert t.meta["real_grads_restored"] == 8
+    _run(model, x)
+    first = [p.grad.clone() for p in model.parameters()]
+    with fv.record():
+        _run(model, x)
+    assert all(type(p.grad) is torch.Tensor for p in model.parameters())
+    _run(model, x)
+    assert all(torch.allclose(p.grad, 2 * g) for p, g in zip(model.parameters(), first))

@@ -149,6 +149,7 @@ class Recording:
                 else:
                     mode = new_fake_mode(symbolic=self.symbolic, cls=_FakeRecordingMode)
                 mode._fv_state = state
+                state.fake_run = True
                 _install_core_hooks(mode, state)
                 stack.callback(_remove_core_hooks, mode)
                 mode._fv_values.recorder = state  # Note: [values under fake tensors]: assumptions, provenance
@@ -230,6 +231,11 @@ class Recording:
         try:
             self._stack.close()  # exits the device context, the mode, the hooks: never leaves a mode active
         finally:
+            if self._state is not None and self._state.fake_run:
+                with contextlib.suppress(Exception):  # Note: [real leaves in a fake record]
+                    restored = self._state.restore_real_grads()
+                    if restored:
+                        self.trace.meta["real_grads_restored"] = restored
             self.trace.finish()
             if self.session is not None and self._state is not None:
                 try:

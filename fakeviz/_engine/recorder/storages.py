@@ -7,6 +7,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..._core.schema import ROLE_PARAM, TID_BITS
 from .common import (
@@ -59,6 +60,8 @@ class StoragesMixin:
         self.on_free = self._on_free  # one bound method for every storage's weakref callback
         self.next_tensor = 0
         self.dormant: dict[int, tuple[Any, int, int, int, int]] = {}  # Note: [storage resize]
+        self.fake_run = False  # a fake record: real leaves it reads get their gradients back (restore_real_grads)
+        self.real_leaves: list[tuple[Any, Any]] = []
 
     def tensor_id(self, t: Any) -> int:
         """The ``$N`` id of a tensor; unseen tensors are registered as inputs."""
@@ -72,7 +75,30 @@ class StoragesMixin:
         d["_fakeviz_tid"] = base + tid
         roles = ROLE_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else 0
         self.b.td.extend((tid, self.storage_id(t, -1, roles)))
+        if (
+            self.fake_run
+            and t.requires_grad
+            and (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
+            and t.is_leaf
+        ):
+            self.real_leaves.append((weakref.ref(t), t.grad))  # Note: [real leaves in a fake record]
         return tid
+
+    def restore_real_grads(self) -> int:
+        """Note: [real leaves in a fake record]
+        A real module run in a fake record (its weights converted at each use: Note: [converted tensors]) gets
+        fake gradients: autograd accumulates them into the real parameters' ``.grad``. Left there, a later real
+        backward accumulated into the fake gradient and the real one was lost without an error. When the
+        record ends, every real leaf it read whose ``.grad`` is now a FakeTensor gets back the gradient it had
+        when the record first saw it. Returns how many were restored."""
+        n = 0
+        for ref, old in self.real_leaves:
+            t = ref()
+            if t is not None and isinstance(t.grad, FakeTensor):
+                t.grad = old
+                n += 1
+        self.real_leaves = []
+        return n
 
     def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:
         if is_wrapper(t):
