@@ -85,7 +85,7 @@ def test_a_real_module_keeps_its_real_gradients() -> None:
         _run(fresh, x)
     assert t.peak()["cpu"].by_category["Gradient"] > 0  # the record saw the gradients
     assert all(p.grad is None for p in model.parameters()) and all(p.grad is None for p in fresh.parameters())
-    assert t.meta["real_grads_restored"] == 8
+    assert t.meta["real_state_restored"] == 8
     _run(model, x)
     first = [p.grad.clone() for p in model.parameters()]
     with fv.record():
@@ -93,3 +93,31 @@ def test_a_real_module_keeps_its_real_gradients() -> None:
     assert all(type(p.grad) is torch.Tensor for p in model.parameters())
     _run(model, x)
     assert all(torch.allclose(p.grad, 2 * g) for p, g in zip(model.parameters(), first))
+
+
+def test_a_real_optimizer_keeps_its_real_state() -> None:
+    """A real AdamW stepped in a fake record: its state is what it was before (none, or the real step's), and a
+    real step afterwards updates the weights exactly as without the record."""
+    torch.manual_seed(0)
+    model, x = _model(), torch.randn(8, 32)
+    twin = _model()
+    twin.load_state_dict(model.state_dict())
+    opt, opt_twin = torch.optim.AdamW(model.parameters()), torch.optim.AdamW(twin.parameters())
+    with fv.record() as t:
+        _run(model, x)
+        opt.step()
+    assert t.peak()["cpu"].by_category["Optimizer state"] > 0
+    assert len(opt.state) == 0 and t.meta["real_state_restored"] == 4 + 4
+    for m, o in ((model, opt), (twin, opt_twin)):  # a real step on each: the same result
+        _run(m, x)
+        o.step()
+    with fv.record():  # a record after a real step: the real state is kept as it was
+        _run(model, x)
+        opt.step()
+    for m, o in ((model, opt), (twin, opt_twin)):
+        o.zero_grad()
+        _run(m, x)
+        o.step()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert type(p.grad) is torch.Tensor and torch.equal(p, q)
+    assert all(type(v) is torch.Tensor for st in opt.state.values() for v in st.values())

@@ -391,6 +391,8 @@ class ModulesMixin:
                 for group in opt.param_groups:
                     for p in group["params"]:
                         self._mark_grad(p)
+                        if self.fake_run and (type(p) is torch.nn.Parameter or type(p) is torch.Tensor):
+                            self.keep_real_state(opt, p)  # Note: [real leaves in a fake record]
 
     @_no_torch_function
     def opt_post(self, opt: Any, *_: Any) -> None:

@@ -233,9 +233,9 @@ class Recording:
         finally:
             if self._state is not None and self._state.fake_run:
                 with contextlib.suppress(Exception):  # Note: [real leaves in a fake record]
-                    restored = self._state.restore_real_grads()
+                    restored = self._state.restore_real_state()
                     if restored:
-                        self.trace.meta["real_grads_restored"] = restored
+                        self.trace.meta["real_state_restored"] = restored
             self.trace.finish()
             if self.session is not None and self._state is not None:
                 try:

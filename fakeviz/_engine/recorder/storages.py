@@ -62,6 +62,7 @@ class StoragesMixin:
         self.dormant: dict[int, tuple[Any, int, int, int, int]] = {}  # Note: [storage resize]
         self.fake_run = False  # a fake record: real leaves it reads get their gradients back (restore_real_grads)
         self.real_leaves: list[tuple[Any, Any]] = []
+        self.real_states: dict[tuple[int, int], tuple[Any, Any, dict[str, Any] | None]] = {}
 
     def tensor_id(self, t: Any) -> int:
         """The ``$N`` id of a tensor; unseen tensors are registered as inputs."""
@@ -84,20 +85,39 @@ class StoragesMixin:
             self.real_leaves.append((weakref.ref(t), t.grad))  # Note: [real leaves in a fake record]
         return tid
 
-    def restore_real_grads(self) -> int:
+    def keep_real_state(self, opt: Any, p: Any) -> None:
+        """Keep the state ``opt`` has for real parameter ``p`` before its first step in this fake record."""
+        key = (id(opt), id(p))
+        if key not in self.real_states:
+            st = opt.state.get(p)
+            self.real_states[key] = (weakref.ref(opt), weakref.ref(p), dict(st) if st is not None else None)
+
+    def restore_real_state(self) -> int:
         """Note: [real leaves in a fake record]
         A real module run in a fake record (its weights converted at each use: Note: [converted tensors]) gets
-        fake gradients: autograd accumulates them into the real parameters' ``.grad``. Left there, a later real
-        backward accumulated into the fake gradient and the real one was lost without an error. When the
-        record ends, every real leaf it read whose ``.grad`` is now a FakeTensor gets back the gradient it had
-        when the record first saw it. Returns how many were restored."""
+        fake gradients, which autograd accumulates into the real parameters' ``.grad``, and an optimizer over
+        them steps into fake state (AdamW's ``exp_avg``, ``step``). Left there, a later real backward
+        accumulated into the fake gradient and a real ``step()`` ran on fake state: the real training lost its
+        update without an error. When the record ends, every real leaf it read whose ``.grad`` is now a
+        FakeTensor gets back the gradient it had when the record first saw it, and every optimizer state of a
+        real parameter that now holds a FakeTensor gets back what it was before the record's first step (none:
+        the entry goes). Returns how many gradients and states were restored."""
         n = 0
         for ref, old in self.real_leaves:
             t = ref()
             if t is not None and isinstance(t.grad, FakeTensor):
                 t.grad = old
                 n += 1
-        self.real_leaves = []
+        for opt_ref, p_ref, old_state in self.real_states.values():
+            opt, p = opt_ref(), p_ref()
+            st = opt.state.get(p) if opt is not None and p is not None else None
+            if st is not None and any(isinstance(v, FakeTensor) for v in st.values()):
+                if old_state is None:
+                    del opt.state[p]
+                else:
+                    opt.state[p] = old_state
+                n += 1
+        self.real_leaves, self.real_states = [], {}
         return n
 
     def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:
