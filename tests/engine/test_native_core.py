@@ -384,6 +384,43 @@ def test_fast_cache_keys_give_torchs_trace(name: str, monkeypatch: pytest.Monkey
     _assert_same_trace(traces[1], traces[0])
 
 
+def _adamw_steps() -> None:
+    """Three AdamW steps: the bias corrections (the floats of its in-place foreach ops) change at every step."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    buf = torch.zeros(300, 300)  # above the values layer's limit: its in-place ops go through the dispatch cache
+    for i in range(3):
+        model(torch.ones(8, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        buf.mul_(0.5 + i).add_(buf, alpha=0.25 * (i + 1))  # in-place ops that return a tensor, other floats
+
+
+def test_float_blind_keys_give_each_steps_floats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Note: [float-blind in-place keys]: one dispatch-cache entry serves the three steps' ScalarList ops, and the
+    op log still shows each step's own floats, as with torch's keys and as in a real run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    traces = []
+    for on in (False, True):
+        _fast_keys(monkeypatch, on)
+        FakeTensorMode.cache.clear()
+        traces.append(_record(_adamw_steps, pure=False, monkeypatch=monkeypatch, device="cuda:0")[0])
+    _assert_same_trace(traces[1], traces[0])
+    real, _ = _record(_adamw_steps, pure=False, monkeypatch=monkeypatch, fake=False)
+    lines = [x for x in real.oplog_lines() if "ScalarList" in x]
+    assert len(lines) == 6 and len(set(x.split("] = ", 1)[-1] for x in lines)) == 6  # other floats each step
+    fake_lines = [x for x in traces[1].oplog_lines() if "ScalarList" in x]
+    assert [x.split("aten.", 1)[1].split("(")[0] for x in fake_lines] == [
+        x.split("aten.", 1)[1].split("(")[0] for x in lines
+    ]
+    floats = [x[x.index("[", x.index("(")) :] for x in fake_lines]
+    assert floats == [x[x.index("[", x.index("(")) :] for x in lines]
+    scaled = [x.split(" = ", 1)[1] for x in traces[1].oplog_lines() if "aten.mul_" in x or "aten.add_.Tensor" in x]
+    assert scaled == [x.split(" = ", 1)[1] for x in real.oplog_lines() if "aten.mul_" in x or "aten.add_.Tensor" in x]
+    assert "alpha=0.75" in scaled[-1] and "2.5" in scaled[-2]
+
+
 def test_fast_cache_key_hits_equal_a_fresh_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's own cross-check (``fake_tensor_cache_crosscheck_enabled``) re-runs every cache hit without the
     cache and raises if the two outputs differ (sizes, strides, dtype, device, storage, offset); a Llama step hits

@@ -78,3 +78,41 @@ def is_wrapper(t: Any) -> bool:
     """A wrapper tensor subclass (DTensor: an FSDP2 / tensor-parallel parameter): it holds no memory of its own
     and its ops run on its inner tensors, which the recorder sees too (the plain types answer at once)."""
     return type(t) not in _PLAIN and is_traceable_wrapper_subclass(t)
+
+
+# Note: [float-blind in-place keys]
+# AdamW's bias corrections change at every step, so the float lists of its in-place foreach ops
+# (``_foreach_div_.ScalarList``, ``_foreach_addcdiv_.ScalarList``) made a new dispatch-cache key at every step,
+# and each miss ran the op tensor by tensor through Python meta kernels (an 8B model: 291 tensors per op). An
+# in-place op's outputs are its inputs: a float argument's value cannot change their metadata (its *type* can
+# decide an error, and stays in the key). The fast key (``modes._fast_key``) keys such an op on the floats'
+# types only; the recorded op cache (Note: [recorded op cache]) then must not reuse an argument text cached
+# for other floats, so these ops with float arguments are never cached there (``OpsMixin._record_full``).
+_BLIND: dict[Any, bool] = {}
+
+
+def float_blind(func: Any) -> bool:
+    """Whether ``func`` is an aten op that writes its first argument and returns only aliases of its arguments."""
+    blind = _BLIND.get(func)
+    if blind is None:
+        try:
+            schema = func._schema
+            first = schema.arguments[0].alias_info if schema.arguments else None
+            blind = (
+                func.namespace == "aten"
+                and first is not None
+                and first.is_write
+                and all(r.alias_info is not None for r in schema.returns)
+            )
+        except Exception:  # noqa: BLE001 - not an OpOverload: keyed in full
+            blind = False
+        _BLIND[func] = blind
+    return blind
+
+
+def has_float(args: Any, kwargs: Any) -> bool:
+    """Whether a float is among ``args`` / ``kwargs`` (in lists too)."""
+    for a in (*args, *(kwargs or {}).values()):
+        if type(a) is float or (type(a) in (list, tuple) and any(type(x) is float for x in a)):
+            return True
+    return False

@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, _BypassDispatchCache, 
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import values as _values
-from .common import _DETACH, _Tensor
+from .common import _DETACH, _Tensor, float_blind
 
 if TYPE_CHECKING:
     from .state import _State
@@ -243,15 +243,20 @@ _FAST = ("fakeviz-fast-key", 1)
 _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout,
                       torch.memory_format})  # fmt: skip
 _STRIDED = torch.strided
+_ANY_FLOAT = ("fakeviz-any-float",)  # Note: [float-blind in-place keys]
 
 
 class _NotFast(Exception):
     pass
 
 
-def _fast_args(mode: Any, out: list[Any], args: Any) -> None:
+def _fast_args(mode: Any, out: list[Any], args: Any, blind: bool = False) -> None:
     for a in args:
         t = type(a)
+        if t is float and blind:  # Note: [float-blind in-place keys]
+            out.append(float)
+            out.append(_ANY_FLOAT)
+            continue
         if t is _FakeTensor:
             if (
                 a.fake_mode is not mode
@@ -268,7 +273,7 @@ def _fast_args(mode: Any, out: list[Any], args: Any) -> None:
         elif t is list or t is tuple:
             out.append(t)
             out.append(len(a))
-            _fast_args(mode, out, a)
+            _fast_args(mode, out, a, blind)
         else:
             raise _NotFast
 
@@ -279,13 +284,14 @@ def _fast_key(mode: Any, func: Any, args: Any, kwargs: Any) -> Any:
         return None
     out = [_FAST, func, torch.get_default_dtype(), torch._C._get_default_device(), torch.is_inference_mode_enabled(),
            torch.fx.experimental.proxy_tensor.get_proxy_mode() is not None]  # fmt: skip
+    blind = float_blind(func)
     try:
-        _fast_args(mode, out, args)
+        _fast_args(mode, out, args, blind)
         if kwargs:
             out.append(len(kwargs))
             for k, v in kwargs.items():
                 out.append(k)
-                _fast_args(mode, out, (v,))
+                _fast_args(mode, out, (v,), blind)
     except _NotFast:
         return None
     return _DispatchCacheKey(tuple(out))

@@ -39,6 +39,8 @@ from .common import (
     _get_ident,
     _graph_task_id,
     _Tensor,
+    float_blind,
+    has_float,
     is_wrapper,
 )
 
@@ -393,6 +395,8 @@ class OpsMixin:
         op_id, flags = info
         tmpl, cacheable, zeros = _template(args, kwargs)
         cacheable = cacheable and entry is not None
+        if cacheable and float_blind(func) and has_float(args, kwargs):
+            cacheable = False  # Note: [float-blind in-place keys]: one cache entry, many floats
         t_args = self.t_args
         aid = t_args.ids.get(tmpl)
         if aid is None:
