@@ -18,7 +18,7 @@ import pandas as pd
 
 from .compare import compare_bars
 from .explorer import display_with_fallback, fallback_bundle
-from .static import static_html
+from .static import static_html, summary_div
 
 LABEL = "fakeviz simulation"
 _ids = itertools.count()
@@ -68,8 +68,7 @@ def summary_html(runs: list[Any], table: pd.DataFrame, capacity: Any = None, *, 
     ranks = sorted(run.rank for run in runs)
     first = min(runs, key=lambda run: run.rank) if runs else None
     parts = [
-        f"<div data-fv-static='{html.escape(static_id)}' dir='ltr' style='max-width:100%;box-sizing:border-box;"
-        "overflow-wrap:anywhere;font:13px/1.4 system-ui,sans-serif'>",
+        summary_div(static_id),
         f"<div><b>{LABEL}</b>: {len(ranks)} rank{'s' if len(ranks) != 1 else ''} recorded"
         + (f" ({html.escape(', '.join(map(str, ranks[:16])))}{', ...' if len(ranks) > 16 else ''})" if ranks else "")
         + "</div>",

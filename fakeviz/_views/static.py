@@ -28,7 +28,7 @@ from .._core.gpus import capacity_of
 from .._core.palette import CATEGORY_COLORS
 from .._core.record import Record
 
-__all__ = ["STATIC_CLASS", "plain_name", "static_html"]
+__all__ = ["STATIC_CLASS", "plain_name", "static_html", "summary_div"]
 
 STATIC_CLASS = "fv-static"
 
@@ -49,6 +49,14 @@ _CELL = "padding:2px 6px;text-align:left;vertical-align:top;border-bottom:1px so
 _NUM = "padding:2px 6px;text-align:right;vertical-align:top;white-space:nowrap;border-bottom:1px solid rgba(128,128,128,.25)"
 
 
+def summary_div(static_id: str = "") -> str:
+    """The opening ``<div>`` of a static summary (closed by the caller); ``static_id`` as in :func:`static_html`."""
+    return (
+        f"<div class='{STATIC_CLASS}' data-fv-static='{html.escape(static_id)}' dir='ltr' style='max-width:100%;"
+        "box-sizing:border-box;overflow-wrap:anywhere;font:13px/1.4 system-ui,sans-serif;unicode-bidi:isolate'>"
+    )
+
+
 def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static_id: str = "") -> str:
     """The static summary of ``trace`` as one ``<div>`` (see the module docstring).
 
@@ -61,8 +69,7 @@ def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static
     cap = capacity_of(trace.meta, capacity)
     counts = ", ".join(f"{k} {v:,}" for k, v in phase_counts(trace).items() if v)
     parts = [
-        f"<div class='{STATIC_CLASS}' data-fv-static='{html.escape(static_id)}' dir='ltr' style='max-width:100%;"
-        "box-sizing:border-box;overflow-wrap:anywhere;font:13px/1.4 system-ui,sans-serif;unicode-bidi:isolate'>",
+        summary_div(static_id),
         f"<div><b>fakeviz trace</b>: {trace.num_ops:,} ops ({html.escape(counts or 'none')})</div>",
     ]
     if trace.error:

@@ -3,6 +3,7 @@
 It was tutorial 02 before the tutorials were renumbered (issue 20); it stays as the browser tests' fixture."""
 
 import nbformat as nbf
+from nbcells import write_notebook
 
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = [
@@ -39,8 +40,4 @@ cells = [
 
 
 def write(path) -> None:
-    for i, cell in enumerate(cells):
-        cell.id = f"cell-{i:02d}"
-    nb = nbf.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbf.write(nb, path)
+    write_notebook(cells, path)

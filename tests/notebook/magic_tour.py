@@ -4,6 +4,7 @@ It was tutorial 01 before the tutorials were renumbered (issue 20); tutorial 01 
 briefly, and this notebook keeps checking every option, the progress line and the error display."""
 
 import nbformat as nbf
+from nbcells import write_notebook
 
 md, code = nbf.v4.new_markdown_cell, nbf.v4.new_code_cell
 cells = [
@@ -58,8 +59,4 @@ cells = [
 
 
 def write(path) -> None:
-    for i, cell in enumerate(cells):
-        cell.id = f"cell-{i:02d}"
-    nb = nbf.v4.new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbf.write(nb, path)
+    write_notebook(cells, path)

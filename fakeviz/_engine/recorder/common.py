@@ -80,6 +80,11 @@ def is_wrapper(t: Any) -> bool:
     return type(t) not in _PLAIN and is_traceable_wrapper_subclass(t)
 
 
+def is_real_plain(t: Any) -> bool:
+    """A plain real tensor or Parameter (no fake tensor, no subclass): Note: [real leaves in a fake record]."""
+    return type(t) is torch.Tensor or type(t) is torch.nn.Parameter
+
+
 # Note: [float-blind in-place keys]
 # AdamW's bias corrections change at every step, so the float lists of its in-place foreach ops
 # (``_foreach_div_.ScalarList``, ``_foreach_addcdiv_.ScalarList``) made a new dispatch-cache key at every step,

@@ -27,6 +27,7 @@ from .common import (
     _graph_task_id,
     _no_torch_function,
     _Tensor,
+    is_real_plain,
 )
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -391,7 +392,7 @@ class ModulesMixin:
                 for group in opt.param_groups:
                     for p in group["params"]:
                         self._mark_grad(p)
-                        if self.fake_run and (type(p) is torch.nn.Parameter or type(p) is torch.Tensor):
+                        if self.fake_run and is_real_plain(p):
                             self.keep_real_state(opt, p)  # Note: [real leaves in a fake record]
 
     @_no_torch_function

@@ -26,6 +26,7 @@ from .common import (
     _ST_OWNER,
     _ST_ROLES,
     P_INIT,
+    is_real_plain,
     is_wrapper,
 )
 
@@ -60,7 +61,7 @@ class StoragesMixin:
         self.on_free = self._on_free  # one bound method for every storage's weakref callback
         self.next_tensor = 0
         self.dormant: dict[int, tuple[Any, int, int, int, int]] = {}  # Note: [storage resize]
-        self.fake_run = False  # a fake record: real leaves it reads get their gradients back (restore_real_grads)
+        self.fake_run = False  # a fake record: real leaves it reads get their state back (restore_real_state)
         self.real_leaves: list[tuple[Any, Any]] = []
         self.real_states: dict[tuple[int, int], tuple[Any, Any, dict[str, Any] | None]] = {}
 
@@ -76,12 +77,7 @@ class StoragesMixin:
         d["_fakeviz_tid"] = base + tid
         roles = ROLE_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else 0
         self.b.td.extend((tid, self.storage_id(t, -1, roles)))
-        if (
-            self.fake_run
-            and t.requires_grad
-            and (type(t) is torch.Tensor or type(t) is torch.nn.Parameter)
-            and t.is_leaf
-        ):
+        if self.fake_run and t.requires_grad and is_real_plain(t) and t.is_leaf:
             self.real_leaves.append((weakref.ref(t), t.grad))  # Note: [real leaves in a fake record]
         return tid
 
@@ -302,15 +298,16 @@ class StoragesMixin:
         address of the source's storage id; its entry goes when the copy's storage dies, without a free (the
         source's own storage records that)."""
         try:
-            key = out.untyped_storage()._cdata
+            st = out.untyped_storage()
         except (NotImplementedError, RuntimeError):
             return
+        key = st._cdata
         if key in self.live:
             return
         sid = self.storage_id(src, -1)
         if sid < 0:
             return
-        ref = _StorageRef(out.untyped_storage(), self._alias_gone)
+        ref = _StorageRef(st, self._alias_gone)
         ref.key = key
         ref.sid = sid
         self.live[key] = ref
