@@ -1,12 +1,20 @@
-"""Fake CUDA devices on a CPU-only build of PyTorch.
+"""Fake CUDA devices where torch cannot serve them itself: a CPU-only build, or a CUDA build with no GPU.
 
-See Note: [fake cuda on a CPU-only build] in ``csrc/fake_cuda.cpp``.
+See Note: [fake cuda on a CPU-only build] and Note: [fake cuda on a CUDA build without a GPU] in
+``csrc/fake_cuda.cpp``.
 
 The shim is compiled once with the system C++ compiler against the headers of
 the installed torch wheel (about 2 s), cached under ``$FAKEVIZ_CACHE_DIR`` (or
 ``~/.cache/fakeviz``), and loaded with :mod:`ctypes`. It works whether or not
-``import torch`` came first. On a CUDA build of torch nothing is loaded: the
-native CUDA guard serves fake cuda tensors.
+``import torch`` came first. Which path serves fake cuda (:class:`ShimStatus` ``mode``):
+
+* ``"shim"`` on a CPU-only build, and on a CUDA build that sees no GPU (``torch.cuda.device_count() == 0``:
+  a laptop, a login node, CI): the shim's data-less guard and hooks, ``cuda:0`` .. ``cuda:63``, and
+  inside a fake cuda session ``torch.cuda`` answers as the named GPU (:mod:`fakeviz._engine.cuda_api`);
+* ``"native"`` on a CUDA build with GPUs: torch's own CUDA guard serves fake tensors on the real
+  devices' indices (``cuda:0`` .. ``cuda:{n-1}``); nothing of torch's is replaced, and a real tensor on a
+  real GPU stays real;
+* ``"unavailable"``: no C++ compiler or an unsupported platform (``reason`` says which).
 
 Known limitations
 -----------------
@@ -55,6 +63,9 @@ class ShimStatus:
     library: str = ""
     device_count: int = 0
     backward_max_index: int = -1  # highest cuda index a fake backward can use
+    build: str = ""  # "cpu" (a CPU-only torch) or "cuda" (a CUDA build, e.g. the default Linux wheel)
+    real_gpus: int = 0  # GPUs the CUDA build sees (0 on a CPU-only build)
+    torch_version: str = ""
 
     @property
     def cuda_ok(self) -> bool:
@@ -85,6 +96,13 @@ def _library_path() -> Path:
     return cache_dir() / f"fake_cuda_{key.hexdigest()[:16]}.so"
 
 
+def _cxx_standard(torch_dir: Path) -> str:
+    """The C++ standard the installed torch's headers need: C++20 from 2.14 on (``operator<=>`` in
+    ``c10/util/intrusive_ptr.h``), C++17 before."""
+    text = (torch_dir / "include" / "c10" / "util" / "intrusive_ptr.h").read_text(errors="replace")
+    return "c++20" if "operator<=>" in text else "c++17"
+
+
 def _compile(target: Path) -> None:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
@@ -95,7 +113,7 @@ def _compile(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     cmd = [
-        cxx, "-O1", "-shared", "-fPIC", "-std=c++17", "-w",
+        cxx, "-O1", "-shared", "-fPIC", f"-std={_cxx_standard(torch_dir)}", "-w",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{torch_dir / 'include'}",
         str(_SRC), "-o", tmp,
@@ -110,6 +128,14 @@ def _compile(target: Path) -> None:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _real_gpu_count() -> int:
+    """GPUs a CUDA build sees (0 without a driver or a device); asks the runtime, makes no context."""
+    try:
+        return int(torch.cuda.device_count())
+    except Exception:  # noqa: BLE001 - a broken driver install counts as no GPU
+        return 0
 
 
 def _probe_backward() -> int:
@@ -151,36 +177,55 @@ def ensure_fake_cuda() -> ShimStatus:
     with _lock:
         if _status.mode != "not-loaded":
             return _status
-        if torch.backends.cuda.is_built():
-            _status = ShimStatus(mode="native", device_count=64, backward_max_index=63)
+        cuda_build = torch.backends.cuda.is_built()
+        facts = {"build": "cuda" if cuda_build else "cpu", "torch_version": torch.__version__}
+        real = _real_gpu_count() if cuda_build else 0
+        if real > 0:
+            _status = ShimStatus(
+                mode="native", device_count=real, backward_max_index=real - 1, real_gpus=real,
+                reason=f"a CUDA build of torch {torch.__version__} with {real} GPU(s): torch's own CUDA guard "
+                       f"serves fake cuda:0 .. cuda:{real - 1}; nothing of torch is replaced",
+                **facts,
+            )  # fmt: skip
             return _status
         if not sys.platform.startswith("linux") and sys.platform != "darwin":
-            _status = ShimStatus(mode="unavailable", reason=f"platform {sys.platform} is not supported")
+            _status = ShimStatus(mode="unavailable", reason=f"platform {sys.platform} is not supported", **facts)
             return _status
         try:
             path = _library_path()
             if not path.exists():
                 _compile(path)
             lib = ctypes.CDLL(str(path))
-            lib.fakeviz_register_cuda_guard()
-            lib.fakeviz_patch_cuda_hooks()
+            lib.fakeviz_register_cuda_guard.argtypes = [ctypes.c_int]
+            lib.fakeviz_patch_cuda_hooks.argtypes = [ctypes.c_int]
             lib.fakeviz_exchange_device.argtypes = [ctypes.c_int]
-            _status = ShimStatus(mode="shim", library=str(path), device_count=int(lib.fakeviz_device_count()))
+            # Note: [fake cuda on a CUDA build without a GPU]: force only where the build's own guard and hooks
+            # exist and can serve nothing (no GPU); on a CPU-only build nothing is registered to replace
+            lib.fakeviz_register_cuda_guard(int(cuda_build))
+            lib.fakeviz_patch_cuda_hooks(int(cuda_build))
+            why = (
+                f"a CUDA build of torch {torch.__version__} that sees no GPU: fakeviz's data-less CUDA guard and "
+                "hooks replace the build's, which would ask the driver"
+                if cuda_build
+                else f"a CPU-only build of torch {torch.__version__}: fakeviz's data-less CUDA guard and hooks"
+            )
+            _status = ShimStatus(mode="shim", library=str(path), device_count=int(lib.fakeviz_device_count()),
+                                 reason=why, **facts)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - any failure means: no fake cuda, say why
-            _status = ShimStatus(mode="unavailable", reason=str(exc))
+            _status = ShimStatus(mode="unavailable", reason=str(exc), **facts)
             return _status
         _lib = lib
         _status.backward_max_index = _probe_backward()
         atexit.register(drain_autograd_workers, 25)
         drain_autograd_workers()
         if _status.backward_max_index < 0:
-            _status.reason = (
+            _status.reason += "; " + (
                 "a real backward ran in this process before fakeviz was imported, so torch's autograd "
                 "engine sized its device queues without cuda devices and cannot run fake backward on cuda; "
                 "restart the process (kernel) and import fakeviz before running any backward"
             )
         elif _status.backward_max_index < 63:
-            _status.reason = (
+            _status.reason += "; " + (
                 "a real backward ran in this process before fakeviz was imported, so torch's autograd "
                 f"engine serves fake backward only on cuda:0 .. cuda:{_status.backward_max_index}; "
                 "import fakeviz before running any backward to lift this"

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from . import patches as _patches
+
 __all__ = ["script_object_text", "snapshot"]
 
 
@@ -66,35 +68,37 @@ def snapshot() -> dict[str, Any] | None:
 # of global shapes, the op itself) would be recorded as the rank's own, and only on the first miss of the
 # process: the first rank simulated would differ from the others. While a fake session is active the
 # propagation runs with fakeviz's mode off the stack, so it makes its own fresh fake mode, as in a real run.
-_ORIGINAL_PROP: Any = None
+_prop_token: int | None = None
 
 
 def patch_sharding_prop(on: bool) -> None:
-    """Install (or remove) the wrapper of Note: [DTensor's shadow propagation] (only once DTensor is imported)."""
-    global _ORIGINAL_PROP
+    """Install (or remove) the wrapper of Note: [DTensor's shadow propagation] (only once DTensor is imported;
+    through the registry, Note: [patch registry])."""
+    global _prop_token
     import sys
 
+    if not on:
+        if _prop_token is not None:
+            _patches.pop(_prop_token)
+            _prop_token = None
+        return
     mod = sys.modules.get("torch.distributed.tensor._sharding_prop")
-    if mod is None:
+    if mod is None or _prop_token is not None:
         return
     cls = mod.ShardingPropagator
-    if on and _ORIGINAL_PROP is None:
-        original = cls._propagate_tensor_meta_non_cached
+    original = cls._propagate_tensor_meta_non_cached
 
-        def _propagate_tensor_meta_non_cached(self: Any, op_schema: Any) -> Any:
-            from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    def _propagate_tensor_meta_non_cached(self: Any, op_schema: Any) -> Any:
+        from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-            with unset_fake_temporarily():
-                # a fresh mode, as in a real run; without the dispatch cache, which every mode of the process
-                # shares and which does not key "cuda" by the current device: a rank on cuda:1 would get
-                # cuda:0 tensors an earlier rank cached, and the op would fail on mixed devices
-                fresh = FakeTensorMode(allow_non_fake_inputs=True)
-                fresh.cache_enabled = False
-                with fresh:
-                    return original(self, op_schema)
+        with unset_fake_temporarily():
+            # a fresh mode, as in a real run; without the dispatch cache, which every mode of the process
+            # shares and which does not key "cuda" by the current device: a rank on cuda:1 would get
+            # cuda:0 tensors an earlier rank cached, and the op would fail on mixed devices
+            fresh = FakeTensorMode(allow_non_fake_inputs=True)
+            fresh.cache_enabled = False
+            with fresh:
+                return original(self, op_schema)
 
-        _ORIGINAL_PROP = original
-        cls._propagate_tensor_meta_non_cached = _propagate_tensor_meta_non_cached
-    elif not on and _ORIGINAL_PROP is not None:
-        cls._propagate_tensor_meta_non_cached = _ORIGINAL_PROP
-        _ORIGINAL_PROP = None
+    _prop_token = _patches.push(cls, "_propagate_tensor_meta_non_cached", _propagate_tensor_meta_non_cached,
+                                entry="dtensor-shadow-prop")  # fmt: skip

@@ -31,6 +31,7 @@ from . import cuda_api as _cuda_api
 from . import cuda_shim as _cuda_shim
 from . import distributed as _distributed
 from . import moe as _moe
+from . import patches as _patches
 
 __all__ = [
     "DATA_DEPENDENT_ERRORS", "check_device", "fake_mode", "fakeify", "is_fake", "meta_like", "session_patches",
@@ -204,26 +205,28 @@ def _foreach_lists() -> tuple[list[Any], ...]:
     return _FOREACH_LISTS
 
 
-def _apply_patches(on: bool) -> None:
-    for lst in _foreach_lists():
-        if on and FakeTensor not in lst:
-            lst.append(FakeTensor)
-        elif not on and FakeTensor in lst:
-            lst.remove(FakeTensor)
+_session_tokens: list[int] = []
 
+
+def _apply_patches(on: bool) -> None:
+    """Install (``on``) or undo the patches of Note: [session patches], through the registry (Note: [patch
+    registry])."""
     if on:
-        torch.utils.swap_tensors = _swap_tensors
-        torch.autograd.backward = _backward
-        torch.autograd.grad = _grad
+        tokens = [_patches.push_member(lst, FakeTensor, entry="foreach-types") for lst in _foreach_lists()]
+        tokens += [
+            _patches.push(torch.utils, "swap_tensors", _swap_tensors, entry="swap-tensors"),
+            _patches.push(torch.autograd, "backward", _backward, entry="autograd-entry"),
+            _patches.push(torch.autograd, "grad", _grad, entry="autograd-entry"),
+            _patches.push(torch.UntypedStorage, "resize_", _resize, entry="storage-resize"),
+            _patches.push(torch._utils, "_rebuild_tensor", _rebuild_tensor, entry="rebuild-tensor"),
+        ]
+        _session_tokens.extend(tokens)
     else:
-        torch.utils.swap_tensors = _original_swap
-        torch.autograd.backward = _original_backward
-        torch.autograd.grad = _original_grad
+        while _session_tokens:
+            _patches.pop(_session_tokens.pop())
     _cuda_api.autocast_support(on)
     _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
     _distributed.patch_sharding_prop(on)  # Note: [DTensor's shadow propagation]
-    torch.UntypedStorage.resize_ = _resize if on else _original_resize  # type: ignore[method-assign]
-    torch._utils._rebuild_tensor = _rebuild_tensor if on else _original_rebuild
 
 
 _original_resize = torch.UntypedStorage.resize_
@@ -287,8 +290,9 @@ def check_device(device: str | torch.device | None) -> None:
     if dev.type == "cuda" and dev.index is not None:
         st = _cuda_shim.status()
         count = st.device_count or 64
-        if st.mode == "shim" and not 0 <= dev.index < count:
-            raise ValueError(f"fake cuda devices are cuda:0 .. cuda:{count - 1}; got {dev}")
+        if st.cuda_ok and not 0 <= dev.index < count:
+            where = f" (torch's own CUDA guard serves this machine's {count} GPU(s))" if st.mode == "native" else ""
+            raise ValueError(f"fake cuda devices are cuda:0 .. cuda:{count - 1}{where}; got {dev}")
 
 
 def new_fake_mode(

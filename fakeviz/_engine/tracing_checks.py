@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from . import patches as _patches
+
 __all__ = ["tracing_checks", "BRANCH_OP"]
 
 BRANCH_OP = "transformers.is_tracing"  # the op column of the assumption rows this module writes
@@ -127,8 +129,7 @@ def tracing_checks(mode: Any, state: Any) -> Iterator[None]:
             )
             return True
 
-        utils.is_fake_tensor = is_fake_tensor
-        restore.append((utils, is_fake_tensor, orig))
+        restore.append(_patches.push(utils, "is_fake_tensor", is_fake_tensor, entry="tracing-checks"))
 
     utils = sys.modules.get(_UTILS)
     finder = None
@@ -142,9 +143,8 @@ def tracing_checks(mode: Any, state: Any) -> Iterator[None]:
     finally:
         if finder is not None and finder in sys.meta_path:
             sys.meta_path.remove(finder)
-        for mod, wrapped, orig in restore:
-            if mod.is_fake_tensor is wrapped:
-                mod.is_fake_tensor = orig
+        for token in reversed(restore):
+            _patches.pop(token)
 
 
 _UTILS = "transformers.utils.import_utils"

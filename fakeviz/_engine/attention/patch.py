@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
+from .. import patches as _patches
 from .checks import WHY_NOT
 from .choice import make_params, no_kernel_message, select_sdp_backend, validate_capability, validate_setting
 from .common import DEFAULT_CAPABILITY, DEFAULT_CUDNN_VERSION, Backend, SDPFlags, is_true
@@ -338,8 +339,8 @@ def attention_patch(
             raise new from exc
 
     scaled_dot_product_attention.__fakeviz_attention_patch__ = (setting, capability)  # type: ignore[attr-defined]
-    F.scaled_dot_product_attention = scaled_dot_product_attention
+    token = _patches.push(F, "scaled_dot_product_attention", scaled_dot_product_attention, entry="sdpa")
     try:
         yield
     finally:
-        F.scaled_dot_product_attention = previous
+        _patches.pop(token)

@@ -17,6 +17,19 @@
 // members. The original vtable pointer is kept and can be put back.
 // Nothing here allocates device memory: real CUDA kernels still cannot run,
 // only fake (meta-backed) tensors that claim a cuda device.
+//
+// Note: [fake cuda on a CUDA build without a GPU]
+// A CUDA build of torch (the default Linux wheel) on a machine with no GPU has a
+// CUDA guard and CUDA hooks, but both ask the driver: the guard counts 0
+// devices, so the autograd engine makes no cuda queues, and the hooks'
+// hasPrimaryContext(0) throws "expects a valid device index" on every fake
+// backward. There the shim takes over the same two places with force=1: the
+// guard slot holds the fake guard (the build's own is kept and put back by
+// fakeviz_restore_cuda_guard), and the hooks object answers through the fake
+// hooks' vtable (isBuilt true, isAvailable false, no primary context; the
+// build's vtable is kept and put back by fakeviz_restore_cuda_hooks). Nothing
+// real can run on a build that sees no GPU, so no real tensor is affected.
+// With a GPU present fakeviz never calls either: the native path serves.
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
@@ -73,21 +86,36 @@ struct FakeCUDAHooks : public at::CUDAHooksInterface {
 
 FakeCUDAGuardImpl guard_impl;
 void* original_hooks_vptr = nullptr;
+const c10::impl::DeviceGuardImplInterface* original_guard = nullptr;
+const at::CUDAHooksInterface* patched_hooks = nullptr;
 
 }  // namespace
 
 extern "C" {
 
-// 0: registered now, 1: a CUDA guard was already registered (left alone).
-int fakeviz_register_cuda_guard() {
+// 0: registered now (or already ours), 1: a CUDA guard was already registered (left alone unless
+// force: then it is kept for fakeviz_restore_cuda_guard and replaced).
+int fakeviz_register_cuda_guard(int force) {
   auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
-  if (slot.load() != nullptr) return 1;
+  const c10::impl::DeviceGuardImplInterface* cur = slot.load();
+  if (cur == &guard_impl) return 0;
+  if (cur != nullptr && !force) return 1;
+  original_guard = cur;
   slot.store(&guard_impl);
   return 0;
 }
 
-// 0: patched now or already, 1: the hooks already report a CUDA build (left alone).
-int fakeviz_patch_cuda_hooks() {
+// Puts back the guard that force replaced; 0 done, 1 nothing to put back.
+int fakeviz_restore_cuda_guard() {
+  auto& slot = c10::impl::device_guard_impl_registry[static_cast<size_t>(c10::DeviceType::CUDA)];
+  if (slot.load() != &guard_impl || original_guard == nullptr) return 1;
+  slot.store(original_guard);
+  original_guard = nullptr;
+  return 0;
+}
+
+// 0: patched now or already, 1: the hooks already report a CUDA build (left alone unless force).
+int fakeviz_patch_cuda_hooks(int force) {
   static FakeCUDAHooks fake;
   const at::CUDAHooksInterface& cur = at::detail::getCUDAHooks();
   void* vp_fake = nullptr;
@@ -95,9 +123,19 @@ int fakeviz_patch_cuda_hooks() {
   std::memcpy(&vp_fake, static_cast<const void*>(&fake), sizeof(void*));
   std::memcpy(&vp_cur, static_cast<const void*>(&cur), sizeof(void*));
   if (vp_cur == vp_fake) return 0;
-  if (cur.isBuilt()) return 1;
+  if (cur.isBuilt() && !force) return 1;
   original_hooks_vptr = vp_cur;
+  patched_hooks = &cur;
   std::memcpy(const_cast<void*>(static_cast<const void*>(&cur)), &vp_fake, sizeof(void*));
+  return 0;
+}
+
+// Puts back the hooks' own vtable; 0 done, 1 nothing to put back.
+int fakeviz_restore_cuda_hooks() {
+  if (patched_hooks == nullptr || original_hooks_vptr == nullptr) return 1;
+  std::memcpy(const_cast<void*>(static_cast<const void*>(patched_hooks)), &original_hooks_vptr, sizeof(void*));
+  patched_hooks = nullptr;
+  original_hooks_vptr = nullptr;
   return 0;
 }
 

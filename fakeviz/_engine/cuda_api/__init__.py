@@ -63,6 +63,7 @@ from typing import Any
 import torch
 
 from .. import cuda_shim as _cuda_shim
+from .. import patches as _patches
 from . import objects, patches
 from .stack import (
     DEFAULT_GPU,
@@ -173,12 +174,10 @@ def autocast_support(on: bool) -> None:
     the GPU in a session answering as one (capability 8.0 or more, or emulation allowed), else True (any
     fake cuda tensor may be bf16). ``session_patches`` calls this when the first session starts (``on``)
     and when the last one ends."""
-    import torch.cuda.amp.common as amp_common
-
     if on and _cuda_shim.status().mode == "shim" and not _autocast_saved:
-        _autocast_saved["amp"] = amp_common.amp_definitely_not_available
-        _autocast_saved["bf16"] = original = torch.cuda.is_bf16_supported
-        amp_common.amp_definitely_not_available = lambda: False
+        import torch.cuda.amp.common as amp_common
+
+        original = torch.cuda.is_bf16_supported
 
         @functools.wraps(original)
         def is_bf16_supported(including_emulation: bool = True) -> bool:
@@ -187,7 +186,10 @@ def autocast_support(on: bool) -> None:
                 return True
             return s.props.gcnArchName != "" or s.props.major >= 8 or including_emulation
 
-        torch.cuda.is_bf16_supported = is_bf16_supported
+        _autocast_saved["tokens"] = [
+            _patches.push(amp_common, "amp_definitely_not_available", lambda: False, entry="autocast"),
+            _patches.push(torch.cuda, "is_bf16_supported", is_bf16_supported, entry="bf16-supported"),
+        ]
     elif not on and _autocast_saved:
-        amp_common.amp_definitely_not_available = _autocast_saved.pop("amp")
-        torch.cuda.is_bf16_supported = _autocast_saved.pop("bf16")
+        for token in reversed(_autocast_saved.pop("tokens")):
+            _patches.pop(token)

@@ -38,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..._core.errors import FakeVizError
 from .. import cuda_shim as _cuda_shim
+from .. import patches as _patches
 from . import objects
 from .stack import ORIGINALS, DeviceProperties, GpuSession, active, device_index
 
@@ -200,11 +201,14 @@ def _dispatcher(answer: Callable[..., Any], original: Callable[..., Any]) -> Cal
     return call
 
 
-def _set(owner: Any, name: str, value: Any) -> None:
+_TOKENS: list[int] = []  # the registry's tokens of this module's changes (Note: [patch registry])
+
+
+def _set(owner: Any, name: str, value: Any, entry: str) -> None:
     key = (owner, name)
     if key not in ORIGINALS:
-        ORIGINALS[key] = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    setattr(owner, name, value)
+        ORIGINALS[key] = _patches.original(owner, name)
+    _TOKENS.append(_patches.push(owner, name, value, entry=entry))
 
 
 def install() -> None:
@@ -217,28 +221,36 @@ def install() -> None:
         patched = _dispatcher(answer, original)
         for mod in mods.values():
             if getattr(mod, name, None) is original:
-                _set(mod, name, patched)
+                _set(mod, name, patched, "torch-cuda-leaves")
     for mod in (torch.cuda, mods["torch.cuda.streams"]):
-        _set(mod, "Stream", objects.Stream)
-        _set(mod, "Event", objects.Event)
-    _set(torch.cuda, "default_generators", torch.cuda.default_generators)
+        _set(mod, "Stream", objects.Stream, "torch-cuda-objects")
+        _set(mod, "Event", objects.Event, "torch-cuda-objects")
     avoid = FakeTensorMode.__dict__["avoid_device_init"]
-    _set(FakeTensorMode, "avoid_device_init", property(lambda m: True if active() is not None else avoid.fget(m)))
+    _set(FakeTensorMode, "avoid_device_init", property(lambda m: True if active() is not None else avoid.fget(m)),
+         "avoid-device-init")  # fmt: skip
+    ORIGINALS[(torch.cuda, "default_generators")] = torch.cuda.default_generators
     refresh()
+
+
+_generators: list[int] = []  # the token of the answering session's torch.cuda.default_generators
 
 
 def refresh() -> None:
     """Values that are not functions: ``torch.cuda.default_generators`` of the answering session."""
-    key = (torch.cuda, "default_generators")
-    if key in ORIGINALS:
-        s = active()
-        torch.cuda.default_generators = (
-            tuple(objects.generator(i) for i in range(s.count)) if s is not None else ORIGINALS[key]
-        )
+    if (torch.cuda, "default_generators") not in ORIGINALS:
+        return
+    while _generators:
+        _patches.pop(_generators.pop())
+    s = active()
+    if s is not None:
+        gens = tuple(objects.generator(i) for i in range(s.count))
+        _generators.append(_patches.push(torch.cuda, "default_generators", gens, entry="torch-cuda-objects"))
 
 
 def uninstall() -> None:
-    """Put back every attribute :func:`install` replaced, in reverse order."""
-    for (owner, name), original in reversed(list(ORIGINALS.items())):
-        setattr(owner, name, original)
+    """Put back every attribute :func:`install` replaced, newest first."""
+    while _generators:
+        _patches.pop(_generators.pop())
+    while _TOKENS:
+        _patches.pop(_TOKENS.pop())
     ORIGINALS.clear()

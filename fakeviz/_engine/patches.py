@@ -1,0 +1,253 @@
+"""The one registry of what fakeviz changes in torch and in other libraries.
+
+Note: [patch registry]
+Every attribute, table slot or list that fakeviz replaces or extends outside its own package is declared
+here (:data:`ENTRIES`: owner, names, scope, the fakeviz module that does it, why, the torch versions it
+applies to) and changed only through :func:`push` / :func:`push_item` / :func:`push_member`, undone with
+:func:`pop`. Scopes:
+
+* ``import``: done once when fakeviz is imported and kept for the process (fake rules in FakeTensorMode's
+  op table, the fallback-kernel probe, the fake-cuda shim in C++): each is transparent for code that is
+  not fakeviz's (it answers as torch did unless fakeviz's own mode or state is involved);
+* ``session``: while any fake session is active (``fake_mode()``, ``record()``; Note: [session patches]);
+* ``gpu-session``: while a fake cuda session answers ``torch.cuda`` as a GPU (Note: [torch.cuda on fake GPUs]);
+* ``record``: while one recording is active (attention kernel choice, ``deepcopy``, transformers' tracing
+  checks).
+
+Replacements stack per attribute: each :func:`push` returns a token, and :func:`pop` of any token (not
+only the last: two records in two threads end in either order) leaves the attribute holding the value of
+the newest push still in force, or the original once none is. So nothing is left patched whatever order
+scopes end in. :func:`active` lists what is replaced now; ``tests/engine/test_patches.py`` checks, in a
+fresh process, that every attribute of the owners below equals its value from before ``import fakeviz``
+after a record, after an error inside one and after records in other threads (``import`` scope aside), and
+that every replacement fakeviz makes is declared here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import itertools
+import threading
+from typing import Any
+
+__all__ = ["ENTRIES", "Entry", "active", "declare", "pop", "push", "push_item", "push_member", "resolve"]
+
+SCOPES = ("import", "session", "gpu-session", "record")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One kind of change: ``names`` of ``owner`` (a dotted module or class path; ``kind`` says what)."""
+
+    key: str
+    owner: str
+    names: tuple[str, ...]
+    scope: str
+    by: str  # the fakeviz module that makes the change
+    why: str  # the Note that explains it
+    torch: str = "all supported"  # the torch versions it applies to
+    kind: str = "attribute"  # "attribute" | "table item" | "list member" | "C++"
+
+
+ENTRIES: dict[str, Entry] = {}
+
+
+def declare(key: str, owner: str, names: tuple[str, ...] | str, *, scope: str, by: str, why: str,
+            torch: str = "all supported", kind: str = "attribute") -> Entry:  # fmt: skip
+    """Declare one kind of change (at most once per key)."""
+    if scope not in SCOPES:
+        raise ValueError(f"patch {key}: scope {scope!r} is not one of {SCOPES}")
+    if key in ENTRIES:
+        raise ValueError(f"patch {key} is declared twice")
+    entry = Entry(key, owner, (names,) if isinstance(names, str) else tuple(names), scope, by, why, torch, kind)
+    ENTRIES[key] = entry
+    return entry
+
+
+def resolve(path: str) -> Any:
+    """The module or class at a dotted path (``torch.cuda``, ``torch.UntypedStorage``), importing modules."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(path)
+
+
+# ------------------------------------------------------------------------------------------------ changes
+_MISSING = object()
+_LOCK = threading.RLock()
+_ids = itertools.count(1)
+
+
+@dataclasses.dataclass
+class _Slot:
+    owner: Any
+    name: Any
+    original: Any  # _MISSING: the owner had no own value (a class attribute inherited, a new table key)
+    item: bool  # a mapping item rather than an attribute
+    stack: list[tuple[int, Any, str]]  # (token, value, entry key), oldest first
+
+
+_SLOTS: dict[tuple[int, Any], _Slot] = {}
+_TOKENS: dict[int, tuple[int, Any]] = {}
+_MEMBERS: dict[int, tuple[list[Any], Any, str]] = {}
+
+
+def _own(owner: Any, name: str) -> Any:
+    if isinstance(owner, type):
+        return owner.__dict__.get(name, _MISSING)
+    return getattr(owner, name, _MISSING)
+
+
+def _write(slot: _Slot, value: Any) -> None:
+    if slot.item:
+        if value is _MISSING:
+            slot.owner.pop(slot.name, None)
+        else:
+            slot.owner[slot.name] = value
+    elif value is _MISSING:
+        if slot.name in getattr(slot.owner, "__dict__", {}):
+            delattr(slot.owner, slot.name)
+    else:
+        setattr(slot.owner, slot.name, value)
+
+
+def _push(owner: Any, name: Any, value: Any, entry: str, item: bool) -> int:
+    if entry not in ENTRIES:
+        raise KeyError(f"patch {entry!r} is not declared in fakeviz._engine.patches")
+    with _LOCK:
+        key = (id(owner), name)
+        slot = _SLOTS.get(key)
+        if slot is None:
+            original = owner.get(name, _MISSING) if item else _own(owner, name)
+            slot = _SLOTS[key] = _Slot(owner, name, original, item, [])
+        token = next(_ids)
+        slot.stack.append((token, value, entry))
+        _TOKENS[token] = key
+        _write(slot, value)
+        return token
+
+
+def push(owner: Any, name: str, value: Any, *, entry: str) -> int:
+    """Set ``owner.name = value`` for declared ``entry``; the token undoes it (:func:`pop`)."""
+    return _push(owner, name, value, entry, item=False)
+
+
+def push_item(table: dict[Any, Any], key: Any, value: Any, *, entry: str) -> int:
+    """Set ``table[key] = value`` for declared ``entry``; the token undoes it."""
+    return _push(table, key, value, entry, item=True)
+
+
+def push_member(lst: list[Any], member: Any, *, entry: str) -> int:
+    """Append ``member`` to ``lst`` unless it is there; the token removes what this call added."""
+    if entry not in ENTRIES:
+        raise KeyError(f"patch {entry!r} is not declared in fakeviz._engine.patches")
+    with _LOCK:
+        token = next(_ids)
+        added = member not in lst
+        if added:
+            lst.append(member)
+        _MEMBERS[token] = (lst, member if added else _MISSING, entry)
+        return token
+
+
+def pop(token: int) -> None:
+    """Undo one change; what is left in force is the newest change still pushed, else the original."""
+    with _LOCK:
+        member = _MEMBERS.pop(token, None)
+        if member is not None:
+            lst, value, _ = member
+            if value is not _MISSING and value in lst:
+                lst.remove(value)
+            return
+        key = _TOKENS.pop(token, None)
+        if key is None:
+            return
+        slot = _SLOTS[key]
+        was_top = slot.stack[-1][0] == token
+        slot.stack = [s for s in slot.stack if s[0] != token]
+        if slot.stack:
+            if was_top:
+                _write(slot, slot.stack[-1][1])
+        else:
+            _write(slot, slot.original)
+            del _SLOTS[key]
+
+
+def original(owner: Any, name: str) -> Any:
+    """The value ``owner.name`` had before fakeviz changed it (its current value when unchanged)."""
+    with _LOCK:
+        slot = _SLOTS.get((id(owner), name))
+        if slot is None or slot.original is _MISSING:
+            return getattr(owner, name)
+        return slot.original
+
+
+def active(scope: str | None = None) -> list[tuple[str, str]]:
+    """``(entry key, name)`` of every change in force now (of one scope if given), oldest first."""
+    with _LOCK:
+        out = [(e, str(slot.name)) for slot in _SLOTS.values() for _, _, e in slot.stack]
+        out += [(e, repr(m)) for _, m, e in _MEMBERS.values() if m is not _MISSING]
+    return [x for x in out if scope is None or ENTRIES[x[0]].scope == scope]
+
+
+# ------------------------------------------------------------------------------------------ declarations
+_S = "fakeviz._engine.session"
+_ALL = "all supported"
+# import scope
+declare("fake-rules", "torch._subclasses.fake_impls.op_implementations_dict",
+        ("aten._grouped_mm.default", "aten._use_cudnn_ctc_loss.*", "aten._cudnn_ctc_loss.*",
+         "aten._use_miopen_ctc_loss.*", "aten._ctc_loss_backward.*"),
+        scope="import", by="fakeviz._engine.moe, fakeviz._engine.ctc", kind="table item",
+        why="Note: [grouped_mm under fake tensors], Note: [cuDNN CTC under fake tensors]; ops a torch lacks "
+            "are skipped (fakeviz._engine.torch_compat)")  # fmt: skip
+declare("fallback-probe", "torch._subclasses.fake_tensor", "run_fallback_kernel", scope="import",
+        by="fakeviz._engine.recorder.modes", why="Note: [fallback kernels]")  # fmt: skip
+declare("cuda-shim", "c10::impl::device_guard_impl_registry[CUDA], at::detail::getCUDAHooks() vtable",
+        ("DeviceGuardImpl", "CUDAHooks"), scope="import", by="fakeviz._engine.cuda_shim", kind="C++",
+        why="Note: [fake cuda on a CPU-only build]; Note: [fake cuda on a CUDA build without a GPU]; not on a "
+            "CUDA build that sees a GPU")  # fmt: skip
+# session scope (Note: [session patches])
+declare("swap-tensors", "torch.utils", "swap_tensors", scope="session", by=_S,
+        why="Note: [Module.to on fake parameters]")
+declare("autograd-entry", "torch.autograd", ("backward", "grad"), scope="session", by=_S,
+        why="Note: [session patches]: user line of a backward, worker drain, engine errors explained")
+declare("foreach-types", "torch.optim.optimizer._foreach_supported_types, "
+        "torch.utils._foreach_utils._foreach_supported_types", "FakeTensor", scope="session", by=_S,
+        kind="list member", why="Note: [foreach on fake tensors]")  # fmt: skip
+declare("storage-resize", "torch.UntypedStorage", "resize_", scope="session", by=_S, why="Note: [storage resize]")
+declare("rebuild-tensor", "torch._utils", "_rebuild_tensor", scope="session", by=_S,
+        why="Note: [torch.load under fake tensors]")
+declare("ctc-loss", "torch", "ctc_loss", scope="session", by="fakeviz._engine.ctc",
+        why="Note: [cuDNN CTC under fake tensors]")
+declare("dtensor-shadow-prop", "torch.distributed.tensor._sharding_prop.ShardingPropagator",
+        "_propagate_tensor_meta_non_cached", scope="session", by="fakeviz._engine.distributed",
+        why="Note: [DTensor's shadow propagation]; only once torch.distributed.tensor is imported")
+declare("autocast", "torch.cuda.amp.common", "amp_definitely_not_available", scope="session",
+        by="fakeviz._engine.cuda_api", why="Note: [session patches]: torch.autocast('cuda') on the shim only")
+declare("bf16-supported", "torch.cuda", "is_bf16_supported", scope="session", by="fakeviz._engine.cuda_api",
+        why="Note: [session patches]: on the shim only")
+# gpu-session scope (Note: [torch.cuda on fake GPUs]); the leaves are listed in cuda_api.patches._LEAVES
+declare("torch-cuda-leaves", "torch.cuda, torch.cuda.memory, torch.cuda.random, torch.cuda.graphs, "
+        "torch.cuda.streams, torch.accelerator, torch.accelerator.memory", "cuda_api.patches._LEAVES",
+        scope="gpu-session", by="fakeviz._engine.cuda_api.patches",
+        why="Note: [torch.cuda on fake GPUs]; a leaf a torch lacks is skipped")  # fmt: skip
+declare("torch-cuda-objects", "torch.cuda, torch.cuda.streams", ("Stream", "Event", "default_generators"),
+        scope="gpu-session", by="fakeviz._engine.cuda_api.patches", why="Note: [torch.cuda on fake GPUs]")
+declare("avoid-device-init", "torch._subclasses.fake_tensor.FakeTensorMode", "avoid_device_init",
+        scope="gpu-session", by="fakeviz._engine.cuda_api.patches", why="Note: [torch.cuda on fake GPUs]")
+# record scope
+declare("sdpa", "torch.nn.functional", "scaled_dot_product_attention", scope="record",
+        by="fakeviz._engine.attention.patch", why="the kernel a GPU would pick (fakeviz._engine.attention)")
+declare("deepcopy", "torch.Tensor", "__deepcopy__", scope="record", by="fakeviz._engine.recorder.modes",
+        why="Note: [deepcopy of recorded tensors]")
+declare("tracing-checks", "transformers.utils.import_utils", "is_fake_tensor", scope="record",
+        by="fakeviz._engine.tracing_checks", torch=_ALL,
+        why="Note: [tracing checks under fake tensors]; also a sys.meta_path finder while transformers is "
+            "not yet imported")  # fmt: skip
