@@ -35,6 +35,13 @@ core too), and imported from there; the core also refuses, at construction, a la
 the one it was built for (:func:`layout_signature`). Without a compiler, or with
 ``FAKEVIZ_PURE_PYTHON=1``, the Python implementation records (slower, same trace);
 :func:`status` says which one is in use and why.
+
+Note: [the C core's torch contract]
+The core calls FakeTensorMode's private methods positionally and reads fields of its dispatch-cache
+entries (:data:`TORCH_CONTRACT`). Before the core is loaded those are checked against the torch in use
+(:func:`contract_problems`): a torch that renamed or re-ordered any of them records with the Python
+implementation, which looks the same internals up by name and falls back to torch's own paths, and one
+:class:`FakeVizWarning` says what changed (``status()`` too).
 """
 
 from __future__ import annotations
@@ -55,7 +62,8 @@ from types import ModuleType
 from .._core import schema as _schema
 from .cuda_shim import cache_dir
 
-__all__ = ["column_macro", "core", "layout_signature", "schema_header", "status"]
+__all__ = ["TORCH_CONTRACT", "column_macro", "contract_problems", "core", "layout_signature", "schema_header",
+           "status"]  # fmt: skip
 
 _CSRC = Path(__file__).with_name("csrc")
 _SRC = _CSRC / "fvcore.c"  # the one file compiled; it includes the parts
@@ -65,6 +73,47 @@ _state: dict[str, object] = {}
 
 
 HEADER = "fv_schema.h"
+
+#: What the C core relies on in ``torch._subclasses.fake_tensor`` (Note: [the C core's torch contract]):
+#: ``FakeTensorMode`` methods by their parameters (called positionally), and dataclasses by their fields.
+TORCH_CONTRACT: dict[str, tuple[str, ...]] = {
+    "FakeTensorMode.__torch_dispatch__": ("self", "func", "types", "args", "kwargs"),
+    "FakeTensorMode._dispatch_impl": ("self", "func", "types", "args", "kwargs"),
+    "FakeTensorMode._cache_key": ("self", "state", "func", "args", "kwargs"),
+    "FakeTensorMode._output_from_cache_entry": ("self", "state", "entry", "key", "func", "args"),
+    "FakeTensorMode._make_cache_entry": ("self", "state", "key", "func", "args", "kwargs", "output"),
+    "_DispatchCacheValidEntry": ("output_infos", "is_output_tuple"),
+    "_DispatchCacheEntryOutputInfo": ("inplace_idx", "metadata", "view_idx", "constant_value"),
+}
+
+
+def contract_problems(contract: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """How the installed torch differs from :data:`TORCH_CONTRACT` (empty when it keeps it)."""
+    import dataclasses
+    import inspect
+
+    import torch._subclasses.fake_tensor as ft
+
+    problems = []
+    for path, expected in (TORCH_CONTRACT if contract is None else contract).items():
+        obj: object = ft
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is None:
+            problems.append(f"{path} is missing")
+            continue
+        if dataclasses.is_dataclass(obj):
+            got = tuple(f.name for f in dataclasses.fields(obj))
+        else:
+            try:
+                got = tuple(inspect.signature(obj).parameters)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                got = ()
+        if got != expected:
+            problems.append(f"{path}({', '.join(got)}) where the core expects ({', '.join(expected)})")
+    return problems
 
 
 def column_macro(prefix: str, column: str) -> str:
@@ -167,6 +216,18 @@ def _compile(target: Path, header: str) -> None:
 
 
 def _load() -> ModuleType:
+    problems = contract_problems()
+    if problems:
+        import warnings
+
+        import torch
+
+        from .._core.errors import FakeVizWarning
+
+        why = (f"torch {torch.__version__} changed FakeTensorMode internals the C recorder core calls: "
+               + "; ".join(problems) + " (the Python recorder records instead: same trace, slower)")  # fmt: skip
+        warnings.warn(f"fakeviz: {why}", FakeVizWarning, stacklevel=2)
+        raise RuntimeError(why)
     header = schema_header()
     path = _library_path(header)
     if not path.exists():

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The engine on another torch than the pinned CPU wheel: by default what a user gets from `pip install torch`
+# (the newest default wheel the package index serves; on Linux a CUDA build, which here runs without a GPU).
+#
+#   bash scripts/test_torch.sh                 # newest default torch
+#   bash scripts/test_torch.sh torch==2.11.0   # any other requirement
+#   bash scripts/test_torch.sh torch -k attention -x   # pytest arguments after the requirement
+#
+# In its own virtual environment (.venv-torch-<requirement>, git-ignored, kept between runs; pip's cache keeps the
+# wheels): installs the requirement, then fakeviz[test] with that torch kept; runs the demo (python -m fakeviz
+# demo, on fake cuda:0) and then tests/engine, tests/analysis and the tutorials' own checks
+# (tests/notebook/test_tutorial_0*.py). .ci/run calls it after the main suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+SPEC="${1:-torch}"
+shift || true
+NAME="$(printf '%s' "$SPEC" | tr -c 'A-Za-z0-9._-' '-')"
+[ "$SPEC" = torch ] && NAME=newest
+VENV=".venv-torch-$NAME"
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
+
+start=$(date +%s)
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+fi
+# --upgrade: an unpinned requirement follows the index (a new torch release is picked up on the next run)
+"$VENV/bin/python" -m pip install -q --upgrade "$SPEC"
+TORCH="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+STAMP="$VENV/.fakeviz-installed"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$(cat "$STAMP")" != "$TORCH" ]; then
+  "$VENV/bin/python" -m pip install -q -e ".[test]" "torch==$TORCH"
+  printf '%s' "$TORCH" > "$STAMP"
+fi
+echo "test_torch: $SPEC -> torch $TORCH in $VENV (setup $(( $(date +%s) - start )) s)"
+"$VENV/bin/python" -c 'import fakeviz; s = fakeviz.fake_cuda_status(); print("fake cuda:", s.mode, "-", s.reason)'
+
+start=$(date +%s)
+"$VENV/bin/python" -m fakeviz demo
+echo "test_torch: demo on torch $TORCH took $(( $(date +%s) - start )) s"
+
+exec "$VENV/bin/python" -m pytest tests/engine tests/analysis tests/notebook/test_tutorial_0*.py "$@"
