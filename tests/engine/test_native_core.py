@@ -6,7 +6,7 @@ includes from ``csrc/fvcore/``) takes the common path of ``_State.record`` and `
 table of the two traces must be equal, for fake and real runs of every zoo model, a Llama step
 with the recorded op cache hot, and the uncommon paths (lift_fresh, symbolic sizes,
 data-dependent errors, progress reports, unknown cuda devices). The fast dispatch-cache key (Note: [fast
-dispatch-cache key] in ``recorder/modes.py``) gives the trace torch's own key gives, and its hits pass torch's
+dispatch-cache key] in ``recorder/fastpath.py``) gives the trace torch's own key gives, and its hits pass torch's
 cross-check.
 """
 
@@ -197,22 +197,23 @@ def test_no_compiler_falls_back_to_python(tmp_path: Path) -> None:
 def test_core_makes_the_saved_tensor_aliases_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """Note: [fast fake detach] in C: no detach of a fake run takes the Python path, and the
     Python wrap runs once per (mode, device) to make the prototype __dict__."""
-    from fakeviz._engine.recorder import autograd, modes, state
+    from fakeviz._engine.recorder import autograd, fastpath, modes, state
 
     calls = {"_fake_detach": 0, "_wrap_fake": 0}
     for name in calls:
-        orig = getattr(modes, name)
+        orig = getattr(fastpath, name)
 
         def counted(*args: Any, _orig: Any = orig, _name: str = name, **kwargs: Any) -> Any:
             calls[_name] += 1
             return _orig(*args, **kwargs)
 
         # every module of the recorder that calls it or hands it to the C core
-        users = [m for m in (modes, autograd, state) if getattr(m, name, None) is orig]
-        assert modes in users and len(users) >= 2, (name, users)
+        users = [m for m in (fastpath, modes, autograd, state) if getattr(m, name, None) is orig]
+        assert fastpath in users and len(users) >= 2, (name, users)
         for m in users:
             monkeypatch.setattr(m, name, counted)
-    monkeypatch.setattr(modes, "_LIGHT_OUTPUTS", False)  # cache hits wrap in Python (Note: [light cache-hit outputs])
+    # cache hits wrap in Python (Note: [light cache-hit outputs])
+    monkeypatch.setattr(fastpath, "_LIGHT_OUTPUTS", False)
     trace, kind = _record(_llama_step, pure=False, monkeypatch=monkeypatch, device="cuda:0")
     assert kind == "c"
     assert calls == {"_fake_detach": 0, "_wrap_fake": 1}, calls
@@ -364,10 +365,10 @@ def test_core_is_rebuilt_when_the_header_changes(tmp_path: Path, monkeypatch: py
 
 # ------------------------------------------------ Note: [fast dispatch-cache key], [light cache-hit outputs]
 def _fast_keys(monkeypatch: pytest.MonkeyPatch, on: bool) -> None:
-    from fakeviz._engine.recorder import modes
+    from fakeviz._engine.recorder import fastpath
 
-    monkeypatch.setattr(modes, "_FAST_KEYS", on)
-    monkeypatch.setattr(modes, "_LIGHT_OUTPUTS", on)
+    monkeypatch.setattr(fastpath, "_FAST_KEYS", on)
+    monkeypatch.setattr(fastpath, "_LIGHT_OUTPUTS", on)
 
 
 @pytest.mark.parametrize("name", ["llama", "bert", "t5", "views_inplace", "convnet_channels_last"])
@@ -428,7 +429,7 @@ def test_fast_cache_key_hits_equal_a_fresh_dispatch(monkeypatch: pytest.MonkeyPa
     import torch._dynamo.config as dynamo_config
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fakeviz._engine.recorder import modes
+    from fakeviz._engine.recorder import fastpath
 
     _fast_keys(monkeypatch, True)
     FakeTensorMode.cache.clear()
@@ -436,14 +437,15 @@ def test_fast_cache_key_hits_equal_a_fresh_dispatch(monkeypatch: pytest.MonkeyPa
     with dynamo_config.patch(fake_tensor_cache_crosscheck_enabled=True):  # a hidden flag: patch() only
         trace, _ = _record(_llama_step, pure=False, monkeypatch=monkeypatch, device="cuda:0")
     assert trace.error is None
-    fast = [k for k in FakeTensorMode.cache if k.key[0] is modes._FAST]
+    fast = [k for k in FakeTensorMode.cache if k.key[0] is fastpath._FAST]
     assert len(fast) > 50 and FakeTensorMode.cache_hits - hits > 500
 
 
 def test_fast_cache_key_tells_apart_what_torchs_key_does() -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fakeviz._engine.recorder.modes import _FakeRecordingMode, _fast_key
+    from fakeviz._engine.recorder.fastpath import _fast_key
+    from fakeviz._engine.recorder.modes import _FakeRecordingMode
 
     mode, other = _FakeRecordingMode(), FakeTensorMode()
     add = torch.ops.aten.add.Tensor

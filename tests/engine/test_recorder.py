@@ -516,7 +516,7 @@ def test_fast_fake_detach_matches_the_fake_mode():
     """Note: [fast fake detach]: the recorder's detach short-cut gives what FakeTensorMode gives
     (same storage, view metadata, fake device and mode, shared version counter, no grad),
     and leaves tensors carrying a constant to the mode (so their values stay known)."""
-    from fakeviz._engine.recorder.modes import _fake_detach
+    from fakeviz._engine.recorder.fastpath import _fake_detach
 
     with fv.record(device="cuda:0") as trace:
         x = torch.randn(4, 6, requires_grad=True) * 2  # not a leaf: its views may be written
@@ -545,7 +545,7 @@ def test_light_fake_wrap_matches_the_constructor():
     without FakeTensor.__new__; they must be indistinguishable from constructed ones."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from fakeviz._engine.recorder.modes import _fake_detach
+    from fakeviz._engine.recorder.fastpath import _fake_detach
 
     with fv.fake_mode(device="cuda:5"):
         x = torch.randn(4, 6, dtype=torch.bfloat16, requires_grad=True) * 2

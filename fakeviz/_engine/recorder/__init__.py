@@ -8,8 +8,10 @@ Split by concern; ``_State`` (``state.py``) is composed of one mixin per concern
 * ``storages.py``: tensor and storage ids, storage lifetimes (free callbacks), roles;
 * ``autograd.py``: the saved-tensor hooks, backward events, leaves and gradients;
 * ``modules.py``: phases, the module stack, user lines, parameter tables, optimizer hooks;
-* ``modes.py``: the fused fake recording mode, the real-run mode, the C core's dispatch hooks, the fast
-  fake detach;
+* ``modes.py``: the fused fake recording mode, the real-run mode, the C core's dispatch hooks, the deepcopy
+  patch;
+* ``fastpath.py``: the fake-tensor fast path the mode, the saved-tensor hooks and the C core share (the fast
+  fake detach, the light FakeTensor wrap and cache-hit outputs, the fast dispatch-cache key);
 * ``recording.py``: ``Recording`` and ``record()``; ``fake_session.py``: ``FakeSession``;
 * ``common.py``: what they all share (phase codes, row positions, op handles).
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..._core.schema import ROLE_GRAD, ROLE_SAVED
 from .common import _get_ident, _get_sequence_nr, _no_torch_function, _Tensor
-from .modes import _fake_detach
+from .fastpath import _fake_detach
 
 
 class AutogradMixin:

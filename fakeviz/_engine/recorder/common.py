@@ -90,7 +90,7 @@ def is_real_plain(t: Any) -> bool:
 # (``_foreach_div_.ScalarList``, ``_foreach_addcdiv_.ScalarList``) made a new dispatch-cache key at every step,
 # and each miss ran the op tensor by tensor through Python meta kernels (an 8B model: 291 tensors per op). An
 # in-place op's outputs are its inputs: a float argument's value cannot change their metadata (its *type* can
-# decide an error, and stays in the key). The fast key (``modes._fast_key``) keys such an op on the floats'
+# decide an error, and stays in the key). The fast key (``fastpath._fast_key``) keys such an op on the floats'
 # types only; the recorded op cache (Note: [recorded op cache]) then must not reuse an argument text cached
 # for other floats, so these ops with float arguments are never cached there (``OpsMixin._record_full``).
 _BLIND: dict[Any, bool] = {}

@@ -32,7 +32,7 @@ from .common import (
     _no_torch_function,
     _Tensor,
 )
-from .modes import (
+from .fastpath import (
     _DETACH_OP,
     _DisableTorchDispatch,
     _fake_dispatch,
