@@ -31,7 +31,8 @@ import itertools
 import threading
 from typing import Any
 
-__all__ = ["ENTRIES", "Entry", "active", "declare", "pop", "push", "push_item", "push_member", "resolve"]
+__all__ = ["ENTRIES", "Entry", "active", "declare", "original", "pop", "push", "push_item", "push_member", "resolve",
+           "where"]  # fmt: skip
 
 SCOPES = ("import", "session", "gpu-session", "record")
 
@@ -189,11 +190,19 @@ def original(owner: Any, name: str) -> Any:
         return slot.original
 
 
-def active(scope: str | None = None) -> list[tuple[str, str]]:
-    """``(entry key, name)`` of every change in force now (of one scope if given), oldest first."""
+def where(owner: Any) -> str:
+    """A dotted name of a module or class (``torch.cuda.memory``, ``torch._tensor.Tensor``); else a repr."""
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    return getattr(owner, "__name__", None) or f"<{type(owner).__name__} at {id(owner):#x}>"
+
+
+def active(scope: str | None = None) -> list[tuple[str, str, str]]:
+    """``(entry key, owner, name)`` of every change in force now (of one ``scope`` if given), oldest first
+    (a list member's owner is ``"list"`` and its name the member's repr)."""
     with _LOCK:
-        out = [(e, str(slot.name)) for slot in _SLOTS.values() for _, _, e in slot.stack]
-        out += [(e, repr(m)) for _, m, e in _MEMBERS.values() if m is not _MISSING]
+        out = [(e, where(slot.owner), str(slot.name)) for slot in _SLOTS.values() for _, _, e in slot.stack]
+        out += [(e, "list", repr(m)) for _, m, e in _MEMBERS.values() if m is not _MISSING]
     return [x for x in out if scope is None or ENTRIES[x[0]].scope == scope]
 
 

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorMode, _BypassDispatchCache
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import patches as _patches
 from .. import values as _values
 from .common import _DETACH, _Tensor
 from .fastpath import _fake_detach, _fake_dispatch, _fake_make_entry, _fast_key, _fast_output_from_entry
@@ -51,7 +52,7 @@ def _install_fallback_probe() -> None:
         return original(fake_mode, func, *args, **kwargs)
 
     run_fallback_kernel._fakeviz_probe = True  # type: ignore[attr-defined]
-    ft.run_fallback_kernel = run_fallback_kernel
+    _patches.push(ft, "run_fallback_kernel", run_fallback_kernel, entry="fallback-probe")  # for the process
 
 
 _install_fallback_probe()
@@ -251,8 +252,8 @@ def deepcopy_patch(state: _State) -> Iterator[None]:
             state.copied(self, out)
         return out
 
-    torch.Tensor.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
+    token = _patches.push(torch.Tensor, "__deepcopy__", __deepcopy__, entry="deepcopy")
     try:
         yield
     finally:
-        torch.Tensor.__deepcopy__ = original  # type: ignore[method-assign]
+        _patches.pop(token)
