@@ -21,7 +21,8 @@ The rules below are what the C++ kernels of a CUDA build with cuDNN (every CUDA 
   ``targets`` on the cpu and not the length dtypes, then every input length equal to ``log_probs.size(0)``
   and every target length below 256 and within its input.
 * ``_use_miopen_ctc_loss`` (both overloads, asked next on every CUDA tensor): False, as on every CUDA build
-  (MIOpen is ROCm's; fakeviz's GPUs answer as a CUDA build, AMD names included).
+  (MIOpen is ROCm's; fakeviz's GPUs answer as a CUDA build, AMD names included). Torch 2.10 has no such op
+  (its ctc_loss does not ask): the rule is installed only where the op exists (Note: [torch versions]).
 * ``_cudnn_ctc_loss`` (both overloads): the kernel's checks and messages, and its outputs: the costs ``[B]``
   and the gradient, a contiguous tensor of ``log_probs``' shape (``empty_like`` with the legacy contiguous
   format), both float32 on the GPU. cuDNN also allocates a workspace whose size only cuDNN knows, and the
@@ -57,16 +58,17 @@ import torch
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
+from . import torch_compat
 from .moe import adopted
 from .value_reads import known_value
 
 __all__ = ["FAKE_RULE_OPS", "ctc_loss", "ctc_loss_outputs", "use_cudnn_ctc_loss"]
 
-aten = torch.ops.aten
-
-#: The ops with a fake rule of this module (``fidelity()`` reports their rule as ``"fakeviz rule"``).
+#: The ops with a fake rule of this module (``fidelity()`` reports their rule as ``"fakeviz rule"``): those of
+#: the eight this torch has (``_use_miopen_ctc_loss``: torch >= 2.11; Note: [torch versions]).
 FAKE_RULE_OPS: frozenset[str] = frozenset(
-    {
+    name
+    for name in (
         "aten._use_cudnn_ctc_loss.default",
         "aten._use_cudnn_ctc_loss.Tensor",
         "aten._cudnn_ctc_loss.default",
@@ -75,7 +77,8 @@ FAKE_RULE_OPS: frozenset[str] = frozenset(
         "aten._use_miopen_ctc_loss.Tensor",
         "aten._ctc_loss_backward.default",
         "aten._ctc_loss_backward.Tensor",
-    }
+    )
+    if torch_compat.op_or_none(name) is not None
 )
 
 _VALID_LENGTHS = (
@@ -285,16 +288,14 @@ _PREVIOUS: dict[Any, Callable[..., Any] | None] = {}
 
 def _install() -> None:
     table = fake_impls.op_implementations_dict
-    for op, rule in (
-        (aten._use_cudnn_ctc_loss.default, _use_rule),
-        (aten._use_cudnn_ctc_loss.Tensor, _use_rule),
-        (aten._cudnn_ctc_loss.default, _cudnn_rule),
-        (aten._cudnn_ctc_loss.Tensor, _cudnn_rule),
-        (aten._use_miopen_ctc_loss.default, _miopen_rule),
-        (aten._use_miopen_ctc_loss.Tensor, _miopen_rule),
-        (aten._ctc_loss_backward.default, _ctc_backward_rule),
-        (aten._ctc_loss_backward.Tensor, _ctc_backward_rule),
-    ):
+    rules = {
+        "_use_cudnn_ctc_loss": _use_rule,
+        "_cudnn_ctc_loss": _cudnn_rule,
+        "_use_miopen_ctc_loss": _miopen_rule,
+        "_ctc_loss_backward": _ctc_backward_rule,
+    }
+    for name in sorted(FAKE_RULE_OPS):
+        op, rule = torch_compat.op_or_none(name), rules[name.split(".")[1]]
         current = table.get(op)
         if getattr(current, "_fakeviz_rule", False):
             continue

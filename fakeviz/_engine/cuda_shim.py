@@ -197,15 +197,21 @@ def ensure_fake_cuda() -> ShimStatus:
                 _compile(path)
             lib = ctypes.CDLL(str(path))
             lib.fakeviz_register_cuda_guard.argtypes = [ctypes.c_int]
-            lib.fakeviz_patch_cuda_hooks.argtypes = [ctypes.c_int]
             lib.fakeviz_exchange_device.argtypes = [ctypes.c_int]
-            # Note: [fake cuda on a CUDA build without a GPU]: force only where the build's own guard and hooks
-            # exist and can serve nothing (no GPU); on a CPU-only build nothing is registered to replace
+            # Note: [fake cuda on a CUDA build without a GPU]: force only where the build's own guard exists and
+            # can serve nothing (no GPU); on a CPU-only build nothing is registered to replace
             lib.fakeviz_register_cuda_guard(int(cuda_build))
-            lib.fakeviz_patch_cuda_hooks(int(cuda_build))
+            rc = lib.fakeviz_patch_primary_context() if cuda_build else lib.fakeviz_patch_cuda_hooks()
+            if cuda_build and rc != 0:
+                lib.fakeviz_restore_cuda_guard()
+                raise RuntimeError(
+                    "this CUDA build's hooks could not be made to answer without a GPU "
+                    f"({'not the Itanium C++ ABI' if rc == 2 else 'their vtable is not readable'})"
+                )
             why = (
-                f"a CUDA build of torch {torch.__version__} that sees no GPU: fakeviz's data-less CUDA guard and "
-                "hooks replace the build's, which would ask the driver"
+                f"a CUDA build of torch {torch.__version__} that sees no GPU: fakeviz's data-less CUDA guard "
+                "replaces the build's (which asks the driver), and the build's CUDA hooks say no device has a "
+                "primary context"
                 if cuda_build
                 else f"a CPU-only build of torch {torch.__version__}: fakeviz's data-less CUDA guard and hooks"
             )

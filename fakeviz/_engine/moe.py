@@ -61,6 +61,8 @@ import torch
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
+from . import torch_compat
+
 __all__ = [
     "ACCEPTED_DTYPES",
     "FAKE_RULE_OPS",
@@ -69,8 +71,6 @@ __all__ = [
     "grouped_mm_output",
     "op_assumption",
 ]
-
-aten = torch.ops.aten
 
 #: The dtypes the real ``_grouped_mm`` kernels accept (CPU and CUDA alike).
 ACCEPTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16)
@@ -226,15 +226,20 @@ def _grouped_mm_rule(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
     return mode.fake_tensor_converter.from_meta_and_device(mode, meta, mat_a.device)
 
 
-#: Ops that get a fake rule of fakeviz's (``fidelity()`` reports their rule as ``"fakeviz rule"``).
-FAKE_RULE_OPS: frozenset[str] = frozenset({"aten._grouped_mm.default"})
+#: Ops that get a fake rule of fakeviz's (``fidelity()`` reports their rule as ``"fakeviz rule"``): ``_grouped_mm``
+#: where this torch has it (torch >= 2.8; without it there is nothing to rule, Note: [torch versions]).
+FAKE_RULE_OPS: frozenset[str] = frozenset(
+    name for name in ("aten._grouped_mm.default",) if torch_compat.op_or_none(name) is not None
+)
 
 _previous: Callable[..., Any] | None = None
 
 
 def _install() -> None:
     global _previous
-    op = aten._grouped_mm.default
+    op = torch_compat.op_or_none("aten._grouped_mm.default")
+    if op is None:
+        return
     table = fake_impls.op_implementations_dict
     current = table.get(op)
     if getattr(current, "_fakeviz_rule", False):

@@ -31,8 +31,8 @@ import itertools
 import threading
 from typing import Any
 
-__all__ = ["ENTRIES", "Entry", "active", "declare", "original", "pop", "push", "push_item", "push_member", "resolve",
-           "where"]  # fmt: skip
+__all__ = ["ENTRIES", "Entry", "active", "declare", "original", "pop", "push", "push_call", "push_item", "push_member",
+           "resolve", "where"]  # fmt: skip
 
 SCOPES = ("import", "session", "gpu-session", "record")
 
@@ -98,6 +98,7 @@ class _Slot:
 _SLOTS: dict[tuple[int, Any], _Slot] = {}
 _TOKENS: dict[int, tuple[int, Any]] = {}
 _MEMBERS: dict[int, tuple[list[Any], Any, str]] = {}
+_CALLS: dict[int, tuple[str, Any]] = {}  # token -> (entry, undo) of changes made in C++ (push_call)
 
 
 def _own(owner: Any, name: str) -> Any:
@@ -158,9 +159,24 @@ def push_member(lst: list[Any], member: Any, *, entry: str) -> int:
         return token
 
 
+def push_call(do: Any, undo: Any, *, entry: str) -> int:
+    """A change made outside Python's reach (C++: the fake-cuda shim): ``do()`` now, ``undo()`` at :func:`pop`."""
+    if entry not in ENTRIES:
+        raise KeyError(f"patch {entry!r} is not declared in fakeviz._engine.patches")
+    with _LOCK:
+        do()
+        token = next(_ids)
+        _CALLS[token] = (entry, undo)
+        return token
+
+
 def pop(token: int) -> None:
     """Undo one change; what is left in force is the newest change still pushed, else the original."""
     with _LOCK:
+        call = _CALLS.pop(token, None)
+        if call is not None:
+            call[1]()
+            return
         member = _MEMBERS.pop(token, None)
         if member is not None:
             lst, value, _ = member
@@ -203,6 +219,7 @@ def active(scope: str | None = None) -> list[tuple[str, str, str]]:
     with _LOCK:
         out = [(e, where(slot.owner), str(slot.name)) for slot in _SLOTS.values() for _, _, e in slot.stack]
         out += [(e, "list", repr(m)) for _, m, e in _MEMBERS.values() if m is not _MISSING]
+        out += [(e, "C++", ", ".join(ENTRIES[e].names)) for e, _ in _CALLS.values()]
     return [x for x in out if scope is None or ENTRIES[x[0]].scope == scope]
 
 
@@ -220,8 +237,9 @@ declare("fallback-probe", "torch._subclasses.fake_tensor", "run_fallback_kernel"
         by="fakeviz._engine.recorder.modes", why="Note: [fallback kernels]")  # fmt: skip
 declare("cuda-shim", "c10::impl::device_guard_impl_registry[CUDA], at::detail::getCUDAHooks() vtable",
         ("DeviceGuardImpl", "CUDAHooks"), scope="import", by="fakeviz._engine.cuda_shim", kind="C++",
-        why="Note: [fake cuda on a CPU-only build]; Note: [fake cuda on a CUDA build without a GPU]; not on a "
-            "CUDA build that sees a GPU")  # fmt: skip
+        why="Note: [fake cuda on a CPU-only build] (the guard; the hooks' vtable); Note: [fake cuda on a CUDA "
+            "build without a GPU] (the guard; one vtable slot: hasPrimaryContext); nothing on a CUDA build that "
+            "sees a GPU")  # fmt: skip
 # session scope (Note: [session patches])
 declare("swap-tensors", "torch.utils", "swap_tensors", scope="session", by=_S,
         why="Note: [Module.to on fake parameters]")
@@ -240,6 +258,10 @@ declare("dtensor-shadow-prop", "torch.distributed.tensor._sharding_prop.Sharding
         why="Note: [DTensor's shadow propagation]; only once torch.distributed.tensor is imported")
 declare("autocast", "torch.cuda.amp.common", "amp_definitely_not_available", scope="session",
         by="fakeviz._engine.cuda_api", why="Note: [session patches]: torch.autocast('cuda') on the shim only")
+declare("sdpa-native", "torch.nn.functional", "scaled_dot_product_attention", scope="session",
+        by=_S, torch="CUDA builds that see no GPU",
+        why="Note: [fake cuda on a CUDA build without a GPU]: the build's own SDPA choice reads the GPU's "
+            "properties, so 'native' takes the math path there, as on a CPU-only build")  # fmt: skip
 declare("bf16-supported", "torch.cuda", "is_bf16_supported", scope="session", by="fakeviz._engine.cuda_api",
         why="Note: [session patches]: on the shim only")
 # gpu-session scope (Note: [torch.cuda on fake GPUs]); the leaves are listed in cuda_api.patches._LEAVES

@@ -225,8 +225,27 @@ def _apply_patches(on: bool) -> None:
         while _session_tokens:
             _patches.pop(_session_tokens.pop())
     _cuda_api.autocast_support(on)
+    _native_attention(on)
     _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
     _distributed.patch_sharding_prop(on)  # Note: [DTensor's shadow propagation]
+
+
+_native_sdpa = contextlib.ExitStack()
+
+
+def _native_attention(on: bool) -> None:
+    """Note: [fake cuda on a CUDA build without a GPU]: torch's own choice of attention kernel for a cuda
+    tensor (``_fused_sdp_choice``'s CUDA kernel) asks the cuDNN version and the device's properties, which a
+    build that sees no GPU cannot answer. There, while a fake session is active, scaled_dot_product_attention on
+    fake cuda takes the math path, which is what a CPU-only build does with it; a record's ``attention=``
+    other than ``"native"`` decides above it (patches nest)."""
+    st = _cuda_shim.status()
+    if on and st.mode == "shim" and st.build == "cuda":
+        from .attention import attention_patch
+
+        _native_sdpa.enter_context(attention_patch("math", entry="sdpa-native"))
+    elif not on:
+        _native_sdpa.close()
 
 
 _original_resize = torch.UntypedStorage.resize_

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from .._core.gpus import parse_gpus
+from .._engine import torch_compat
 
 __all__ = ["AXES", "parallel_plan"]
 
@@ -129,8 +130,6 @@ def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
                   layouts: list[tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...], tuple[Any, ...]]],
                   ) -> Callable[[int, Any], None]:  # fmt: skip
     """The step of Note: [parallel plans]; the first rank's sharded parameters' layouts go to ``layouts``."""
-    from torch.distributed.fsdp import fully_shard
-
     from .. import models
     from .steps import checkpointing, init_state, make_optimizer, run
 
@@ -141,6 +140,7 @@ def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
             tensor_parallel(m, mesh["tp"])
         dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
         if dp:
+            fully_shard = torch_compat.require("torch.distributed.fsdp.fully_shard")
             dp_mesh = mesh[dp] if len(dp) > 1 else mesh[dp[0]]
             for block in _blocks(m):
                 fully_shard(block, mesh=dp_mesh)
@@ -170,10 +170,12 @@ def _layout(p: torch.Tensor) -> tuple[tuple[int, ...], tuple[str, ...] | None, t
 
 
 def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str, ...]) -> dict[int, Hashable]:
-    """rank -> the local shape of every parameter at the rank's coordinates: equal keys, identical records."""
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
+    """rank -> the local shape of every parameter at the rank's coordinates: equal keys, identical records (every
+    rank its own key on a torch without ``_compute_local_shape_and_global_offset``: all recorded)."""
+    local_shape = torch_compat.lookup("torch.distributed.tensor._utils._compute_local_shape_and_global_offset")
     world = math.prod(mesh_shape)
+    if local_shape is None:
+        return {q: q for q in range(world)}
     keys: dict[int, Hashable] = {}
     for r in range(world):
         coord = dict(zip(names, (int(c) for c in np.unravel_index(r, mesh_shape))))
@@ -183,7 +185,7 @@ def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str,
                 continue
             if not dims or any(d not in coord for d in dims):  # a mesh this recipe did not name: no skipping
                 return {q: q for q in range(world)}
-            local, _ = _compute_local_shape_and_global_offset(shape, sub_shape, [coord[d] for d in dims], placements)
+            local, _ = local_shape(shape, sub_shape, [coord[d] for d in dims], placements)
             key.append(tuple(local))
         keys[r] = tuple(key)
     return keys
@@ -201,6 +203,8 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
             "for your own module, write the step and call fakeviz.simulate(step, world_size, ...)"
         )
     shape, names, gpu = parse_parallel(parallel, gpus)
+    if {"dp_shard", "dp_replicate"} & set(names):  # before any rank runs (Note: [torch versions])
+        torch_compat.require("torch.distributed.fsdp.fully_shard", "plan(parallel=...) with dp_shard / dp_replicate")
     if "tp" in names:
         from .. import models
 

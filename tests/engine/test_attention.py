@@ -579,6 +579,11 @@ def test_patch_restores_on_error_and_nests():
     assert F.scaled_dot_product_attention is original
 
     with fv.record(attention="native", device="cuda:0", dtype=torch.bfloat16) as trace:
+        # torch's own, or on a CUDA build that sees no GPU the session's math path (Note: [fake cuda on a CUDA
+        # build without a GPU])
+        native = F.scaled_dot_product_attention
+        status = fv.fake_cuda_status()
+        assert (native is original) == (status.mode != "shim" or status.build != "cuda")
         q, k, v = qkv((1, 4, 64, 64), grad=False)
         with attention_patch("efficient"):
             outer = F.scaled_dot_product_attention
@@ -586,7 +591,8 @@ def test_patch_restores_on_error_and_nests():
                 F.scaled_dot_product_attention(q, k, v)  # the innermost patch decides
             assert F.scaled_dot_product_attention is outer
             F.scaled_dot_product_attention(q, k, v)
-        assert F.scaled_dot_product_attention is original
+        assert F.scaled_dot_product_attention is native
+    assert F.scaled_dot_product_attention is original
     assert fused_ops(trace) == [FLASH, EFFICIENT]
 
 

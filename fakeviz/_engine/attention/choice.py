@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 from torch import Tensor
 
+from .. import torch_compat
 from .checks import WHY_NOT
 from .common import (
     DEFAULT_CAPABILITY,
@@ -35,7 +35,7 @@ __all__ = [
     "validate_setting",
 ]
 
-# ``at::SDPBackend`` values, as torch._C._get_sdp_priority_order() reports them.
+# ``at::SDPBackend`` values, as torch._C._get_sdp_priority_order() reports them (torch_compat.sdp_priority_order).
 _SDP_MATH, _SDP_FLASH, _SDP_EFFICIENT, _SDP_CUDNN, _SDP_OVERRIDEABLE = 0, 1, 2, 3, 4
 _BUILD_DEFAULT_ORDER = (_SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH, _SDP_CUDNN, _SDP_OVERRIDEABLE)
 _CUDNN_FIRST_ORDER = (_SDP_CUDNN, _SDP_FLASH, _SDP_EFFICIENT, _SDP_MATH)
@@ -56,8 +56,9 @@ def _prefer_cudnn(capability: tuple[int, int], cudnn_version: int | None) -> boo
 
 
 def _priority_order(params: SDPParams) -> tuple[int, ...]:
-    """``priority_order``: the global order, first initialised to cuDNN-first where preferred."""
-    current = tuple(torch._C._get_sdp_priority_order())
+    """``priority_order``: the global order, first initialised to cuDNN-first where preferred (the build's
+    default order on a torch that cannot report it; Note: [torch versions])."""
+    current = torch_compat.sdp_priority_order() or _BUILD_DEFAULT_ORDER
     if current == _BUILD_DEFAULT_ORDER and _prefer_cudnn(params.capability, params.cudnn_version):
         return _CUDNN_FIRST_ORDER
     return current

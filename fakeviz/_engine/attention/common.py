@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
 
+from .. import torch_compat
+
 __all__ = [
     "BACKENDS",
     "DEFAULT_CAPABILITY",
@@ -76,7 +78,8 @@ _DTYPE_NAMES = {
 
 @dataclass(frozen=True)
 class SDPFlags:
-    """The global SDPA enable flags (``at::globalContext().userEnabled*SDP()``)."""
+    """The global SDPA enable flags (``at::globalContext().userEnabled*SDP()``); ``overrideable`` and ``fa3`` read as
+    off on a torch without those switches (FA3's: torch < 2.11; Note: [torch versions])."""
 
     flash: bool
     efficient: bool
@@ -93,8 +96,8 @@ class SDPFlags:
             efficient=torch.backends.cuda.mem_efficient_sdp_enabled(),
             cudnn=torch.backends.cuda.cudnn_sdp_enabled(),
             math=torch.backends.cuda.math_sdp_enabled(),
-            overrideable=torch._C._get_overrideable_sdp_enabled(),
-            fa3=torch._C._get_fa3_sdp_enabled(),
+            overrideable=torch_compat.overrideable_sdp_enabled(),
+            fa3=torch_compat.fa3_sdp_enabled(),
         )
 
     @classmethod
@@ -106,7 +109,7 @@ class SDPFlags:
             cudnn=backend == "cudnn",
             math=backend == "math",
             overrideable=False,
-            fa3=torch._C._get_fa3_sdp_enabled(),
+            fa3=torch_compat.fa3_sdp_enabled(),
         )
 
 

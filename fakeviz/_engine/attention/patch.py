@@ -267,6 +267,7 @@ def attention_patch(
     cudnn_version: int | None = DEFAULT_CUDNN_VERSION,
     on_choice: Callable[[str, str, dict[str, str]], None] | None = None,
     on_error: Callable[[Exception], BaseException] | None = None,
+    entry: str = "sdpa",
 ) -> Iterator[None]:
     """Route ``torch.nn.functional.scaled_dot_product_attention`` on fake cuda to :func:`sdpa_like_gpu`.
 
@@ -289,6 +290,7 @@ def attention_patch(
         on_choice: Called as ``on_choice(backend, setting, reasons)`` for every simulated call.
         on_error: Called with any exception an attention call raises (also a backend that
             cannot run); it returns the exception to raise (the same one, or a clearer one).
+        entry: the patch registry's entry it is made for (Note: [patch registry]).
 
     Yields:
         Nothing; use as ``with attention_patch("auto"): ...``.
@@ -339,7 +341,7 @@ def attention_patch(
             raise new from exc
 
     scaled_dot_product_attention.__fakeviz_attention_patch__ = (setting, capability)  # type: ignore[attr-defined]
-    token = _patches.push(F, "scaled_dot_product_attention", scaled_dot_product_attention, entry="sdpa")
+    token = _patches.push(F, "scaled_dot_product_attention", scaled_dot_product_attention, entry=entry)
     try:
         yield
     finally:

@@ -23,18 +23,26 @@
 // CUDA guard and CUDA hooks, but both ask the driver: the guard counts 0
 // devices, so the autograd engine makes no cuda queues, and the hooks'
 // hasPrimaryContext(0) throws "expects a valid device index" on every fake
-// backward. There the shim takes over the same two places with force=1: the
-// guard slot holds the fake guard (the build's own is kept and put back by
-// fakeviz_restore_cuda_guard), and the hooks object answers through the fake
-// hooks' vtable (isBuilt true, isAvailable false, no primary context; the
-// build's vtable is kept and put back by fakeviz_restore_cuda_hooks). Nothing
-// real can run on a build that sees no GPU, so no real tensor is affected.
-// With a GPU present fakeviz never calls either: the native path serves.
+// backward. There the shim changes two things for the process:
+//   1. the guard slot holds the fake guard (force=1; the build's own is kept and
+//      put back by fakeviz_restore_cuda_guard);
+//   2. one entry of the hooks object's vtable: hasPrimaryContext answers false
+//      (no context on any device, which is true without a GPU) instead of
+//      throwing. The object gets a copy of its own vtable with that one slot
+//      changed (its position from the Itanium C++ ABI's pointer to a virtual
+//      member: 1 + the slot's byte offset), so every other answer stays the
+//      build's own (initCUDA still says "Found no NVIDIA driver", versionCuDNN
+//      the cuDNN it was built with). fakeviz_restore_cuda_hooks puts it back.
+// Nothing real can run on a build that sees no GPU, so no real tensor is
+// affected. With a GPU present fakeviz calls neither: the native path serves.
+
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 
 namespace {
@@ -84,6 +92,38 @@ struct FakeCUDAHooks : public at::CUDAHooksInterface {
   bool hasPrimaryContext(c10::DeviceIndex) const override { return false; }
 };
 
+bool no_primary_context(const void*, c10::DeviceIndex) { return false; }
+
+// The vtable copy of Note: [fake cuda on a CUDA build without a GPU] (2 ABI words before slot 0: the offset to
+// top and the type info), and how many bytes from an address to the end of its mapping (/proc/self/maps), so
+// the copy never reads past the library's mapped memory.
+constexpr size_t kCopiedSlots = 512;
+void* vtable_copy[kCopiedSlots + 2];
+
+size_t mapped_bytes_after(const void* p) {
+  auto a = reinterpret_cast<uintptr_t>(p);
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return 0;
+  unsigned long lo = 0, hi = 0;
+  char line[512];
+  size_t out = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "%lx-%lx", &lo, &hi) == 2 && lo <= a && a < hi) {
+      out = hi - a;
+      // a vtable may sit at the end of one mapping and run on into the next (same library): take both
+      uintptr_t end = hi;
+      while (std::fgets(line, sizeof line, f) != nullptr && std::sscanf(line, "%lx-%lx", &lo, &hi) == 2 &&
+             lo == end) {
+        out += hi - lo;
+        end = hi;
+      }
+      break;
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
 FakeCUDAGuardImpl guard_impl;
 void* original_hooks_vptr = nullptr;
 const c10::impl::DeviceGuardImplInterface* original_guard = nullptr;
@@ -114,8 +154,8 @@ int fakeviz_restore_cuda_guard() {
   return 0;
 }
 
-// 0: patched now or already, 1: the hooks already report a CUDA build (left alone unless force).
-int fakeviz_patch_cuda_hooks(int force) {
+// 0: patched now or already, 1: the hooks already report a CUDA build (left alone).
+int fakeviz_patch_cuda_hooks() {
   static FakeCUDAHooks fake;
   const at::CUDAHooksInterface& cur = at::detail::getCUDAHooks();
   void* vp_fake = nullptr;
@@ -123,10 +163,34 @@ int fakeviz_patch_cuda_hooks(int force) {
   std::memcpy(&vp_fake, static_cast<const void*>(&fake), sizeof(void*));
   std::memcpy(&vp_cur, static_cast<const void*>(&cur), sizeof(void*));
   if (vp_cur == vp_fake) return 0;
-  if (cur.isBuilt() && !force) return 1;
+  if (cur.isBuilt()) return 1;
   original_hooks_vptr = vp_cur;
   patched_hooks = &cur;
   std::memcpy(const_cast<void*>(static_cast<const void*>(&cur)), &vp_fake, sizeof(void*));
+  return 0;
+}
+
+// Note: [fake cuda on a CUDA build without a GPU], 2: the build's hooks answer hasPrimaryContext with false.
+// 0: patched now or already; 2: not the Itanium ABI's virtual-member encoding; 3: the vtable is not readable.
+int fakeviz_patch_primary_context() {
+  const at::CUDAHooksInterface& cur = at::detail::getCUDAHooks();
+  void** vp_cur = nullptr;
+  std::memcpy(&vp_cur, static_cast<const void*>(&cur), sizeof(void*));
+  if (vp_cur == vtable_copy + 2) return 0;
+  auto member = &at::CUDAHooksInterface::hasPrimaryContext;
+  std::ptrdiff_t raw = 0;
+  std::memcpy(&raw, &member, sizeof raw);
+  if ((raw & 1) == 0) return 2;
+  size_t slot = static_cast<size_t>(raw - 1) / sizeof(void*);
+  size_t words = mapped_bytes_after(vp_cur - 2) / sizeof(void*);
+  if (words < slot + 3) return 3;
+  if (words > kCopiedSlots + 2) words = kCopiedSlots + 2;
+  std::memcpy(vtable_copy, vp_cur - 2, words * sizeof(void*));
+  vtable_copy[2 + slot] = reinterpret_cast<void*>(&no_primary_context);
+  original_hooks_vptr = vp_cur;
+  patched_hooks = &cur;
+  void* vp_new = vtable_copy + 2;
+  std::memcpy(const_cast<void*>(static_cast<const void*>(&cur)), &vp_new, sizeof(void*));
   return 0;
 }
 
