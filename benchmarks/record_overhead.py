@@ -12,6 +12,10 @@ and, each in a fresh subprocess, peak RSS of one recorded run for the 70B and 40
 (target < 1 GiB).
 
     python benchmarks/record_overhead.py [--runs 11] [--layers N] [--skip-rss] [--skip-python-core] [--no-pin]
+        [--out record_overhead.json]
+
+On another torch, from its environment (scripts/test_torch.sh makes .venv-torch-newest):
+    .venv-torch-newest/bin/python benchmarks/record_overhead.py --out record_overhead_newest_torch.json
 
 By default the process is pinned to one CPU (os.sched_setaffinity; threads it starts, such as
 autograd's device threads, inherit it): on the 2-core CI machine the spread of the ratio between
@@ -146,6 +150,8 @@ def main() -> int:
     ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--skip-memtracker", action="store_true")
     ap.add_argument("--memtracker-runs", type=int, default=1, help="MemTracker is ~30x slower: fewer runs")
+    ap.add_argument("--out", default="record_overhead.json",
+                    help="file name under benchmarks/results (record_overhead_newest_torch.json for another torch)")
     args = ap.parse_args()
     pinned = None
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
@@ -184,7 +190,14 @@ def main() -> int:
                 mt.append(t_mt)
             except Exception as exc:  # noqa: BLE001 - report, do not hide
                 mt_peak = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    import torch
+
+    import fakeviz as fv
+
+    shim = fv.fake_cuda_status()
     res = {
+        "torch": torch.__version__,
+        "fake_cuda": f"{shim.mode} ({shim.build} build, {shim.real_gpus} GPUs)",
         "model": f"llama3-70b shape, {cfg.num_hidden_layers} layers, bf16, batch 1, seq {args.seq}, fwd+bwd, fake cuda:0",
         "runs": args.runs,
         "bare_fake_s": bare,
@@ -215,7 +228,7 @@ def main() -> int:
     print(json.dumps(res, indent=2))
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    (out / "record_overhead.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / args.out).write_text(json.dumps(res, indent=2) + "\n")
     return 0
 
 

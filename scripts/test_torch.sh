@@ -40,4 +40,6 @@ start=$(date +%s)
 "$VENV/bin/python" -m fakeviz demo
 echo "test_torch: demo on torch $TORCH took $(( $(date +%s) - start )) s"
 
+# the tutorials run in this environment's own kernel (nbrun's "dev" kernel), not in the Binder one (the pinned torch)
+export FAKEVIZ_NB_KERNEL=dev
 exec "$VENV/bin/python" -m pytest tests/engine tests/analysis tests/notebook/test_tutorial_0*.py "$@"

@@ -119,7 +119,7 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
 
 # Note: [session patches]
 # While any fake session is active (fake_mode() or record(), nestable), a few torch
-# functions are routed through fakeviz:
+# functions are routed through fakeviz (each declared in the registry, Note: [patch registry]):
 #   * torch.utils.swap_tensors: see Note: [Module.to on fake parameters];
 #   * torch.autograd.backward / grad: remember the user line that started a backward
 #     (for ops run on autograd worker threads), let worker threads drain (Note:
@@ -128,7 +128,9 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
 #   * FakeTensor joins torch.optim's and torch.utils._foreach_utils' lists of types that take the
 #     foreach kernels (as DTensor does on import): see Note: [foreach on fake tensors];
 #   * torch._utils._rebuild_tensor (torch.load): Note: [torch.load under fake tensors];
-#   * on the CPU-only shim, torch.cuda.amp.common.amp_definitely_not_available and
+#   * on a CUDA build that sees no GPU, scaled_dot_product_attention on fake cuda takes the math path
+#     where a record does not choose a kernel (_native_attention);
+#   * on the shim, torch.cuda.amp.common.amp_definitely_not_available and
 #     torch.cuda.is_bf16_supported, so torch.autocast("cuda") runs under fake cuda as
 #     it would on a GPU instead of disabling itself (cuda_api.autocast_support). The rest of
 #     torch.cuda answers as a GPU only in a fake cuda session (Note: [torch.cuda on fake GPUs]).

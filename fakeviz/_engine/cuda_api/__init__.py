@@ -8,8 +8,8 @@ cuda session this module makes them answer as a machine with the session's GPUs.
 
 When it is on
 -------------
-Only on the CPU-only shim (``cuda_shim.status().mode == "shim"``; a real CUDA build is never patched),
-and only in a *fake cuda session* (:func:`answers_as_gpu`):
+Only on the shim (``cuda_shim.status().mode == "shim"``: a CPU-only build, or a CUDA build that sees no GPU;
+a CUDA build with GPUs is never patched), and only in a *fake cuda session* (:func:`answers_as_gpu`):
 
 * ``fakeviz.record(fake=True, device="cuda...")`` (also with ``session=``, a :class:`FakeSession`), or
   ``fakeviz.record(fake=True)`` with no device but ``gpu=`` or ``gpus=`` given;
