@@ -73,18 +73,24 @@ def test_blenderbot_default_config_under_1gib_rss():
         """
         import resource, json, torch, fakeviz as fv
         from transformers import BlenderbotConfig, BlenderbotModel
+        imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         with fv.fake_mode():
             m = BlenderbotModel(BlenderbotConfig())
         n = sum(p.numel() for p in m.parameters())
         print(json.dumps({"fake": fv.is_fake(m.shared.weight), "params": n,
                           "meta": str(fv.meta_like(m.shared.weight).device),
-                          "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                          "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "imports": imports,
+                          "cpu_build": not torch.backends.cuda.is_built()}))
         """
     )
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["fake"] and out["meta"] == "meta"
     assert out["params"] > 2_000_000_000  # 2.7B: 10 GiB if it were real fp32
-    assert out["rss"] < 2**30, f"peak RSS {out['rss'] / 2**20:.0f} MiB"
+    # the model itself: a few MiB of metadata (measured: 44 MiB); the imports are torch's own (on a CUDA build
+    # `import torch._dynamo` alone brings triton: 0.7 GiB for torch, 0.93 GiB with fakeviz, against 0.37 on the CPU one)
+    assert out["rss"] - out["imports"] < 2**28, f"building took {(out['rss'] - out['imports']) / 2**20:.0f} MiB"
+    if out["cpu_build"]:
+        assert out["rss"] < 2**30, f"peak RSS {out['rss'] / 2**20:.0f} MiB"
 
 
 # ------------------------------------------------------------------ recorder
