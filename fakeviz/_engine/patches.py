@@ -241,43 +241,103 @@ declare("cuda-shim", "c10::impl::device_guard_impl_registry[CUDA], at::detail::g
             "build without a GPU] (the guard; one vtable slot: hasPrimaryContext); nothing on a CUDA build that "
             "sees a GPU")  # fmt: skip
 # session scope (Note: [session patches])
-declare("swap-tensors", "torch.utils", "swap_tensors", scope="session", by=_S,
-        why="Note: [Module.to on fake parameters]")
-declare("autograd-entry", "torch.autograd", ("backward", "grad"), scope="session", by=_S,
-        why="Note: [session patches]: user line of a backward, worker drain, engine errors explained")
+declare(
+    "swap-tensors", "torch.utils", "swap_tensors", scope="session", by=_S, why="Note: [Module.to on fake parameters]"
+)
+declare(
+    "autograd-entry",
+    "torch.autograd",
+    ("backward", "grad"),
+    scope="session",
+    by=_S,
+    why="Note: [session patches]: user line of a backward, worker drain, engine errors explained",
+)
 declare("foreach-types", "torch.optim.optimizer._foreach_supported_types, "
         "torch.utils._foreach_utils._foreach_supported_types", "FakeTensor", scope="session", by=_S,
         kind="list member", why="Note: [foreach on fake tensors]")  # fmt: skip
 declare("storage-resize", "torch.UntypedStorage", "resize_", scope="session", by=_S, why="Note: [storage resize]")
-declare("rebuild-tensor", "torch._utils", "_rebuild_tensor", scope="session", by=_S,
-        why="Note: [torch.load under fake tensors]")
-declare("ctc-loss", "torch", "ctc_loss", scope="session", by="fakeviz._engine.ctc",
-        why="Note: [cuDNN CTC under fake tensors]")
-declare("dtensor-shadow-prop", "torch.distributed.tensor._sharding_prop.ShardingPropagator",
-        "_propagate_tensor_meta_non_cached", scope="session", by="fakeviz._engine.distributed",
-        why="Note: [DTensor's shadow propagation]; only once torch.distributed.tensor is imported")
-declare("autocast", "torch.cuda.amp.common", "amp_definitely_not_available", scope="session",
-        by="fakeviz._engine.cuda_api", why="Note: [session patches]: torch.autocast('cuda') on the shim only")
+declare(
+    "rebuild-tensor",
+    "torch._utils",
+    "_rebuild_tensor",
+    scope="session",
+    by=_S,
+    why="Note: [torch.load under fake tensors]",
+)
+declare(
+    "ctc-loss",
+    "torch",
+    "ctc_loss",
+    scope="session",
+    by="fakeviz._engine.ctc",
+    why="Note: [cuDNN CTC under fake tensors]",
+)
+declare(
+    "dtensor-shadow-prop",
+    "torch.distributed.tensor._sharding_prop.ShardingPropagator",
+    "_propagate_tensor_meta_non_cached",
+    scope="session",
+    by="fakeviz._engine.distributed",
+    why="Note: [DTensor's shadow propagation]; only once torch.distributed.tensor is imported",
+)
+declare(
+    "autocast",
+    "torch.cuda.amp.common",
+    "amp_definitely_not_available",
+    scope="session",
+    by="fakeviz._engine.cuda_api",
+    why="Note: [session patches]: torch.autocast('cuda') on the shim only",
+)
 declare("sdpa-native", "torch.nn.functional", "scaled_dot_product_attention", scope="session",
         by=_S, torch="CUDA builds that see no GPU",
         why="Note: [fake cuda on a CUDA build without a GPU]: the build's own SDPA choice reads the GPU's "
             "properties, so 'native' takes the math path there, as on a CPU-only build")  # fmt: skip
-declare("bf16-supported", "torch.cuda", "is_bf16_supported", scope="session", by="fakeviz._engine.cuda_api",
-        why="Note: [session patches]: on the shim only")
+declare(
+    "bf16-supported",
+    "torch.cuda",
+    "is_bf16_supported",
+    scope="session",
+    by="fakeviz._engine.cuda_api",
+    why="Note: [session patches]: on the shim only",
+)
 # gpu-session scope (Note: [torch.cuda on fake GPUs]); the leaves are listed in cuda_api.patches._LEAVES
 declare("torch-cuda-leaves", "torch.cuda, torch.cuda.memory, torch.cuda.random, torch.cuda.graphs, "
         "torch.cuda.streams, torch.accelerator, torch.accelerator.memory", "cuda_api.patches._LEAVES",
         scope="gpu-session", by="fakeviz._engine.cuda_api.patches",
         why="Note: [torch.cuda on fake GPUs]; a leaf a torch lacks is skipped")  # fmt: skip
-declare("torch-cuda-objects", "torch.cuda, torch.cuda.streams", ("Stream", "Event", "default_generators"),
-        scope="gpu-session", by="fakeviz._engine.cuda_api.patches", why="Note: [torch.cuda on fake GPUs]")
-declare("avoid-device-init", "torch._subclasses.fake_tensor.FakeTensorMode", "avoid_device_init",
-        scope="gpu-session", by="fakeviz._engine.cuda_api.patches", why="Note: [torch.cuda on fake GPUs]")
+declare(
+    "torch-cuda-objects",
+    "torch.cuda, torch.cuda.streams",
+    ("Stream", "Event", "default_generators"),
+    scope="gpu-session",
+    by="fakeviz._engine.cuda_api.patches",
+    why="Note: [torch.cuda on fake GPUs]",
+)
+declare(
+    "avoid-device-init",
+    "torch._subclasses.fake_tensor.FakeTensorMode",
+    "avoid_device_init",
+    scope="gpu-session",
+    by="fakeviz._engine.cuda_api.patches",
+    why="Note: [torch.cuda on fake GPUs]",
+)
 # record scope
-declare("sdpa", "torch.nn.functional", "scaled_dot_product_attention", scope="record",
-        by="fakeviz._engine.attention.patch", why="the kernel a GPU would pick (fakeviz._engine.attention)")
-declare("deepcopy", "torch.Tensor", "__deepcopy__", scope="record", by="fakeviz._engine.recorder.modes",
-        why="Note: [deepcopy of recorded tensors]")
+declare(
+    "sdpa",
+    "torch.nn.functional",
+    "scaled_dot_product_attention",
+    scope="record",
+    by="fakeviz._engine.attention.patch",
+    why="the kernel a GPU would pick (fakeviz._engine.attention)",
+)
+declare(
+    "deepcopy",
+    "torch.Tensor",
+    "__deepcopy__",
+    scope="record",
+    by="fakeviz._engine.recorder.modes",
+    why="Note: [deepcopy of recorded tensors]",
+)
 declare("tracing-checks", "transformers.utils.import_utils", "is_fake_tensor", scope="record",
         by="fakeviz._engine.tracing_checks", torch=_ALL,
         why="Note: [tracing checks under fake tensors]; also a sys.meta_path finder while transformers is "

@@ -131,7 +131,9 @@ def test_import_changes_only_what_is_declared_for_import(report: dict) -> None:
     assert {e for e, _, _ in report["import_active"]} == _declared("import") - {"cuda-shim"}
     changed = set(report["import"])
     assert changed, "import fakeviz changes the fake-rule table and the fallback probe"
-    named = {f"fake-rule:{name}" if e == "fake-rules" else f"{owner}.{name}" for e, owner, name in report["import_active"]}
+    named = {
+        f"fake-rule:{name}" if e == "fake-rules" else f"{owner}.{name}" for e, owner, name in report["import_active"]
+    }
     assert changed == named
 
 

@@ -28,12 +28,14 @@ from torch.utils import flop_counter as _fc
 
 from .formulas import (
     ADDED_FORMULAS,
+    SDPA_QUERY_ARG,
     Formula,
     NoHint,
     foreach_sum,
     per_elem,
     pointwise,
     registry_formula,
+    sdpa_heads_broadcast,
     unknown_formula,
     zero_formula,
 )
@@ -235,7 +237,9 @@ def _classify_uncached(func: Any) -> tuple[str, Formula]:
     packet = getattr(func, "_overloadpacket", func)
     torch_formula = _fc.flop_registry.get(packet)
     if torch_formula is not None:
-        return REGISTRY, registry_formula(torch_formula)
+        q = SDPA_QUERY_ARG.get(getattr(packet, "__name__", ""))
+        formula = registry_formula(torch_formula)
+        return REGISTRY, formula if q is None else sdpa_heads_broadcast(formula, q)
     if not isinstance(func, OpOverload):
         return UNKNOWN, unknown_formula
     namespace = func.namespace

@@ -34,6 +34,7 @@ from torch.utils import flop_counter as _fc
 
 __all__ = [
     "ADDED_FORMULAS",
+    "SDPA_QUERY_ARG",
     "Formula",
     "NoHint",
     "first_tensor",
@@ -41,6 +42,7 @@ __all__ = [
     "per_elem",
     "pointwise",
     "registry_formula",
+    "sdpa_heads_broadcast",
     "unknown_formula",
     "zero_formula",
 ]
@@ -207,11 +209,50 @@ def registry_formula(formula: Callable[..., Any]) -> Formula:
     return flops_raw
 
 
+#: SDPA ops whose formula (torch's registry or ``ADDED_FORMULAS``) counts ``[batch, heads, seq, dim]`` query, key
+#: and value: op name -> position of the query argument (the key and the value follow it).
+SDPA_QUERY_ARG: dict[str, int] = {
+    **dict.fromkeys(("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+                     "_scaled_dot_product_fused_attention_overrideable"), 0),
+    **dict.fromkeys(("_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
+                     "_scaled_dot_product_cudnn_attention_backward", "_scaled_dot_product_flash_attention_for_cpu_backward",
+                     "_scaled_dot_product_fused_attention_overrideable_backward"), 1),
+}  # fmt: skip
+
+
+def sdpa_heads_broadcast(formula: Formula, q: int) -> Formula:
+    """``formula`` of an SDPA op with the key and value (arguments ``q + 1``, ``q + 2``) counted at the query's heads.
+
+    Grouped-query attention passes a key and value with fewer heads than the query. torch >= 2.12's SDPA formulas
+    count every product at the query's heads; older ones (2.10, 2.11) assert equal heads, and the op got no FLOPs
+    (Note: [torch versions]). Counting the key and value as broadcast to the query's heads is what 2.12's formulas
+    do, so a record's FLOPs are the same on every torch.
+    """
+
+    def flops(args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> int:
+        if len(args) > q + 2:
+            query, key, value = args[q], args[q + 1], args[q + 2]
+            if (
+                isinstance(key, _Tensor) and isinstance(value, _Tensor) and isinstance(query, _Tensor)
+                and query.dim() == key.dim() == value.dim() == 4 and key.shape[1] != query.shape[1]
+            ):  # fmt: skip
+                heads = query.shape[1]
+                k = (key.shape[0], heads, key.shape[2], key.shape[3])
+                v = (value.shape[0], heads, value.shape[2], value.shape[3])
+                args = (*args[: q + 1], k, v, *args[q + 3 :])
+        return formula(args, kwargs, out)
+
+    return flops
+
+
 def _registry_of(packet: Any) -> _Factory:
     """An added op that takes the registry formula of another op (same argument order)."""
 
     def factory(func: OpOverload) -> Formula:
-        return registry_formula(_fc.flop_registry[packet])
+        formula = registry_formula(_fc.flop_registry[packet])
+        q = SDPA_QUERY_ARG.get(func._schema.name.split("::", 1)[-1])
+        return formula if q is None else sdpa_heads_broadcast(formula, q)
 
     return factory
 
