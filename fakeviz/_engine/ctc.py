@@ -58,6 +58,7 @@ import torch
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
+from . import patches as _patches
 from . import torch_compat
 from .moe import adopted
 from .value_reads import known_value
@@ -278,7 +279,15 @@ def ctc_loss(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: A
 
 def patch_ctc_loss(on: bool) -> None:
     """Install (or remove) :func:`ctc_loss` as ``torch.ctc_loss`` (Note: [session patches])."""
-    torch.ctc_loss = ctc_loss if on else _original_ctc_loss  # type: ignore[assignment]
+    global _ctc_token
+    if on and _ctc_token is None:
+        _ctc_token = _patches.push(torch, "ctc_loss", ctc_loss, entry="ctc-loss")
+    elif not on and _ctc_token is not None:
+        _patches.pop(_ctc_token)
+        _ctc_token = None
+
+
+_ctc_token: int | None = None
 
 
 _C10 = {torch.float16: "Half", torch.bfloat16: "BFloat16"}
@@ -300,8 +309,8 @@ def _install() -> None:
         if getattr(current, "_fakeviz_rule", False):
             continue
         _PREVIOUS[op] = current
-        table[op] = rule
         rule._fakeviz_rule = True  # type: ignore[attr-defined]
+        _patches.push_item(table, op, rule, entry="fake-rules")  # for the process (Note: [patch registry])
 
 
 _install()

@@ -61,6 +61,7 @@ import torch
 from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
+from . import patches as _patches
 from . import torch_compat
 
 __all__ = [
@@ -246,7 +247,7 @@ def _install() -> None:
         return
     _previous = current
     _grouped_mm_rule._fakeviz_rule = True  # type: ignore[attr-defined]
-    table[op] = _grouped_mm_rule
+    _patches.push_item(table, op, _grouped_mm_rule, entry="fake-rules")  # for the process (Note: [patch registry])
 
 
 _install()

@@ -68,6 +68,11 @@ CHILD = textwrap.dedent(
         keys = set(a) | set(b)
         return sorted(k for k in keys if k not in a or k not in b or (a[k] is not b[k] and a[k] != b[k]))
 
+    for name in json.loads(sys.argv[2]):  # every other module `import fakeviz` loads: their own import-time changes
+        try:                                # (torch._dynamo rebinding torch.manual_seed, ...) are not fakeviz's
+            import_module(name)
+        except Exception:
+            pass
     before = snap()
     import fakeviz as fv
     from fakeviz._engine import patches
@@ -112,10 +117,16 @@ CHILD = textwrap.dedent(
 )
 
 
+LOADED = "import sys, json, fakeviz; print(json.dumps(sorted(m for m in sys.modules if not m.startswith('fakeviz'))))"
+
+
 @pytest.fixture(scope="module")
 def report() -> dict:
     env = dict(os.environ, FAKEVIZ_PURE_PYTHON=os.environ.get("FAKEVIZ_PURE_PYTHON", ""))
-    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(OWNERS)], capture_output=True, text=True,
+    loaded = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True, timeout=600, env=env)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    modules = loaded.stdout.strip().splitlines()[-1]
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(OWNERS), modules], capture_output=True, text=True,
                           timeout=600, env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("REPORT"))
