@@ -48,7 +48,7 @@ class Entry:
     by: str  # the fakeviz module that makes the change
     why: str  # the Note that explains it
     torch: str = "all supported"  # the torch versions it applies to
-    kind: str = "attribute"  # "attribute" | "table item" | "list member" | "C++"
+    kind: str = "attribute"  # "attribute" | "table item" | "list member" | "global hook" | "C++"
 
 
 ENTRIES: dict[str, Entry] = {}
@@ -337,6 +337,15 @@ declare(
     scope="record",
     by="fakeviz._engine.recorder.modes",
     why="Note: [deepcopy of recorded tensors]",
+)
+declare(
+    "global-hooks",
+    "torch.nn.modules.module, torch.optim.optimizer",
+    ("module forward pre/post", "parameter/buffer/module registration", "optimizer step pre/post"),
+    scope="record",
+    by="fakeviz._engine.recorder.recording",
+    kind="global hook",
+    why="torch's public global hooks: module and phase tracking, names, optimizer state (recorder/modules.py)",
 )
 declare("tracing-checks", "transformers.utils.import_utils", "is_fake_tensor", scope="record",
         by="fakeviz._engine.tracing_checks", torch=_ALL,

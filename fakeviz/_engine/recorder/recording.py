@@ -15,6 +15,7 @@ from ..._core.record import Record
 from .. import cuda_api as _cuda_api
 from .. import cuda_shim as _cuda_shim
 from .. import distributed as _distributed
+from .. import patches as _patches
 from .. import values as _values
 from ..session import check_device, new_fake_mode, session_patches
 from ..tracing_checks import tracing_checks
@@ -117,17 +118,19 @@ class Recording:
             stack.enter_context(session_patches(on_backward=state.backward_event))
             stack.enter_context(self._gpu_session(state))
             mm = torch.nn.modules.module
-            hooks = [
-                mm.register_module_forward_pre_hook(state.fw_pre),
-                mm.register_module_forward_hook(state.fw_post, always_call=True),
-                mm.register_module_parameter_registration_hook(state.param_registered),
-                mm.register_module_buffer_registration_hook(state.buffer_registered),
-                mm.register_module_module_registration_hook(state.module_registered),
-                register_optimizer_step_pre_hook(state.opt_pre),
-                register_optimizer_step_post_hook(state.opt_post),
-            ]
-            for h in hooks:
-                stack.callback(h.remove)
+            for register, hook, kwargs in (
+                (mm.register_module_forward_pre_hook, state.fw_pre, {}),
+                (mm.register_module_forward_hook, state.fw_post, {"always_call": True}),
+                (mm.register_module_parameter_registration_hook, state.param_registered, {}),
+                (mm.register_module_buffer_registration_hook, state.buffer_registered, {}),
+                (mm.register_module_module_registration_hook, state.module_registered, {}),
+                (register_optimizer_step_pre_hook, state.opt_pre, {}),
+                (register_optimizer_step_post_hook, state.opt_post, {}),
+            ):  # torch's global hooks, through the registry (Note: [patch registry])
+                handle: list[Any] = []
+                token = _patches.push_call(lambda r=register, h=hook, k=kwargs, out=handle: out.append(r(h, **k)),
+                                           lambda out=handle: out.pop().remove(), entry="global-hooks")  # fmt: skip
+                stack.callback(_patches.pop, token)
             stack.enter_context(torch.autograd.graph.saved_tensors_hooks(state.pack_saved, state.unpack_saved))
             stack.enter_context(deepcopy_patch(state))
             stack.callback(self._deactivate)
