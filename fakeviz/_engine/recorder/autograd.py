@@ -75,14 +75,16 @@ class AutogradMixin:
 
     def _leaves(self, roots: Any) -> list[Any]:
         """Leaf tensors (AccumulateGrad nodes) reachable from the graph of ``roots``."""
-        seen: set[int] = set()
+        # the nodes seen, kept alive: before torch 2.13 a node's Python object is made anew on each access and freed
+        # after it, so a bare id() is soon another node's and the walk stopped early (gradients counted Temporary)
+        seen: dict[int, Any] = {}
         stack = [t.grad_fn for t in roots if isinstance(t, _Tensor) and t.grad_fn is not None]
         leaves = []
         while stack:
             node = stack.pop()
             if node is None or id(node) in seen:
                 continue
-            seen.add(id(node))
+            seen[id(node)] = node
             var = getattr(node, "variable", None)
             if var is not None:
                 leaves.append(weakref.ref(var))
