@@ -6,6 +6,8 @@ These run on whatever torch is installed (the pinned 2.13 wheel, and the other v
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -38,6 +40,9 @@ def test_installed_torch_is_supported_and_parsed() -> None:
     assert tc.TORCH_VERSION == _version(torch.__version__)
     assert tc.TORCH_VERSION >= tc.MIN_TORCH, f"torch {torch.__version__} is below fakeviz's minimum {tc.MIN_TORCH}"
     assert tc._version("2.12.0+cu130") == (2, 12) and tc._version("2.10.0a0+git1234") == (2, 10)
+    # one minimum: what pip enforces (pyproject.toml) is what the code states
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    assert f'"torch>={tc.MIN_TORCH[0]}.{tc.MIN_TORCH[1]}",' in pyproject
 
 
 @pytest.mark.parametrize("name", sorted(tc.GUARDS))
