@@ -101,6 +101,21 @@ class UnknownModelError(FakeVizError, ValueError):
         return (ValueError, (str(self),))
 
 
+class SequenceTooLongError(FakeVizError, ValueError):
+    """A sequence longer than the model's context (its position embeddings): refused, never silently shortened.
+
+    Attributes: ``seq`` (asked for, prompt plus new tokens), ``context`` (what the model accepts).
+    """
+
+    def __init__(self, message: str, *, seq: int = 0, context: int = 0) -> None:
+        super().__init__(message)
+        self.seq = seq
+        self.context = context
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ValueError, (str(self),))
+
+
 class CheckpointError(FakeVizError, ValueError):
     """A checkpoint cannot be read: no weights, a malformed or truncated file, a missing shard."""
 

@@ -81,7 +81,7 @@ def _parser() -> _Parser:
     r.add_argument("model", metavar="MODEL_OR_FOLDER", help="catalog name or alias, folder, config.json, or .fvz")
     r.add_argument("--batch", type=_positive("--batch"), default=1, help="batch size (default 1)")
     r.add_argument("--seq", type=_positive("--seq"), default=2048,
-                   help="sequence length, capped at the model's context (default 2048); the prompt with --generate")  # fmt: skip
+                   help="sequence length (default 2048; past the model's context: refused); the prompt with --generate")  # fmt: skip
     r.add_argument("--dtype", type=_dtype, default=None, help="bf16, fp16 or fp32 (default: the published weights')")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--train", action="store_true", help="training steps: forward with a loss, backward, step")
@@ -248,6 +248,7 @@ def _report_model(args: argparse.Namespace) -> int:
     # Built before the recording, in a fake mode of its own that the recording adopts: the record starts
     # with the weights in place, as after loading a checkpoint, without what __init__ allocates and drops.
     model = _build(models, args, overrides)
+    models.check_seq(model, args.seq, args.generate or 0)  # refused before recording, never shortened
     info.update(_describe(model))
     progress.say(f"recording the run on fake {args.device}", force=True)
     try:
@@ -505,7 +506,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .._core.errors import FakeVizError, TraceFormatError, UnknownModelError
 
     found: list[type[BaseException]] = [UsageError, UnknownModelError, TraceFormatError, FileNotFoundError]
-    for name in ("CheckpointError", "CheckpointMismatchError"):
+    for name in ("CheckpointError", "CheckpointMismatchError", "SequenceTooLongError"):
         cls = getattr(errors, name, None)
         if isinstance(cls, type) and issubclass(cls, FakeVizError):
             found.append(cls)

@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .. import models
 from .._analysis import placement as _placement
 from .._core.gpus import Capacity, parse_gpus
 from . import steps
@@ -161,7 +162,6 @@ class _Built:
 
 def _build(model: Any, dtype: torch.dtype | None) -> _Built:
     """``model`` built (a name, folder or config) or copied (a module) into a new fake session's mode, on cuda:0."""
-    from .. import models
     from .._api import FakeSession
     from .._engine.session import fakeify, session_patches
 
@@ -339,6 +339,7 @@ def plan(
         raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
     built = _built if _built is not None else _build(model, _dtype(dtype))
     mod, label = built.model, built.label
+    models.check_seq(mod, seq, new_tokens)  # a sequence past the context is refused, never shortened
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
                 "dtype": str(next(mod.parameters()).dtype), "device_map_kind": device_map if isinstance(device_map, str) else "dict"}  # fmt: skip
     recordings = 0
@@ -403,6 +404,11 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     caps = parse_gpus(gpus)
     built: dict[Any, _Built] = {}
     rows, plans = [], []
+    if any(k in grid for k in ("seq", "new_tokens")):  # every point's sequence, before any recording
+        first = combos[0].get("dtype")
+        built[str(first)] = _build(model, _dtype(first))
+        for c in combos:
+            models.check_seq(built[str(first)].model, c.get("seq", 2048), c.get("new_tokens", 0))
     bar = _progress(len(combos)) if progress else None
     for i, c in enumerate(combos):
         dkey = str(c.get("dtype"))
@@ -486,16 +492,26 @@ class Largest:
     failing: Plan | None
     recordings: int
     tried: list[tuple[int, bool]]
+    bound: str = ""  # what stopped the search other than memory ("the model's context (...)"), if anything
 
     def __repr__(self) -> str:
         above = self.failing.first_oom if self.failing is not None else None
         where = f"; {self.value + 1} fails on {above['device']}: {above['where']}" if above else ""
+        if self.bound:
+            where = f"; it fits, and {self.bound} allows no longer"
         return f"Largest {self.axis}={self.value} ({self.recordings} recordings){where}"
 
 
 def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest:
     caps = parse_gpus(gpus)
     built = _build(model, _dtype(kw.pop("dtype", None)))
+    bound = ""
+    if axis == "seq":  # never past the model's context (models.check_seq would refuse it)
+        ctx = models.context(built.model)
+        if ctx is not None and ctx[0] - kw.get("new_tokens", 0) < limit:
+            limit, bound = ctx[0] - kw.get("new_tokens", 0), f"the model's context ({ctx[1]})"
+        if limit < 1:
+            models.check_seq(built.model, 1, kw.get("new_tokens", 0))
     tried: list[tuple[int, bool]] = []
     plans: dict[int, Plan] = {}
     recordings = 0
@@ -526,7 +542,7 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest
         else:
             hi = mid
     failing = plans.get(hi)
-    return Largest(axis, lo, plans.get(lo), failing, recordings, tried)
+    return Largest(axis, lo, plans.get(lo), failing, recordings, tried, bound if lo == limit else "")
 
 
 def max_batch(model: Any, *, gpus: Any, seq: int = 2048, train: bool = False, limit: int = 4096, **kw: Any) -> Largest:

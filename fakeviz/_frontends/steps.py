@@ -126,6 +126,7 @@ def run(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens
     """A plan's run: one training step (AdamW by default), or ``generate`` of ``new_tokens``, or a forward."""
     from .. import models
 
+    models.check_seq(model, seq, 0 if train else new_tokens)  # the prompt and what is generated after it
     kwargs = models.inputs(model, batch=batch, seq=seq, labels=train)
     if train:
         train_steps(model, kwargs, optimizer=optimizer, steps=1)

@@ -15,10 +15,11 @@ import torch
 
 from ._build import as_dtype, building, config, instantiate, spec_of
 from ._catalog import CatalogEntry, catalog, entries, resolve
-from ._inputs import inputs, task_of
+from ._inputs import check_seq, context, inputs, task_of
 from ._pretrained import from_pretrained
 
-__all__ = ["CatalogEntry", "available", "build", "catalog", "config", "from_pretrained", "inputs", "resolve", "task_of"]
+__all__ = ["CatalogEntry", "available", "build", "catalog", "check_seq", "config", "context", "from_pretrained", "inputs",
+           "resolve", "task_of"]  # fmt: skip
 
 
 def available() -> list[str]:

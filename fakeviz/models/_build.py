@@ -106,9 +106,11 @@ def spec_of(spec: Any, overrides: dict[str, Any]) -> Spec:
         if not isinstance(raw, dict):
             raise CheckpointError(f"{file}: not a config (a JSON object)")
         cfg, pdtype = _config_from_dict(raw, overrides, str(file))
+        cfg.name_or_path = str(path)  # as transformers' from_pretrained names it (errors say which model)
         return Spec(cfg, (raw.get("architectures") or [None])[0], None, pdtype)
     entry = resolve(str(spec))
     cfg, pdtype = _config_from_dict(entry.config, overrides, entry.name)
+    cfg.name_or_path = entry.name
     return Spec(cfg, entry.architecture, entry, pdtype)
 
 

@@ -6,7 +6,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["inputs", "task_of"]
+from .._core.errors import SequenceTooLongError
+
+__all__ = ["check_seq", "context", "inputs", "task_of"]
+
+# position ids of these models start after the padding index (RoBERTa's create_position_ids_from_input_ids):
+# max_position_embeddings - pad_token_id - 1 positions are left for the tokens
+_PADDED_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer"})
 
 
 def task_of(model: torch.nn.Module) -> str:
@@ -27,13 +33,66 @@ def task_of(model: torch.nn.Module) -> str:
     raise ValueError(f"no example inputs for {name}: build its inputs yourself")
 
 
+def context(model: torch.nn.Module) -> tuple[int, str] | None:
+    """The longest token sequence ``model``'s forward accepts for its task, and the config field that says so;
+    None where nothing bounds it (relative positions: T5) or the task takes no tokens (images)."""
+    try:
+        task = task_of(model)
+    except ValueError:
+        return None
+    cfg = model.config
+    if task == "contrastive":
+        cfg = cfg.text_config
+    elif task == "speech_seq2seq":
+        return int(cfg.max_target_positions), "max_target_positions"
+    elif task == "image_classification":
+        return None
+    # T5's n_positions is a leftover: its relative positions take any length (seq2seq models: the field alone)
+    for field in ("max_position_embeddings",) if task == "seq2seq" else ("max_position_embeddings", "n_positions"):
+        n = getattr(cfg, field, None)
+        if isinstance(n, int) and n > 0:
+            if getattr(cfg, "model_type", "") in _PADDED_POSITIONS:
+                return n - (getattr(cfg, "pad_token_id", None) or 1) - 1, f"{field} less the padding offset"
+            return n, field
+    return None
+
+
+def check_seq(model: torch.nn.Module, seq: int, new_tokens: int = 0) -> None:
+    """Refuse ``seq`` (plus ``new_tokens`` generated after it) past the model's :func:`context`.
+
+    Raises:
+        SequenceTooLongError: naming the context, the config field and the longest sequence to ask for.
+    """
+    bound = context(model)
+    if bound is None or seq + new_tokens <= bound[0]:
+        return
+    limit, field = bound
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    asked = f"seq={seq:,}" + (f" + new_tokens={new_tokens:,}" if new_tokens else "")
+    longest = f"seq <= {limit - new_tokens:,}" if limit > new_tokens else f"new_tokens < {limit:,}"
+    raise SequenceTooLongError(
+        f"{asked} is past {name}'s context of {limit:,} positions (config {field}); ask for {longest}, or "
+        "a model with a longer context",
+        seq=seq + new_tokens,
+        context=limit,
+    )
+
+
 def inputs(model: torch.nn.Module, *, batch: int = 1, seq: int = 128, labels: bool = True) -> dict[str, Any]:
     """Keyword arguments of one forward of ``model`` (labels included unless ``labels=False``).
 
     Token ids and images are made on the device of the model's parameters, floating inputs at their dtype,
-    inside the caller's context: under a fake mode they are fake. ``seq`` is capped at the model's
-    context; an image takes the config's size, audio 30 s of mel frames.
+    inside the caller's context: under a fake mode they are fake. A ``seq`` past the model's context is refused
+    (:func:`check_seq`); an image takes the config's size, audio 30 s of mel frames.
+
+    Raises:
+        ValueError: ``batch`` or ``seq`` below 1.
+        SequenceTooLongError: ``seq`` past the model's context.
     """
+    for name, v in (("batch", batch), ("seq", seq)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"models.inputs: {name}={v!r}; give a whole number >= 1")
+    check_seq(model, seq)
     p = next(model.parameters())
     dev, fdt = p.device, p.dtype if p.dtype.is_floating_point else torch.get_default_dtype()
     cfg = model.config
@@ -43,12 +102,10 @@ def inputs(model: torch.nn.Module, *, batch: int = 1, seq: int = 128, labels: bo
         return torch.randint(low, vocab, (batch, n), device=dev)
 
     if task == "causal_lm":
-        n = min(seq, getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or seq)
-        x = ids(cfg.vocab_size, n)
+        x = ids(cfg.vocab_size, seq)
         return {"input_ids": x, **({"labels": x} if labels else {})}
     if task == "masked_lm":
-        n = min(seq, cfg.max_position_embeddings - 2)
-        x = ids(cfg.vocab_size, n)
+        x = ids(cfg.vocab_size, seq)
         out: dict[str, Any] = {"input_ids": x, "attention_mask": torch.ones_like(x)}
         if labels:
             y = torch.full_like(x, -100)
@@ -56,13 +113,12 @@ def inputs(model: torch.nn.Module, *, batch: int = 1, seq: int = 128, labels: bo
             out["labels"] = y
         return out
     if task == "seq2seq":
-        limit = getattr(cfg, "max_position_embeddings", None) or seq
-        x = ids(cfg.vocab_size, min(seq, limit))
-        y = ids(cfg.vocab_size, min(max(seq // 2, 1), limit))
+        x = ids(cfg.vocab_size, seq)
+        y = ids(cfg.vocab_size, max(seq // 2, 1))
         return {"input_ids": x, **({"labels": y} if labels else {"decoder_input_ids": y})}
     if task == "speech_seq2seq":
         feats = torch.randn(batch, cfg.num_mel_bins, 2 * cfg.max_source_positions, device=dev, dtype=fdt)
-        y = ids(cfg.vocab_size, min(seq, cfg.max_target_positions))
+        y = ids(cfg.vocab_size, seq)
         return {"input_features": feats, **({"labels": y} if labels else {"decoder_input_ids": y})}
     if task == "image_classification":
         px = torch.randn(batch, cfg.num_channels, cfg.image_size, cfg.image_size, device=dev, dtype=fdt)
@@ -72,6 +128,6 @@ def inputs(model: torch.nn.Module, *, batch: int = 1, seq: int = 128, labels: bo
         }
     # contrastive (CLIP)
     tc, vc = cfg.text_config, cfg.vision_config
-    x = ids(tc.vocab_size, min(seq, tc.max_position_embeddings), low=0)
+    x = ids(tc.vocab_size, seq, low=0)
     px = torch.randn(batch, vc.num_channels, vc.image_size, vc.image_size, device=dev, dtype=fdt)
     return {"input_ids": x, "pixel_values": px, "return_loss": labels}
