@@ -63,7 +63,9 @@ def test_max_seq_never_answers_past_the_context() -> None:
 
 
 def test_cli_refuses_with_one_line_and_code_2(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["report", "meta-llama/Llama-3.1-8B", "--seq", "99999999999999999999", "--set", "num_hidden_layers=1"])
+    rc = cli.main(
+        ["report", "meta-llama/Llama-3.1-8B", "--seq", "99999999999999999999", "--set", "num_hidden_layers=1"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "FITS" not in err
     assert err.strip() == (
