@@ -27,7 +27,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # --upgrade: an unpinned requirement follows the index (a new torch release is picked up on the next run)
 "$VENV/bin/python" -m pip install -q --upgrade "$SPEC"
-TORCH="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)')"
+# the distribution's version (2.14.1 for the default wheel, whose torch.__version__ says 2.14.1+cu130): what pip pins
+TORCH="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 STAMP="$VENV/.fakeviz-installed"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$(cat "$STAMP")" != "$TORCH" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[test]" "torch==$TORCH"
