@@ -1,7 +1,8 @@
 """Safetensors files whose data region is a hole (never written): multi-GB checkpoints that take no disk.
 
-Used by ``tests/engine/test_checkpoint.py`` (no tensor data is ever read) and ``benchmarks/cli.py``
-(``from_pretrained`` on a 70B-shaped sharded checkpoint).
+Used by ``tests/engine/test_checkpoint.py`` (no tensor data is ever read), ``benchmarks/cli.py``
+(``from_pretrained`` on a 70B-shaped sharded checkpoint) and ``tests/engine/test_checkpoint_hostile.py``
+(hostile headers, lengths and indexes: ``write_raw_safetensors``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import struct
 from pathlib import Path
 
-__all__ = ["write_sparse_safetensors"]
+__all__ = ["write_raw_safetensors", "write_sparse_safetensors"]
 
 
 def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], int]]) -> int:
@@ -28,3 +29,13 @@ def write_sparse_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int
         f.write(struct.pack("<Q", len(raw)) + raw)
         f.truncate(8 + len(raw) + offset)
     return 8 + len(raw) + offset
+
+
+def write_raw_safetensors(path: Path, header: dict | bytes, data_size: int, length: int | None = None) -> int:
+    """A safetensors file exactly as given, for hostile cases: the header (a dict written as JSON, or raw bytes,
+    unpadded), its 8-byte length (``length``, default the header's), then a hole of ``data_size`` bytes."""
+    raw = header if isinstance(header, bytes) else json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw) if length is None else length) + raw)
+        f.truncate(8 + len(raw) + data_size)
+    return 8 + len(raw) + data_size

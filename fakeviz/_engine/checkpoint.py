@@ -11,19 +11,44 @@ Note: [checkpoint headers only]
     ``safetensors.safe_open`` maps the whole file (it failed with ENOMEM on a 131 GiB file on a 24 GiB
     machine), and ``torch.load`` without ``mmap=True`` reads every storage. Here a file is opened with
     ``open(path, "rb")`` and read twice: 8 bytes, then the header. The size of the data region is
-    checked against ``os.stat`` (a truncated download is an error), never by reading it.
+    checked against ``os.fstat`` of the open file (a truncated download is an error), never by reading it.
+
+Note: [hostile checkpoints]
+    A checkpoint folder is data from elsewhere, read with bounded cost and nothing outside it:
+
+    * Confined: every file read from a folder (the index, each shard it names, the weight files found) must
+      resolve, symlinks followed, inside that folder, or be a blob of a Hugging Face hub cache
+      (``.../models--org--name/blobs/<hash>``: the hub's snapshot folders and older ``local_dir`` downloads
+      are symlinks to those). An index's shard names are checked as text first (absolute, ``..``, empty,
+      NUL: refused without touching the file system), then resolved; one outside is a
+      :class:`CheckpointError` naming the entry, raised before any ``stat`` or ``open`` of it and worded
+      the same whether or not the path exists.
+    * Bounded: a header longer than safetensors' own limit (:data:`SAFETENSORS_MAX_HEADER`) is not a
+      safetensors file; fakeviz reads headers of up to :data:`MAX_HEADER_BYTES` and indexes of up to
+      :data:`MAX_INDEX_BYTES`, because ``json.loads`` takes up to about 25 bytes of memory per byte of
+      JSON (``[{},{},...]``) and about 60 ms per MiB: a 99 MiB header of 1.77 M tensors took 1.76 GB and
+      15 s. A checkpoint holds at most :data:`MAX_TENSORS` tensors and :data:`MAX_TOTAL_HEADER_BYTES`
+      of headers across its shards. A published shard's header is far below 1 MiB (about 100 bytes
+      per tensor, a few hundred tensors per shard).
+    * Checked as safetensors checks it (``Metadata::validate`` in safetensors' ``tensor.rs``): strict JSON
+      (no ``NaN``/``Infinity``, no key twice in an object, as serde_json), every field of its JSON type,
+      ``__metadata__`` an object of strings, each shape's byte count without overflow, the tensors' byte
+      ranges back to back from 0 to the end of the file (no overlap, no gap, no trailing bytes). Each error
+      names the file, the tensor and the field, shown with :mod:`reprlib` so that a hostile value cannot
+      make the message long.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import reprlib
 import struct
 import warnings
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 import torch
@@ -31,9 +56,15 @@ import torch
 from .._core.errors import CheckpointError, FakeVizWarning
 
 __all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_INDEX_BYTES",
+    "MAX_TENSORS",
+    "MAX_TOTAL_HEADER_BYTES",
     "SAFETENSORS_DTYPES",
+    "SAFETENSORS_MAX_HEADER",
     "Checkpoint",
     "TensorInfo",
+    "checkpoint_file",
     "find_weights",
     "read_checkpoint",
     "read_safetensors_header",
@@ -52,10 +83,27 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     if hasattr(torch, name)
 }  # fmt: skip
 
-_MAX_HEADER = 256 * 1024 * 1024  # safetensors' own limit is 100 MB; anything larger is not a header
+#: safetensors' own header limit: ``const MAX_HEADER_SIZE: usize = 100_000_000`` in huggingface/safetensors,
+#: ``safetensors/src/tensor.rs`` (``SafeTensors::read_metadata`` refuses a longer header: ``HeaderTooLarge``).
+SAFETENSORS_MAX_HEADER = 100_000_000
+#: The longest safetensors header fakeviz reads (Note: [hostile checkpoints]): parsing one took at most 420 MiB
+#: (``[{},{},...]``; 250 MiB for the most tensors it can hold, 300,841).
+MAX_HEADER_BYTES = 16 * 2**20
+#: The longest ``*.index.json`` fakeviz reads (an index takes about 100 bytes per tensor).
+MAX_INDEX_BYTES = 16 * 2**20
+#: The most tensors, and header bytes, one checkpoint may hold across its shards (checked after each shard:
+#: 900,000 tensors in three 16 MiB headers took 410 MiB and 10 s to read).
+MAX_TENSORS = 2**20
+MAX_TOTAL_HEADER_BYTES = 256 * 2**20
+_MAX_DIM = 2**63 - 1  # torch sizes are int64; safetensors' offsets are usize (u64)
+_MAX_OFFSET = 2**64 - 1
+
+_short = reprlib.Repr()
+_short.maxlevel, _short.maxstring, _short.maxother, _short.maxlong = 2, 60, 60, 40
+_short.maxlist = _short.maxtuple = _short.maxdict = 6
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorInfo:
     """One tensor of a checkpoint: its dtype, shape and the file that holds it."""
 
@@ -116,49 +164,143 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Ten
         ``__metadata__`` (strings), and the bytes read (``8 + header length``).
 
     Raises:
-        CheckpointError: the file is not a safetensors file, its header is malformed, or it is shorter
-            than its header says (a truncated download).
+        CheckpointError: the file is not a safetensors file, its header is malformed or longer than
+            :data:`MAX_HEADER_BYTES`, or the file is shorter than its header says (a truncated download).
+            Note: [hostile checkpoints].
     """
     path = Path(path)
-    size = os.stat(path).st_size
     fix = "Re-download the file, or check that it is a safetensors file."
-    if size < 8:
-        raise _bad(path, f"{size} bytes: too short for a safetensors file (8-byte header length missing)", fix)
     with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            raise _bad(path, f"{size} bytes: too short for a safetensors file (8-byte header length missing)", fix)
         (n,) = struct.unpack("<Q", f.read(8))
-        if n > min(size - 8, _MAX_HEADER):
+        if n > size - 8:
             raise _bad(
                 path, f"header length {n:,} does not fit in a file of {size:,} bytes: not a safetensors file", fix
             )
+        if n > SAFETENSORS_MAX_HEADER:
+            raise _bad(path, f"header length {n:,} is over safetensors' own limit of {SAFETENSORS_MAX_HEADER:,} "
+                       "bytes: not a safetensors file (safetensors refuses it too)", fix)  # fmt: skip
+        if n > MAX_HEADER_BYTES:
+            raise _bad(path, f"a header of {n / 2**20:,.1f} MiB is larger than fakeviz reads ({_size(MAX_HEADER_BYTES)}, "
+                       "about 300,000 tensors; published shards have headers under 1 MiB)",
+                       "Save the checkpoint in smaller shards (save_pretrained(max_shard_size=...)), or build the "
+                       "model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
         raw = f.read(n)
+    if len(raw) != n:
+        raise _bad(path, f"the file ended inside its {n:,}-byte header: the file is truncated", fix)
     try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _bad(path, f"the header is not JSON ({e})", fix) from e
+        header = _strict_json(raw)
+    except RecursionError as e:
+        raise _bad(path, "the header nests JSON too deeply to be a safetensors header", fix) from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        raise _bad(path, f"the header is not JSON ({str(e)[:200]})", fix) from e
     if not isinstance(header, dict):
-        raise _bad(path, "the header is not a JSON object", fix)
-    meta = header.pop("__metadata__", None) or {}
-    data_size = size - 8 - n
+        raise _bad(path, f"the header is a JSON {_json_type(header)}, not an object", fix)
+    meta = _metadata(path, header.pop("__metadata__", None), fix)
+    tensors = _entries(path, header, size - 8 - n, fix)
+    return tensors, meta, 8 + n
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the key {_short.repr(key)} appears twice in one object")
+            seen.add(key)
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _strict_json(raw: bytes) -> Any:
+    """``json.loads`` as strict as safetensors' serde_json: no NaN/Infinity, no key twice in one object."""
+    return json.loads(raw, object_pairs_hook=_pairs, parse_constant=_constant)
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            type(None): "null"}.get(type(value), type(value).__name__)  # fmt: skip
+
+
+def _field(path: Path, name: str, field: str, value: Any, want: str, fix: str) -> CheckpointError:
+    return _bad(path, f"tensor {_short.repr(name)}: field {field!r} is {_short.repr(value)} (a JSON "
+                f"{_json_type(value)}), where safetensors has {want}", fix)  # fmt: skip
+
+
+def _metadata(path: Path, meta: Any, fix: str) -> dict[str, str]:
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise _bad(path, f"field '__metadata__' is a JSON {_json_type(meta)}, where safetensors has an object of "
+                   "strings", fix)  # fmt: skip
+    for k, v in meta.items():
+        if not isinstance(v, str):
+            raise _bad(path, f"field '__metadata__' entry {_short.repr(k)} is {_short.repr(v)} (a JSON "
+                       f"{_json_type(v)}), where safetensors has a string", fix)  # fmt: skip
+    return meta
+
+
+def _uint(value: Any, limit: int) -> bool:
+    return type(value) is int and 0 <= value <= limit
+
+
+def _entries(path: Path, header: dict[str, Any], data_size: int, fix: str) -> dict[str, TensorInfo]:
+    """Each entry of a parsed header checked field by field, then the byte ranges as safetensors checks them."""
     tensors: dict[str, TensorInfo] = {}
+    ranges: list[tuple[int, int, str]] = []
     for name, entry in header.items():
-        try:
-            code, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-            ok = all(isinstance(s, int) and s >= 0 for s in shape) and 0 <= begin <= end
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise _bad(path, f"tensor {name!r}: malformed header entry {entry!r}", fix)
+        if not isinstance(entry, dict):
+            raise _bad(path, f"tensor {_short.repr(name)}: its entry is {_short.repr(entry)} (a JSON "
+                       f"{_json_type(entry)}), where safetensors has an object", fix)  # fmt: skip
+        for key in ("dtype", "shape", "data_offsets"):
+            if key not in entry:
+                raise _bad(path, f"tensor {_short.repr(name)}: field {key!r} is missing", fix)
+        code, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(code, str):
+            raise _field(path, name, "dtype", code, 'a dtype code such as "BF16"', fix)
+        if not (isinstance(shape, list) and all(_uint(s, _MAX_DIM) for s in shape)):
+            raise _field(path, name, "shape", shape, "an array of non-negative integers", fix)
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_uint(o, _MAX_OFFSET) for o in offsets)):
+            raise _field(path, name, "data_offsets", offsets, "an array of two non-negative integers", fix)
+        begin, end = offsets
+        if begin > end:
+            raise _field(path, name, "data_offsets", offsets, "[begin, end] with begin <= end", fix)
         if code not in SAFETENSORS_DTYPES:
-            raise _bad(path, f"tensor {name!r}: dtype {code!r} is not known to this torch build",
+            raise _bad(path, f"tensor {_short.repr(name)}: dtype {_short.repr(code)} is not known to this torch build",
                        "Upgrade torch, or convert the checkpoint to a supported dtype.")  # fmt: skip
-        info = TensorInfo(SAFETENSORS_DTYPES[code], shape, path.name)
-        if end - begin != info.numel * info.dtype.itemsize:
-            raise _bad(path, f"tensor {name!r}: {end - begin:,} bytes for shape {list(shape)} of {code}", fix)
+        dtype = SAFETENSORS_DTYPES[code]
+        nbytes = dtype.itemsize
+        for s in shape:  # safetensors: checked_mul, an overflow is an error (ValidationOverflow)
+            nbytes *= s
+            if nbytes > _MAX_OFFSET:
+                raise _field(path, name, "shape", shape, "a shape whose byte count fits in 64 bits", fix)
+        if end - begin != nbytes:
+            raise _bad(path, f"tensor {_short.repr(name)}: field 'data_offsets' spans {end - begin:,} bytes, but shape "
+                       f"{_short.repr(shape)} of {code} takes {nbytes:,}", fix)  # fmt: skip
         if end > data_size:
-            raise _bad(path, f"tensor {name!r} ends at byte {end:,} of the data, but the file holds {data_size:,} "
-                       "bytes of data: the file is truncated", fix)  # fmt: skip
-        tensors[name] = info
-    return tensors, {str(k): str(v) for k, v in meta.items()}, 8 + n
+            raise _bad(path, f"tensor {_short.repr(name)} ends at byte {end:,} of the data, but the file holds "
+                       f"{data_size:,} bytes of data: the file is truncated", fix)  # fmt: skip
+        tensors[name] = TensorInfo(dtype, tuple(shape), path.name)
+        ranges.append((begin, end, name))
+    ranges.sort()
+    at, before = 0, ""
+    for begin, end, name in ranges:  # safetensors' Metadata::validate: back to back from byte 0
+        if begin != at:
+            what = (f"overlaps tensor {_short.repr(before)} (which ends at byte {at:,})" if begin < at else
+                    f"leaves bytes {at:,}-{begin:,} of the data to no tensor")  # fmt: skip
+            raise _bad(path, f"tensor {_short.repr(name)}: field 'data_offsets' [{begin:,}, {end:,}] {what}; "
+                       "safetensors refuses such a file", fix)  # fmt: skip
+        at, before = end, name
+    if at != data_size:
+        raise _bad(path, f"the tensors end at byte {at:,} of the data, but the file holds {data_size:,}: "
+                   "safetensors refuses a file with bytes after its last tensor", fix)  # fmt: skip
+    return tensors
 
 
 def _state_dict_of(obj: Any) -> dict[str, torch.Tensor] | None:
@@ -210,36 +352,144 @@ def find_weights(folder: str | os.PathLike[str]) -> tuple[Path | None, list[Path
     """The weight files of a checkpoint folder: ``(index file or None, weight files)``.
 
     Looks for, in order: a safetensors or ``.bin`` index, ``model.safetensors``, ``pytorch_model.bin``,
-    then any ``*.safetensors``, then any ``*.bin``/``*.pt`` (sorted by name).
+    then any ``*.safetensors``, then any ``*.bin``/``*.pt`` (sorted by name). A symlink counts whatever it
+    points to, so that :func:`read_checkpoint` refuses one pointing outside the folder in the same words
+    whether or not its target exists (Note: [hostile checkpoints]).
     """
     folder = Path(folder)
     for name in _INDEXES:
-        if (folder / name).is_file():
+        if _present(folder / name):
             return folder / name, []
     for name in _SINGLES:
-        if (folder / name).is_file():
+        if _present(folder / name):
             return None, [folder / name]
     for pattern in ("*.safetensors", "*.bin", "*.pt", "*.pth"):
-        found = sorted(p for p in folder.glob(pattern) if p.is_file())
+        found = sorted(p for p in folder.glob(pattern) if _present(p))
         if found:
             return None, found
     return None, []
 
 
-def _read_index(index: Path) -> tuple[list[Path], dict[str, str]]:
-    """The shard files an index names (each once, in order) and its weight map, from one read of the index."""
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a name the file system refuses (too long, not encodable) instead of raising."""
     try:
-        raw = json.loads(index.read_text())
-        weight_map = raw["weight_map"]
-        files = list(dict.fromkeys(str(v) for v in weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise _bad(index, f"not a checkpoint index ({type(e).__name__}: {e})",
-                   "An index is JSON with a 'weight_map' of tensor name -> shard file.") from e  # fmt: skip
-    missing = [f for f in files if not (index.parent / f).is_file()]
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _present(path: Path) -> bool:
+    try:
+        return path.is_file() or path.is_symlink()
+    except (OSError, ValueError):
+        return False
+
+
+def _size(n: int) -> str:
+    return f"{n // 2**20} MiB" if n % 2**20 == 0 else f"{n:,} bytes"
+
+
+_HUB_BLOBS = "blobs"
+
+
+def _within(target: Path, root: Path) -> bool:
+    """``target`` (resolved) is inside ``root`` (resolved), or is a blob of a Hugging Face hub cache."""
+    if target.is_relative_to(root):
+        return True
+    return target.parent.name == _HUB_BLOBS and target.parent.parent.name.startswith("models--")
+
+
+def _outside(folder: Path, name: Any, root: Path | None = None) -> str | None:
+    """Why ``folder / name`` is not a file inside ``folder`` (``root``: it resolved), or None.
+
+    Note: [hostile checkpoints].
+    """
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return "is not a file name"
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if posix.is_absolute() or windows.is_absolute() or windows.drive or name.startswith(("/", "\\")):
+        return "is an absolute path, outside the checkpoint folder"
+    if ".." in posix.parts or ".." in windows.parts:
+        return "climbs out of the checkpoint folder ('..')"
+    try:  # only now the file system: the symlinks on the way, inside the folder
+        root = root or folder.resolve()
+        target = (root / name).resolve()
+    except (OSError, RuntimeError, ValueError):  # a symlink loop; a name the file system cannot encode
+        return "cannot be resolved (a symlink loop, or not a file name here)"
+    if _within(target, root):
+        return None
+    return "resolves outside the checkpoint folder (a symlink?)"
+
+
+def checkpoint_file(folder: str | os.PathLike[str], name: str, *, what: str = "file") -> Path:
+    """``folder / name``, refused unless it resolves inside ``folder`` (Note: [hostile checkpoints]).
+
+    ``name`` is checked as text before the file system is asked anything (absolute, ``..``, empty, NUL),
+    then resolved with its symlinks; the answer does not depend on whether a path outside exists.
+
+    Raises:
+        CheckpointError: ``name`` is not a relative path inside ``folder``.
+    """
+    folder = Path(folder)
+    why = _outside(folder, name)
+    if why is not None:
+        raise _bad(folder, f"{what} {_short.repr(name)} {why}", _CONFINED)
+    return folder / name
+
+
+_CONFINED = "A checkpoint's files must be inside its folder: re-download the checkpoint, or fix its index."
+
+
+def _read_index(index: Path) -> tuple[list[Path], dict[str, str]]:
+    """The shard files an index names (each once, in order) and its weight map, from one bounded read of the index.
+
+    Every shard must be inside the index's folder (:func:`checkpoint_file`), checked before any is opened.
+    """
+    fix = "An index is JSON with a 'weight_map' of tensor name -> shard file; re-download it."
+    if not _is_file(index):
+        raise _bad(index, "not a file", fix)
+    try:
+        with open(index, "rb") as f:
+            data = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as e:
+        raise _bad(index, f"cannot be read ({type(e).__name__}: {e.strerror or e})") from e
+    if len(data) > MAX_INDEX_BYTES:
+        raise _bad(index, f"longer than the {_size(MAX_INDEX_BYTES)} fakeviz reads from an index (about "
+                   "150,000 tensors)", "Build the model from its config alone with "
+                   "fakeviz.models.build(folder).")  # fmt: skip
+    try:
+        raw = _strict_json(data)
+    except RecursionError as e:
+        raise _bad(index, "nests JSON too deeply to be a checkpoint index", fix) from e
+    except ValueError as e:
+        raise _bad(index, f"not a checkpoint index (not JSON: {str(e)[:200]})", fix) from e
+    if not isinstance(raw, dict):
+        raise _bad(index, f"not a checkpoint index (a JSON {_json_type(raw)}, not an object)", fix)
+    if "weight_map" not in raw:
+        raise _bad(index, "not a checkpoint index (no 'weight_map')", fix)
+    weight_map = raw["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise _bad(index, f"field 'weight_map' is a JSON {_json_type(weight_map)}, where an index has an object", fix)
+    if len(weight_map) > MAX_TENSORS:
+        raise _bad(index, f"names {len(weight_map):,} tensors, more than the {MAX_TENSORS:,} fakeviz reads",
+                   "Build the model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
+    shards: dict[str, str] = {}
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise _bad(index, f"weight_map entry {_short.repr(tensor)} is {_short.repr(shard)} (a JSON "
+                       f"{_json_type(shard)}), where an index has a shard file name", fix)  # fmt: skip
+        shards.setdefault(shard, tensor)
+    root = index.parent.resolve()
+    for shard, tensor in shards.items():  # every name confined before any shard is looked at
+        why = _outside(index.parent, shard, root)
+        if why is not None:
+            raise _bad(index, f"weight_map entry {_short.repr(tensor)}: shard {_short.repr(shard)} {why}", _CONFINED)
+    files = [index.parent / shard for shard in shards]
+    missing = [shard for shard, f in zip(shards, files) if not _is_file(f)]
     if missing:
-        raise _bad(index, f"{len(missing)} shard(s) named in the index are missing: {', '.join(missing[:5])}",
+        raise _bad(index, f"{len(missing)} shard(s) named in the index are missing: {_names(missing)}",
                    "Download the missing shards (or all of the checkpoint) into the same folder.")  # fmt: skip
-    return [index.parent / f for f in files], weight_map
+    return files, weight_map
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -259,6 +509,11 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         if index is None and not files:
             raise _bad(path, "no weights found (model.safetensors[.index.json], pytorch_model.bin[.index.json], "
                        "*.safetensors, *.bin, *.pt)", "Point at the folder that holds the weight files.")  # fmt: skip
+        for f in [index] if index is not None else files:
+            checkpoint_file(path, f.name, what="weight file")
+            if not _is_file(f):
+                raise _bad(path, f"weight file {_short.repr(f.name)} is not a file (a broken symlink?)",
+                           "Re-download the checkpoint.")  # fmt: skip
     elif path.name.endswith(".index.json"):
         index, files = path, []
     elif path.is_file():
@@ -278,6 +533,10 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
         else:
             found = read_torch_meta(f)
         tensors.update(found)
+        if len(tensors) > MAX_TENSORS or header_bytes > MAX_TOTAL_HEADER_BYTES:
+            raise _bad(path, f"more than {MAX_TENSORS:,} tensors or {_size(MAX_TOTAL_HEADER_BYTES)} of headers "
+                       f"(after {f.name}: {len(tensors):,} tensors, {header_bytes:,} bytes of headers): more than "
+                       "fakeviz reads", "Build the model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
     if weight_map is not None:
         _check_index(index, weight_map, tensors)  # type: ignore[arg-type]
     return Checkpoint(tensors, files, fmt, header_bytes)
@@ -292,5 +551,5 @@ def _check_index(index: Path, weight_map: dict[str, str], tensors: dict[str, Ten
 
 def _names(names: Iterable[str], limit: int = 5) -> str:
     names = list(names)
-    shown = ", ".join(names[:limit])
+    shown = ", ".join(n if len(n) <= 80 else n[:77] + "..." for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

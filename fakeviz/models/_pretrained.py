@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .._core.errors import CheckpointError, CheckpointMismatchError, FakeVizWarning
-from .._engine.checkpoint import Checkpoint, TensorInfo, read_checkpoint
+from .._engine.checkpoint import Checkpoint, TensorInfo, checkpoint_file, read_checkpoint
 from ._build import as_dtype, building, instantiate, spec_of
 
 __all__ = ["Match", "from_pretrained", "match"]
@@ -141,7 +141,8 @@ def from_pretrained(
         ``fv.fake_mode()``), in training mode as transformers builds it.
 
     Raises:
-        CheckpointError: no ``config.json``, no weights, or a malformed/truncated weight file.
+        CheckpointError: no ``config.json``, no weights, a malformed/truncated weight file, or a file that
+            resolves outside the folder (Note: [hostile checkpoints] in :mod:`fakeviz._engine.checkpoint`).
         CheckpointMismatchError: ``strict=True`` and the checkpoint disagrees with the model.
     """
     folder = Path(path).expanduser()
@@ -150,9 +151,10 @@ def from_pretrained(
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder}: no config.json here\nfrom_pretrained needs a checkpoint folder "
                               "(config.json + weights); fakeviz.models.build() takes a config alone.")  # fmt: skip
+    config = checkpoint_file(folder, "config.json", what="config")  # Note: [hostile checkpoints]
     ckpt = read_checkpoint(folder)
     want = as_dtype(dtype)
-    spec = spec_of(folder / "config.json", {})
+    spec = spec_of(config, {})
     with building(device):
         model = instantiate(spec, want or ckpt.main_dtype())
         m = match(model, ckpt)
