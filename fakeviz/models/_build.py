@@ -14,6 +14,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from .._core.errors import CheckpointError, FakeVizError
+from .._engine.checkpoint import MAX_INDEX_BYTES
 from .._engine.session import fake_mode
 from ._catalog import CatalogEntry, resolve
 
@@ -100,8 +101,15 @@ def spec_of(spec: Any, overrides: dict[str, Any]) -> Spec:
         if not file.is_file():
             raise CheckpointError(f"{path}: no config.json in this folder\nPoint at a folder that holds config.json.")
         try:
-            raw = json.loads(file.read_text())
-        except (OSError, ValueError) as e:
+            with open(file, "rb") as f:  # bounded: a config is a few KB; the index limit is generous
+                data = f.read(MAX_INDEX_BYTES + 1)
+        except OSError as e:
+            raise CheckpointError(f"{file}: not readable ({e.strerror or e})") from e
+        if len(data) > MAX_INDEX_BYTES:
+            raise CheckpointError(f"{file}: over {MAX_INDEX_BYTES // 2**20} MiB, not a model config")
+        try:
+            raw = json.loads(data)
+        except ValueError as e:
             raise CheckpointError(f"{file}: not readable as JSON ({e})") from e
         if not isinstance(raw, dict):
             raise CheckpointError(f"{file}: not a config (a JSON object)")

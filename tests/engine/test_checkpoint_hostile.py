@@ -614,3 +614,12 @@ def test_fuzz_reaches_both_outcomes(tmp_path):
     assert outcome(folder_with(tmp_path / "a", dumps(header), data_size=data_size), tmp_path / "outside") == "built"
     assert safetensors_accepts(tmp_path / "a" / "ckpt" / "model.safetensors")
     assert outcome(sharded(tmp_path / "b"), (tmp_path / "b" / "outside").resolve()) == "built"
+
+
+def test_a_huge_config_json_is_refused_after_a_bounded_read(tmp_path):
+    """``models.build(folder)`` reads config.json up to the index limit (16 MiB), not whole."""
+    (tmp_path / "config.json").write_bytes(b"{" + b" " * (ck.MAX_INDEX_BYTES + 10) + b"}")
+    with mock.patch("builtins.open", wraps=open) as opened:
+        with pytest.raises(CheckpointError, match=r"config\.json: over 16 MiB, not a model config"):
+            models.build(tmp_path)
+    assert opened.call_count == 1
