@@ -13,15 +13,16 @@ The engine fills a record through its :attr:`Record.builder`; analyses read it t
 
 from __future__ import annotations
 
+import re
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .schema import ALL_COLS, IN_COLS, MOD_COLS, OP_COLS, OUT_COLS, P_COLS, ST_COLS, STRING_TABLES, T_COLS
 
-__all__ = ["Builder", "Interner", "Record"]
+__all__ = ["Builder", "Interner", "Record", "fill_args"]
 
 T = TypeVar("T")
 TYPECODE_DTYPE = {"b": np.int8, "h": np.int16, "i": np.int32, "q": np.int64}
@@ -30,6 +31,34 @@ TYPECODE_DTYPE = {"b": np.int8, "h": np.int16, "i": np.int32, "q": np.int64}
 def column_dtype(name: str) -> np.dtype:
     """The NumPy dtype of column ``name`` (from its typecode in the schema)."""
     return np.dtype(TYPECODE_DTYPE[ALL_COLS[name]])
+
+
+_ARG_FIELDS = re.compile(r"\{\{|\}\}|\{\}")
+
+
+def fill_args(template: str, tensor_ids: Sequence[int]) -> str:
+    """An op's argument text from its template (the ``args`` string table): ``$id`` for each ``{}``, in order.
+
+    The recorder writes ``{}`` for each tensor input and doubles the braces of literal text (a string argument
+    ``'{x}'`` is ``'{{x}}'``). Only those three forms are read: anything else in the template is text, never a
+    format field, so a template from a file cannot run a format spec (``{:>200000000}`` stays as it is). A
+    ``{}`` without an id left (a malformed file) is written ``$?``.
+    """
+    if "{" not in template and "}" not in template:
+        return template
+    n = len(tensor_ids)
+    if template.count("{}") == n and template.count("{") == n and template.count("}") == n:
+        parts = template.split("{}")  # the common case: bare placeholders, one per tensor
+        return parts[0] + "".join(f"${t}{p}" for t, p in zip(tensor_ids, parts[1:]))
+    ids = iter(tensor_ids)
+
+    def field(m: re.Match[str]) -> str:
+        if m.group() != "{}":
+            return m.group()[0]
+        t = next(ids, None)
+        return "$?" if t is None else f"${t}"
+
+    return _ARG_FIELDS.sub(field, template)
 
 
 class Interner:
