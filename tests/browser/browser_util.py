@@ -302,6 +302,19 @@ _STARTED = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'
     .some((p) => /\\[(\\*|\\d+)\\]/.test(p.textContent))"""
 
 
+def _no_dialog(page: Any, timeout: float = 60_000) -> None:
+    """Wait for a JupyterLab dialog over the page to close by itself (a loaded machine saw one cover the notebook
+    while the kernel started); one that stays fails the test with its text."""
+    dialog = page.locator(".jp-Dialog")
+    if dialog.count() == 0:
+        return
+    try:
+        dialog.first.wait_for(state="detached", timeout=timeout)
+    except Exception as exc:  # playwright's TimeoutError
+        text = " ".join(dialog.first.inner_text(timeout=1_000).split())
+        raise AssertionError(f"a dialog stays over the notebook: {text[:300]!r}") from exc
+
+
 def run_all_cells(page: Any, tries: int = 3) -> None:
     """Run > Run All Cells, from the menu bar, as a person would; retried if no cell started.
 
@@ -309,6 +322,7 @@ def run_all_cells(page: Any, tries: int = 3) -> None:
     menu entry is then disabled: focus the notebook first, and try again if nothing ran.
     """
     for attempt in range(tries):
+        _no_dialog(page)
         page.locator(".jp-Notebook .jp-Cell").first.click()
         page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).first.click()
         item = page.locator(".lm-Menu-item:not(.lm-mod-disabled)").filter(
