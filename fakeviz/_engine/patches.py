@@ -26,13 +26,12 @@ that every replacement fakeviz makes is declared here.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import itertools
 import threading
 from typing import Any
 
 __all__ = ["ENTRIES", "Entry", "active", "declare", "original", "pop", "push", "push_call", "push_item", "push_member",
-           "resolve", "where"]  # fmt: skip
+           "where"]  # fmt: skip
 
 SCOPES = ("import", "session", "gpu-session", "record")
 
@@ -64,20 +63,6 @@ def declare(key: str, owner: str, names: tuple[str, ...] | str, *, scope: str, b
     entry = Entry(key, owner, (names,) if isinstance(names, str) else tuple(names), scope, by, why, torch, kind)
     ENTRIES[key] = entry
     return entry
-
-
-def resolve(path: str) -> Any:
-    """The module or class at a dotted path (``torch.cuda``, ``torch.UntypedStorage``), importing modules."""
-    parts = path.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for name in parts[i:]:
-            obj = getattr(obj, name)
-        return obj
-    raise ImportError(path)
 
 
 # ------------------------------------------------------------------------------------------------ changes
@@ -120,9 +105,13 @@ def _write(slot: _Slot, value: Any) -> None:
         setattr(slot.owner, slot.name, value)
 
 
-def _push(owner: Any, name: Any, value: Any, entry: str, item: bool) -> int:
+def _declared(entry: str) -> None:
     if entry not in ENTRIES:
         raise KeyError(f"patch {entry!r} is not declared in fakeviz._engine.patches")
+
+
+def _push(owner: Any, name: Any, value: Any, entry: str, item: bool) -> int:
+    _declared(entry)
     with _LOCK:
         key = (id(owner), name)
         slot = _SLOTS.get(key)
@@ -148,8 +137,7 @@ def push_item(table: dict[Any, Any], key: Any, value: Any, *, entry: str) -> int
 
 def push_member(lst: list[Any], member: Any, *, entry: str) -> int:
     """Append ``member`` to ``lst`` unless it is there; the token removes what this call added."""
-    if entry not in ENTRIES:
-        raise KeyError(f"patch {entry!r} is not declared in fakeviz._engine.patches")
+    _declared(entry)
     with _LOCK:
         token = next(_ids)
         added = member not in lst
@@ -160,9 +148,9 @@ def push_member(lst: list[Any], member: Any, *, entry: str) -> int:
 
 
 def push_call(do: Any, undo: Any, *, entry: str) -> int:
-    """A change made outside Python's reach (C++: the fake-cuda shim): ``do()`` now, ``undo()`` at :func:`pop`."""
-    if entry not in ENTRIES:
-        raise KeyError(f"patch {entry!r} is not declared in fakeviz._engine.patches")
+    """A change made by a call (the fake-cuda shim's C++, torch's global hook registrations): ``do()`` now,
+    ``undo()`` at :func:`pop`."""
+    _declared(entry)
     with _LOCK:
         do()
         token = next(_ids)
@@ -219,13 +207,12 @@ def active(scope: str | None = None) -> list[tuple[str, str, str]]:
     with _LOCK:
         out = [(e, where(slot.owner), str(slot.name)) for slot in _SLOTS.values() for _, _, e in slot.stack]
         out += [(e, "list", repr(m)) for _, m, e in _MEMBERS.values() if m is not _MISSING]
-        out += [(e, "C++", ", ".join(ENTRIES[e].names)) for e, _ in _CALLS.values()]
+        out += [(e, ENTRIES[e].kind, ", ".join(ENTRIES[e].names)) for e, _ in _CALLS.values()]
     return [x for x in out if scope is None or ENTRIES[x[0]].scope == scope]
 
 
 # ------------------------------------------------------------------------------------------ declarations
 _S = "fakeviz._engine.session"
-_ALL = "all supported"
 # import scope
 declare("fake-rules", "torch._subclasses.fake_impls.op_implementations_dict",
         ("aten._grouped_mm.default", "aten._use_cudnn_ctc_loss.*", "aten._cudnn_ctc_loss.*",
@@ -348,6 +335,6 @@ declare(
     why="torch's public global hooks: module and phase tracking, names, optimizer state (recorder/modules.py)",
 )
 declare("tracing-checks", "transformers.utils.import_utils", "is_fake_tensor", scope="record",
-        by="fakeviz._engine.tracing_checks", torch=_ALL,
+        by="fakeviz._engine.tracing_checks",
         why="Note: [tracing checks under fake tensors]; also a sys.meta_path finder while transformers is "
             "not yet imported")  # fmt: skip
