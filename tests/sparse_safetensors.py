@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 __all__ = ["write_raw_safetensors", "write_sparse_safetensors"]
 
@@ -39,3 +40,34 @@ def write_raw_safetensors(path: Path, header: dict | bytes, data_size: int, leng
         f.write(struct.pack("<Q", len(raw) if length is None else length) + raw)
         f.truncate(8 + len(raw) + data_size)
     return 8 + len(raw) + data_size
+
+
+class CountingFile:
+    """A file whose ``read`` appends the bytes it returned to ``reads``: the checkpoint tests patch the reader's
+    ``open`` with :func:`counting_open` to assert how much of a file was read."""
+
+    def __init__(self, f: Any, reads: list[int]) -> None:
+        self.f = f
+        self.reads = reads
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.reads.append(len(data))
+        return data
+
+    def fileno(self) -> int:  # the reader takes the file's size from the open file (fstat), not from its path
+        return self.f.fileno()
+
+    def __enter__(self) -> CountingFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.f.close()
+
+
+def counting_open(reads: list[int]) -> Any:
+    """An ``open(path, mode="r")`` whose files count what they read into ``reads``."""
+    import builtins
+
+    real = builtins.open
+    return lambda p, mode="r": CountingFile(real(p, mode), reads)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 import os
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from sparse_safetensors import write_sparse_safetensors
+from sparse_safetensors import counting_open, write_sparse_safetensors
 
 import fakeviz as fv
 from fakeviz import models
@@ -294,27 +293,7 @@ def test_sparse_multi_gb_checkpoint_reads_headers_only(tmp_path, monkeypatch):
 
     # every byte the reader reads goes through open(): count them
     reads: list[int] = []
-    real_open = builtins.open
-
-    class Counting:
-        def __init__(self, f):
-            self.f = f
-
-        def read(self, n=-1):
-            data = self.f.read(n)
-            reads.append(len(data))
-            return data
-
-        def fileno(self):  # the reader takes the file's size from the open file (fstat), not from its path
-            return self.f.fileno()
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    monkeypatch.setattr(ck, "open", lambda p, mode="r": Counting(real_open(p, mode)), raising=False)
+    monkeypatch.setattr(ck, "open", counting_open(reads), raising=False)
     before = rchar()
     ckpt = ck.read_checkpoint(tmp_path)
     read_syscalls = rchar() - before

@@ -20,7 +20,7 @@ from unittest import mock
 
 import pytest
 import torch
-from sparse_safetensors import write_raw_safetensors, write_sparse_safetensors
+from sparse_safetensors import counting_open, write_raw_safetensors, write_sparse_safetensors
 
 from fakeviz import models
 from fakeviz._core.errors import CheckpointError
@@ -298,24 +298,7 @@ def test_an_oversized_index_is_read_bounded(tmp_path):
     with open(index, "wb") as f:
         f.truncate(ck.MAX_INDEX_BYTES + 2**30)  # 1 GiB more than the cap, a hole
     reads: list[int] = []
-    real = open
-
-    class Counting:
-        def __init__(self, f):
-            self.f = f
-
-        def read(self, n=-1):
-            data = self.f.read(n)
-            reads.append(len(data))
-            return data
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
-
-    with mock.patch.object(ck, "open", lambda p, mode="r": Counting(real(p, mode)), create=True):
+    with mock.patch.object(ck, "open", counting_open(reads), create=True):
         refused(folder, "longer than the 16 MiB fakeviz reads from an index", build=False)
     assert sum(reads) == ck.MAX_INDEX_BYTES + 1
 
