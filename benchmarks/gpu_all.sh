@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Everything a session runs when a GPU is lent (one call, about 5 minutes on an H100):
+# the allocator accuracy benchmark, the time benchmark, and the fake-cuda tests on a CUDA build that sees a GPU.
+# Results go to $OUT (the device tool's folder) or benchmarks/results/gpu/ when OUT is unset.
+#   bash benchmarks/gpu_all.sh
+set -u
+OUT=${OUT:-benchmarks/results/gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 FAKEVIZ_CACHE_DIR=${FAKEVIZ_CACHE_DIR:-/tmp/fakeviz-cache}
+PY=${PYTHON:-python3}
+tag=$($PY -c "import torch,re;print(re.sub(r'[^a-z0-9]+','_',torch.cuda.get_device_name(0).lower()).strip('_') if torch.cuda.is_available() else 'nogpu')")
+{
+  nvidia-smi -L
+  $PY -c "import sys,torch,transformers;print(sys.version.split()[0],torch.__version__,torch.version.cuda,transformers.__version__)"
+  echo "== native fake cuda next to a real GPU"
+  $PY - <<'PYEOF'
+import torch, fakeviz as fv
+from fakeviz._engine import cuda_shim
+print(cuda_shim.status())
+m0 = torch.cuda.memory_allocated()
+with fv.record(device="cuda:0") as t:
+    w = torch.randn(4096, 4096, device="cuda", requires_grad=True)
+    (w @ w).sum().backward()
+print("fake ops", t.num_ops, "real bytes allocated by the fake record", torch.cuda.memory_allocated() - m0)
+try:
+    with fv.record(device="cuda:1"):
+        torch.randn(2, device="cuda:1")
+    print("cuda:1 accepted on a one-GPU machine")
+except Exception as e:
+    print("cuda:1 ->", type(e).__name__, str(e)[:400])
+PYEOF
+  echo "== tests"
+  timeout 90 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_builds.py tests/engine/test_cuda_api.py tests/engine/test_devices.py 2>&1 | tail -25
+} 2>&1 | tee "$OUT/gpu_checks_$tag.log"
+echo "== gpu_time"
+timeout 270 $PY benchmarks/gpu_time.py --out "$OUT/gpu_time_$tag.json" 2>&1 | grep -v USDT | tee "$OUT/gpu_time_$tag.log" | tail -60
+echo "== gpu_accuracy"
+timeout 180 $PY benchmarks/gpu_accuracy.py --out "$OUT/gpu_accuracy_$tag.json" --oplogs "$OUT/${tag}_golden.json" 2>&1 | tee "$OUT/gpu_accuracy_$tag.log" | tail -40
