@@ -273,17 +273,46 @@ def _hf_case(name: str, device: str) -> StepCase:
         "mixtral_2l": ("MixtralForCausalLM", "MixtralConfig", dict(hidden_size=4096, intermediate_size=14336,
                        num_attention_heads=32, num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2,
                        vocab_size=32000, num_hidden_layers=2), (1, 2048), "sdpa", None),
+        # held out (HOLDOUT_CASES): measured, never used to fit the time model's constants
+        "llama8b_2l_b4": ("LlamaForCausalLM", "LlamaConfig", dict(hidden_size=4096, intermediate_size=14336,
+                          num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, num_hidden_layers=2,
+                          max_position_embeddings=8192), (4, 4096), "sdpa", None),
+        "mistral7b_2l_adamw": ("MistralForCausalLM", "MistralConfig", dict(hidden_size=4096, intermediate_size=14336,
+                               num_attention_heads=32, num_key_value_heads=8, vocab_size=32768, num_hidden_layers=2,
+                               max_position_embeddings=8192), (2, 4096), "sdpa", "adamw"),
+        "qwen1_5b_4l": ("Qwen2ForCausalLM", "Qwen2Config", dict(hidden_size=1536, intermediate_size=8960,
+                        num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, num_hidden_layers=4,
+                        max_position_embeddings=4096, tie_word_embeddings=True), (8, 1024), "sdpa", None),
+        "phi3_mini_2l_eager": ("Phi3ForCausalLM", "Phi3Config", dict(hidden_size=3072, intermediate_size=8192,
+                               num_attention_heads=32, num_key_value_heads=32, vocab_size=32064, num_hidden_layers=2,
+                               max_position_embeddings=4096, pad_token_id=0), (2, 2048), "eager", None),
+        "llama1b_4l_autocast_fused": ("LlamaForCausalLM", "LlamaConfig", dict(hidden_size=2048, intermediate_size=8192,
+                                      num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                                      num_hidden_layers=4, max_position_embeddings=8192, tie_word_embeddings=True),
+                                      (2, 2048), "sdpa", "autocast+fused"),
+        "gpt2_medium_8l_eager": ("GPT2LMHeadModel", "GPT2Config", dict(n_embd=1024, n_head=16, n_layer=8,
+                                 vocab_size=50257, n_positions=1024, resid_pdrop=0.0, embd_pdrop=0.0,
+                                 attn_pdrop=0.0), (8, 1024), "eager", "adamw"),
     }  # fmt: skip
     cls_name, cfg_name, cfg, (batch, seq), attn, optim = spec[name]
     torch.manual_seed(0)
     config = getattr(transformers, cfg_name)(attn_implementation=attn, **cfg)
+    autocast = optim == "autocast+fused"
     with torch.device(device):
-        model = getattr(transformers, cls_name)(config).to(torch.bfloat16)
-        ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True) if optim else None
+        model = getattr(transformers, cls_name)(config)
+        if not autocast:
+            model = model.to(torch.bfloat16)
+        ids = torch.randint(0, cfg.get("vocab_size", 50257), (batch, seq))
+    opt = None
+    if optim == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True)
+    elif autocast:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    dev_type = device.split(":")[0]
 
     def step() -> None:
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast(dev_type, dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         if opt is not None:
             opt.step()
@@ -296,6 +325,8 @@ def _hf_case(name: str, device: str) -> StepCase:
 
 ZOO_CASES = ["mlp", "convnet_channels_last", "gpt2_tied", "llama", "bert", "t5", "checkpointed"]
 HF_CASES = ["llama8b_2l", "llama8b_2l_adamw", "llama1b_4l", "qwen7b_2l_eager", "gpt_neox20b_2l", "mixtral_2l"]
+HOLDOUT_CASES = ["llama8b_2l_b4", "mistral7b_2l_adamw", "qwen1_5b_4l", "phi3_mini_2l_eager",
+                 "llama1b_4l_autocast_fused", "gpt2_medium_8l_eager"]  # fmt: skip
 
 
 def _tensors(x: Any) -> list[Any]:
@@ -418,13 +449,15 @@ def run_case(name: str, device: str, steps: int, warmup: int) -> dict[str, Any]:
     names = [r["op"] for r in ops]
     flops = sum(r["flops"] for r in ops if r["flops"] > 0)
     row = {
-        "case": name, "note": case.note, "params": params, "tokens": case.tokens, **timing, **kernels,
+        "case": name, "holdout": name in HOLDOUT_CASES, "note": case.note, "params": params, "tokens": case.tokens, **timing, **kernels,
         "ops": len(ops), "record_ops": trace.num_ops, "ops_match_record": _norm(names) == _norm(recorded),
         "flops": flops, "achieved_tflops": flops / timing["median_s"] / 1e12 if timing["median_s"] else None,
         "op_rows": ops,
     }  # fmt: skip
     if not row["ops_match_record"]:
         row["record_op_names"] = recorded
+    if row["holdout"]:  # the real GPU's op log of the step, to compare with a fake record of it on any machine
+        row["record_oplog"] = trace.oplog_lines()
     del case, trace
     gc.collect()
     if device.startswith("cuda"):

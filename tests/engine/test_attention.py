@@ -699,3 +699,24 @@ def test_record_forced_backend_that_cannot_run_names_where():
     assert trace.error["op"] == "aten.scaled_dot_product_attention" and trace.error["module"] == "Attn"
     assert trace.num_ops >= 1 and torch._guards.detect_fake_mode() is None
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention  # patch undone
+
+
+def test_autocast_casts_attention_inputs_first_like_the_gpu():
+    """Note: [attention under autocast]: on a GPU autocast casts q, k, v (float, not float64) to its dtype at
+    aten::scaled_dot_product_attention and runs the chosen backend with autocast off; HF Llama under
+    ``torch.autocast("cuda", torch.bfloat16)`` hands SDPA fp32 q/k (RoPE in fp32) and a bf16 v (H100 record of
+    ``benchmarks/gpu_time.py``'s ``llama1b_4l_autocast_fused``: two ``_to_copy`` then the cuDNN kernel)."""
+    with fv.record(device="cuda:0") as trace:
+        q = torch.randn(2, 4, 16, 64, device="cuda")
+        v = torch.randn(2, 4, 16, 64, device="cuda", dtype=torch.bfloat16)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = F.scaled_dot_product_attention(q, q, v, is_causal=True)
+            assert torch.is_autocast_enabled("cuda"), "autocast is on again after the call"
+        assert out.dtype == torch.bfloat16
+    ops = [str(o) for o in trace.ops["op"]]
+    assert ops[-3:] == [
+        "aten._to_copy.default",
+        "aten._to_copy.default",
+        "aten._scaled_dot_product_cudnn_attention.default",
+    ]
+    assert set(trace.ops["dtype"].iloc[-3:-1]) == {"torch.bfloat16"}

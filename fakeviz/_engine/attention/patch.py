@@ -320,20 +320,26 @@ def attention_patch(
         try:
             if not simulate:
                 return previous(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-            return sdpa_like_gpu(
-                query,
-                key,
-                value,
-                attn_mask,
-                dropout_p,
-                is_causal,
-                scale,
-                enable_gqa,
-                setting=setting,
-                capability=capability,
-                cudnn_version=cudnn_version,
-                on_choice=on_choice,
+            device_type = query.device.type
+            if not torch.is_autocast_enabled(device_type):
+                return sdpa_like_gpu(
+                    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa,
+                    setting=setting, capability=capability, cudnn_version=cudnn_version, on_choice=on_choice,
+                )  # fmt: skip
+            # Note: [attention under autocast]. On a GPU, autocast casts at aten::scaled_dot_product_attention
+            # (a lower-precision op: every floating-point tensor argument but float64 goes to the autocast
+            # dtype) and runs the op, whichever backend it picks, with autocast excluded. The simulation
+            # runs above the dispatcher, so it does the same cast first, then runs with autocast off.
+            low = torch.get_autocast_dtype(device_type)
+            q, k, v, mask = (
+                t.to(low) if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+                for t in (query, key, value, attn_mask)
             )
+            with torch.autocast(device_type, enabled=False):
+                return sdpa_like_gpu(
+                    q, k, v, mask, dropout_p, is_causal, scale, enable_gqa,
+                    setting=setting, capability=capability, cudnn_version=cudnn_version, on_choice=on_choice,
+                )  # fmt: skip
         except Exception as exc:
             new = on_error(exc) if on_error is not None else exc
             if new is exc:
