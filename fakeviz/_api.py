@@ -19,16 +19,16 @@ __all__ = ["FakeSession", "Recording", "explore", "fake_cuda_status", "record"]
 def record(
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     fake: bool = True,
     symbolic: bool = False,
-    exclude: tuple[str, ...] | list[str] = (),
-    modules: tuple[torch.nn.Module, ...] | list[torch.nn.Module] = (),
+    exclude: str | tuple[str, ...] | list[str] = (),
+    modules: torch.nn.Module | tuple[torch.nn.Module, ...] | list[torch.nn.Module] = (),
     session: FakeSession | None = None,
     progress: Any = None,
     attention: str = "auto",
     gpu: str | None = None,
-    gpus: int | None = None,
+    gpus: int | str | None = None,
     routing: str | None = "balanced",
 ) -> Recording:
     return _recorder.record(

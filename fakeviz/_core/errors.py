@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ArgumentError",
     "CheckpointError",
     "CheckpointMismatchError",
     "DataDependentError",
@@ -111,6 +112,46 @@ class SequenceTooLongError(FakeVizError, ValueError):
         super().__init__(message)
         self.seq = seq
         self.context = context
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ValueError, (str(self),))
+
+
+class ArgumentError(FakeVizError, ValueError):
+    """An argument fakeviz cannot honour: refused, never silently changed or ignored.
+
+    A config override the config does not have (``num_hidden_layer=2``), a size below 1, a GPU count where
+    a capacity is needed, a device fakeviz does not fake, an empty sweep axis. The message's first line is
+    the argument as written and what is wrong with it; the next lines say what to give instead.
+
+    Attributes: ``argument`` (its name: ``"gpus"``, ``"num_hidden_layers"``), ``value`` (as given),
+    ``problem`` (the first line without the argument: what is wrong), ``advice`` (what to do, may be ""),
+    ``suggestions`` (near names, best first). The command line words the first line as its own option
+    (``--set num_hidden_layer=1: ...``) from these.
+    """
+
+    def __init__(
+        self,
+        argument: str,
+        value: Any,
+        problem: str,
+        advice: str = "",
+        *,
+        written: str | None = None,
+        suggestions: tuple[str, ...] = (),
+    ) -> None:
+        self.argument = argument
+        self.value = value
+        self.problem = problem
+        self.advice = advice
+        self.suggestions = tuple(suggestions)
+        self.written = written if written is not None else f"{argument}={value!r}"
+        super().__init__(f"{self.written}: {problem}" + (f"\n{advice}" if advice else ""))
+
+    def reworded(self, written: str) -> ArgumentError:
+        """The same error with the argument written another way (the command line's ``--set KEY=VALUE``)."""
+        return ArgumentError(self.argument, self.value, self.problem, self.advice, written=written,
+                             suggestions=self.suggestions)  # fmt: skip
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (ValueError, (str(self),))

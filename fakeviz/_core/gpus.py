@@ -15,11 +15,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ArgumentError
 from .fmt import format_bytes
 
 __all__ = [
     "CAPABILITY", "DEVICE_NAMES", "GPUS", "MULTIPROCESSORS", "ROCM_ARCH", "SM_LIMITS", "Capacity", "capacity_of",
-    "gpu_capability", "parse_capacity", "parse_gpus", "split_gpus",
+    "gpu_capability", "parse_capacity", "parse_gpus", "read_gpus", "split_gpus",
 ]  # fmt: skip
 
 _MIB = 2**20
@@ -113,7 +114,7 @@ class Capacity:
         name = _BY_NORM.get(_norm(text))
         if name is not None:
             return cls(GPUS[name], name, value)
-        m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)", text)
+        m = re.fullmatch(r"(-?[0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)", text)
         if m and m.group(2).upper() in _UNITS:
             n = float(m.group(1)) * _UNITS[m.group(2).upper()]
             if n <= 0:
@@ -156,38 +157,107 @@ def gpu_capability(name: str) -> tuple[int, int] | None:
 #: The most GPUs a machine spec may name (fake cuda devices are cuda:0 .. cuda:63).
 MAX_GPUS = 64
 
-
-def split_gpus(text: str) -> tuple[int, str]:
-    """``"8xH100"`` -> ``(8, "H100")``; ``"H100"`` -> ``(1, "H100")``; ``"2x80GB"`` -> ``(2, "80GB")``.
-
-    Raises:
-        ValueError: a count outside 1..64, or an unknown GPU / size (the message of :meth:`Capacity.parse`).
-    """
-    count, sep, what = str(text).strip().partition("x")
-    if not sep or not count.strip().isdigit():
-        count, what = "1", str(text).strip()
-    n = int(count)
-    if not 1 <= n <= MAX_GPUS:
-        raise ValueError(f"gpus {text!r}: between 1 and {MAX_GPUS} GPUs")
-    Capacity.parse(what)  # a clear error for an unknown name or size
-    return n, what.strip()
+_GIVE = "Give a GPU count with its kind ('8xH100', '2x80GB'), a GPU or size ('H100', '80GB'), or a list (['80GB', '40GiB'])."
 
 
-def parse_gpus(spec: Any) -> list[Capacity]:
-    """One :class:`Capacity` per GPU of a machine: ``"4xH100"``, ``"H100"``, ``"2x80GB"``, or a list of names,
-    sizes and such specs (``["80GB", "40GiB"]``, ``["2xH100", "A100 40GB"]``), in device order.
+def read_gpus(spec: Any, *, written: str | None = None) -> tuple[int, list[Capacity] | None]:
+    """The one reading of ``gpus=`` (and ``--gpus``): how many GPUs, and each one's :class:`Capacity` when named.
+
+    An integer (or a string of digits) is a GPU **count**, never bytes: ``8`` and ``"8"`` -> ``(8, None)``;
+    ``"8xH100"`` -> ``(8, [H100] * 8)``; ``"H100"`` / ``"80GB"`` / a :class:`Capacity` -> one GPU; a list of
+    names, sizes and such specs -> their GPUs in device order. ``written`` is how the caller wrote the argument,
+    for the error (default ``gpus=<value>``).
 
     Raises:
-        ValueError: an empty list, more than 64 GPUs, or an unknown GPU / size.
+        ArgumentError: (a ``ValueError``) not a count or a GPU, a count outside 1..64, a fraction, an unknown GPU
+            or size, an empty list, or a count without a kind inside a list.
     """
+
+    def refuse(problem: str, advice: str = _GIVE) -> ArgumentError:
+        return ArgumentError("gpus", spec, problem, advice, written=written)
+
+    if isinstance(spec, Capacity):
+        return 1, [spec]
+    if isinstance(spec, bool) or spec is None:
+        raise refuse("not a GPU count or a GPU")
+    if isinstance(spec, int):
+        return _count(spec, refuse), None
+    if isinstance(spec, float):
+        raise refuse(
+            "a number of GPUs is a whole number (and gpus= never takes bytes)",
+            "Give a count (gpus=8, or '8xH100' with the kind), or a size with its unit ('80GB').",
+        )
     if isinstance(spec, (list, tuple)):
-        out = [c for item in spec for c in parse_gpus(item)]
+        out: list[Capacity] = []
+        for item in spec:
+            if isinstance(item, (int, float)) and not isinstance(item, bool):
+                raise refuse(
+                    f"{item!r} in the list: each item is a GPU or a size ('H100', '80GB'), or a count with its kind",
+                    "Write ['2xH100', 'A100 40GB'] or ['80GB', '40GiB'].",
+                )
+            n, caps = read_gpus(item, written=written or f"gpus={spec!r}")
+            if caps is None:
+                raise refuse(f"{item!r} in the list is a count without a kind", f"Write '{n}xH100'.")
+            out.extend(caps)
         if not out:
-            raise ValueError("gpus: an empty list names no GPU")
+            raise refuse("an empty list names no GPU")
         if len(out) > MAX_GPUS:
-            raise ValueError(f"gpus: {len(out)} GPUs, at most {MAX_GPUS}")
-        return out
-    if isinstance(spec, (int, float, Capacity)) and not isinstance(spec, bool):
-        return [Capacity.parse(spec)]
-    n, what = split_gpus(spec)
-    return [Capacity.parse(what)] * n
+            raise refuse(f"{len(out)} GPUs; a fake machine has between 1 and {MAX_GPUS} GPUs", "Name at most 64.")
+        return len(out), out
+    if not isinstance(spec, str):
+        raise refuse(f"a {type(spec).__name__} is not a GPU count or a GPU")
+    text = spec.strip()
+    if text.isdigit():
+        return _count(int(text), refuse), None
+    m = re.fullmatch(r"(-?[0-9]+)\s*[xX*]\s*(\S.*)", text)
+    n, what = (int(m.group(1)), m.group(2).strip()) if m else (1, text)
+    _count(n, refuse)
+    if re.fullmatch(r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?", what):  # a bare number here is never bytes
+        raise refuse(f"{what!r} is neither a whole count nor a size with its unit", _GIVE)
+    if what.startswith("-"):
+        raise refuse(f"{what!r} is below zero", _GIVE)
+    try:
+        cap = Capacity.parse(what)
+    except ValueError as exc:
+        raise refuse(str(exc).split("; ")[0], _GIVE + f" The catalog's GPUs: {', '.join(GPUS)}.") from None
+    return n, [cap] * n
+
+
+def _count(n: int, refuse: Any) -> int:
+    if not 1 <= n <= MAX_GPUS:
+        raise refuse(f"{n} GPUs; a fake machine has between 1 and {MAX_GPUS} GPUs", "Give e.g. '8xH100'.")
+    return n
+
+
+def split_gpus(text: str, *, written: str | None = None) -> tuple[int, str]:
+    """``"8xH100"`` -> ``(8, "H100")``; ``"H100"`` -> ``(1, "H100")``; ``"2x80GB"`` -> ``(2, "80GB")``: the
+    command line's ``--gpus``, read by :func:`read_gpus` (one GPU kind; a count alone is refused: of what?).
+
+    Raises:
+        ArgumentError: as :func:`read_gpus`, and a count without a kind (``"8"``).
+    """
+    n, caps = read_gpus(str(text), written=written)
+    if caps is None:
+        raise ArgumentError("gpus", text, f"{n} GPUs of which kind?", f"Write {n}xH100 (or {n}x80GB).",
+                            written=written)  # fmt: skip
+    spec = caps[0].spec
+    return n, str(spec).strip()
+
+
+def parse_gpus(spec: Any, *, written: str | None = None) -> list[Capacity]:
+    """One :class:`Capacity` per GPU of a machine: ``"4xH100"``, ``"H100"``, ``"2x80GB"``, or a list of names,
+    sizes and such specs (``["80GB", "40GiB"]``, ``["2xH100", "A100 40GB"]``), in device order (:func:`read_gpus`).
+
+    A count alone (``gpus=8``) says how many GPUs but not their memory, which a plan needs: refused with the
+    spec to write instead (``"8xH100"``).
+
+    Raises:
+        ArgumentError: (a ``ValueError``) as :func:`read_gpus`, and a count without a kind.
+    """
+    n, caps = read_gpus(spec, written=written)
+    if caps is None:
+        raise ArgumentError(
+            "gpus", spec, f"{n} GPUs of which kind? A plan needs each GPU's memory",
+            f"Write gpus='{n}xH100' (or '{n}x80GB', or a list of GPUs and sizes).", written=written,
+        )  # fmt: skip
+    return caps

@@ -13,20 +13,19 @@ reported), 2 a usage error (a bad option, an unknown model: one line, no traceba
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 __all__ = ["main"]
 
-_DTYPES = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
-    "fp32": "float32", "float32": "float32", "float": "float32",
-}  # fmt: skip
 _OPTIMIZERS = ("adamw", "adam", "sgd", "none")
 _DEFAULT_GPU = "H100"
 
@@ -55,20 +54,58 @@ def _positive(name: str) -> Any:
 
 
 def _dtype(text: str) -> str:
-    v = _DTYPES.get(text.lower().removeprefix("torch."))
-    if v is None:
-        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use bf16, fp16 or fp32")
-    return v
+    """``--dtype``: read as ``models.build(dtype=...)`` and ``fv.record(dtype=...)`` read it
+    (:func:`fakeviz._engine.arguments.as_dtype`); the canonical name (``"bfloat16"``)."""
+    from .._engine.arguments import as_dtype
+
+    try:
+        return str(as_dtype(text)).removeprefix("torch.")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use bf16, fp16, fp32, fp64 or fp8") from None
 
 
 def parse_gpus(text: str) -> tuple[int, str]:
-    """``--gpus``: ``"8xH100"`` -> ``(8, "H100")`` (:func:`fakeviz._core.gpus.split_gpus`, the one parser)."""
+    """``--gpus``: ``"8xH100"`` -> ``(8, "H100")`` (:func:`fakeviz._core.gpus.split_gpus`: ``gpus=``'s one parser).
+
+    Raises:
+        ArgumentError: (a ``ValueError``) naming ``--gpus`` as written (a count alone: of which GPU?).
+    """
     from .._core.gpus import split_gpus
 
-    try:
-        return split_gpus(text)
-    except ValueError as exc:
-        raise ValueError(f"--{exc}") if str(exc).startswith("gpus ") else exc from None
+    return split_gpus(text, written=f"--gpus {text!r}")
+
+
+# options that take a value: "--gpus -1GB" is that option's value, not an option of its own (argparse reads a
+# word that starts with "-" and is not a plain negative number as an option, and says "expected one argument")
+_NEGATIVE = re.compile(r"-[0-9.]")
+
+
+def _value_options(parser: argparse.ArgumentParser) -> set[str]:
+    """The option strings that take one value, in ``parser`` and its subcommands."""
+    out: set[str] = set()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                out |= _value_options(sub)
+        elif action.option_strings and action.nargs is None:
+            out |= set(action.option_strings)
+    return out
+
+
+def _join_negative_values(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """``["--gpus", "-1GB"]`` -> ``["--gpus=-1GB"]`` for every option that takes one value, so that its own
+    check refuses the value by name instead of argparse's "expected one argument"."""
+    takes = _value_options(parser)
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in takes and i + 1 < len(argv) and _NEGATIVE.match(argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def _parser() -> _Parser:
@@ -121,6 +158,7 @@ def _parser() -> _Parser:
 
 
 def _overrides(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as config overrides (VALUE read as JSON when it is JSON: ``4``, ``true``)."""
     out: dict[str, Any] = {}
     for item in items:
         key, eq, value = item.partition("=")
@@ -143,10 +181,12 @@ def _check(args: argparse.Namespace) -> None:
     if args.cache != "dynamic" and not args.generate:
         raise UsageError("--cache needs --generate")
     if args.gpus is not None:
+        from .._core.errors import ArgumentError
+
         try:
             args.gpus_parsed = parse_gpus(args.gpus)
-        except ValueError as exc:
-            raise UsageError(f"--gpus {args.gpus!r}: {_first_line(exc)}") from exc
+        except ArgumentError as exc:
+            raise UsageError(f"{exc.written}: {exc.problem} (write e.g. --gpus 8xH100, H100 or 2x80GB)") from exc
     if args.capacity is not None:
         from .._core.gpus import Capacity
 
@@ -154,12 +194,26 @@ def _check(args: argparse.Namespace) -> None:
             Capacity.parse(args.capacity)
         except ValueError as exc:
             raise UsageError(f"--capacity {args.capacity!r}: {_first_line(exc)}") from exc
-    import torch
+    from .._core.errors import ArgumentError
+    from .._engine.arguments import fake_device
 
     try:
-        torch.device(args.device)
-    except RuntimeError as exc:
-        raise UsageError(f"--device {args.device!r}: {_first_line(exc)}") from exc
+        fake_device(args.device, written=f"--device {args.device!r}")
+    except ArgumentError as exc:
+        raise UsageError(f"{exc.written}: {exc.problem} (use cuda:N, cpu or meta)") from exc
+    for flag in ("html", "json", "save"):  # before any work: a run of minutes must not end in "no such folder"
+        path = getattr(args, flag)
+        if path is not None:
+            _check_output(f"--{flag}", path)
+
+
+def _check_output(flag: str, path: Path) -> None:
+    """``path`` can be written: its folder exists and it is not a folder itself (else a one-line UsageError)."""
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {str(path)!r}: no folder {str(folder)!r} to write it in")
+    if path.is_dir():
+        raise UsageError(f"{flag} {str(path)!r}: a folder; give a file name")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -200,12 +254,12 @@ class _Progress:
 
 # ------------------------------------------------------------------------------------------- report
 def report(args: argparse.Namespace) -> int:
+    _check(args)
     path = Path(args.model)
     if path.suffix == ".fvz":
         if not path.is_file():
             raise FileNotFoundError(f"no such trace file: {path}")
         return _report_saved(args, path)
-    _check(args)
     return _report_model(args)
 
 
@@ -215,7 +269,7 @@ def _report_saved(args: argparse.Namespace, path: Path) -> int:
 
     trace = load(path)
     if args.capacity or args.gpus:
-        trace.meta["capacity"] = args.capacity or parse_gpus(args.gpus)[1]
+        trace.meta["capacity"] = args.capacity or args.gpus_parsed[1]
     print(summary(trace))
     if args.oplog:
         print(trace.oplog(limit=args.oplog))
@@ -280,12 +334,18 @@ def _report_model(args: argparse.Namespace) -> int:
 
 def _build(models: Any, args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
     """The model of a catalog name, a checkpoint folder (safetensors / .bin headers) or a config."""
+    from .._core.errors import ArgumentError
+
     path = Path(args.model)
     if path.is_dir() and not overrides and (any(path.glob("*.safetensors*")) or any(path.glob("*.bin"))):
         return models.from_pretrained(path, device=args.device, dtype=args.dtype)
     if not path.exists():
         models.resolve(args.model)  # an unknown name: UnknownModelError with near names, before any work
-    return models.build(args.model, device=args.device, dtype=args.dtype, **overrides)
+    try:
+        return models.build(args.model, device=args.device, dtype=args.dtype, **overrides)
+    except ArgumentError as exc:  # an override the config lacks, a size below 1: named as the user wrote it
+        items = [i for i in args.set if i.partition("=")[0].strip() == exc.argument] or args.set
+        raise exc.reworded(" ".join(f"--set {i}" for i in items)) from exc
 
 
 def _describe(model: Any) -> dict[str, Any]:
@@ -470,10 +530,14 @@ def demo(args: argparse.Namespace) -> int:
 
     from .. import models
     from .._api import fake_cuda_status, record
+    from .._core.errors import ArgumentError
     from .._core.gpus import gpu_capability
     from .._views.text import summary
 
-    cfg = models.config(args.model, **({"num_hidden_layers": args.layers} if args.layers else {}))
+    try:
+        cfg = models.config(args.model, **({"num_hidden_layers": args.layers} if args.layers else {}))
+    except ArgumentError as exc:
+        raise exc.reworded(f"--layers {args.layers}") from exc
     print(
         f"fakeviz demo: {args.model} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), bf16, "
         f"batch {args.batch}, seq {args.seq}, fwd+bwd on fake {args.device}"
@@ -506,7 +570,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from .._core.errors import FakeVizError, TraceFormatError, UnknownModelError
 
     found: list[type[BaseException]] = [UsageError, UnknownModelError, TraceFormatError, FileNotFoundError]
-    for name in ("CheckpointError", "CheckpointMismatchError", "SequenceTooLongError"):
+    for name in ("ArgumentError", "CheckpointError", "CheckpointMismatchError", "SequenceTooLongError"):
         cls = getattr(errors, name, None)
         if isinstance(cls, type) and issubclass(cls, FakeVizError):
             found.append(cls)
@@ -517,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 report made, 1 the run failed, 2 usage error)."""
     verbose = "--verbose" in (sys.argv[1:] if argv is None else argv) or bool(os.environ.get("FAKEVIZ_VERBOSE"))
     try:
-        args = _parser().parse_args(argv)
+        parser = _parser()
+        args = parser.parse_args(_join_negative_values(parser, list(sys.argv[1:] if argv is None else argv)))
         return int(args.fn(args))
     except UsageError as exc:
         if verbose:

@@ -30,6 +30,7 @@ import torch
 
 from .. import models
 from .._analysis import placement as _placement
+from .._core.errors import ArgumentError
 from .._core.gpus import Capacity, parse_gpus
 from . import steps
 
@@ -326,15 +327,15 @@ def plan(
 
         if device_map != "balanced":
             raise ValueError("parallel= and device_map= are two ways to use the GPUs: give one of them")
-        if batch < 1 or seq < 1 or new_tokens < 0 or (train and new_tokens):
+        _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
+        if train and new_tokens:
             raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}, train={train}: not a step to run")
         return parallel_plan(model, gpus=gpus, parallel=parallel, batch=batch, seq=seq, train=train,
                              new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks)  # fmt: skip
     caps = parse_gpus(gpus)
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
-    if batch < 1 or seq < 1 or new_tokens < 0:
-        raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}: batch and seq must be >= 1")
+    _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
     if train and new_tokens:
         raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
     built = _built if _built is not None else _build(model, _dtype(dtype))
@@ -368,6 +369,15 @@ def plan(
                 module=mod)  # fmt: skip
 
 
+def _check_sizes(**sizes: Any) -> None:
+    """``batch`` and ``seq`` whole numbers >= 1, ``new_tokens`` >= 0: refused otherwise, never rounded."""
+    for name, v in sizes.items():
+        low = 0 if name == "new_tokens" else 1
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ArgumentError(name, v, f"{name} is a whole number of at least {low}",
+                                f"Give e.g. {name}={max(low, 1) if name != 'seq' else 2048}.")  # fmt: skip
+
+
 def _apply_all(model: torch.nn.Module, device: str) -> None:
     with _own_mode(model):
         model.to(device)
@@ -386,6 +396,10 @@ def _own_mode(model: torch.nn.Module) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------------- sweep
+_EXAMPLE = {"batch": [1, 2, 4], "seq": [2048, 8192], "dtype": ["bf16", "fp32"], "checkpointing": [False, True],
+            "train": [False, True], "new_tokens": [0, 256]}  # fmt: skip
+
+
 def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced", progress: bool = True,
           **axes: Any) -> pd.DataFrame:  # fmt: skip
     """One :func:`plan` per combination of ``axes`` (``batch=[1, 2, 4]``, ``seq=[2048, 8192]``,
@@ -393,11 +407,15 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     value): a DataFrame, one row per combination, with the peak of every GPU and its bytes per kind, the
     verdict and where it first fails. The fake model is built once per dtype; each later point re-runs the
     step. The plans are on ``df.attrs["plans"]``."""
-    known = {"batch", "seq", "dtype", "checkpointing", "train", "new_tokens"}
+    known = set(_EXAMPLE)
     bad = set(axes) - known
     if bad:
         raise ValueError(f"sweep: unknown axes {sorted(bad)}; use {sorted(known)}")
     grid = {k: (list(v) if isinstance(v, (list, tuple, range)) else [v]) for k, v in axes.items()}
+    for k, v in grid.items():
+        if not v:  # an empty axis makes no point at all: an empty frame would read as "nothing fits"
+            raise ArgumentError(k, axes[k], "an empty axis: a sweep over it has no point to run",
+                                f"Give {k} at least one value, e.g. {k}={_EXAMPLE.get(k, [1])!r}.")  # fmt: skip
     if "dtype" in grid:  # outermost: one build per dtype
         grid = {"dtype": grid.pop("dtype"), **grid}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]

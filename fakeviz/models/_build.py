@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import difflib
+import inspect
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,31 +17,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from .._core.errors import CheckpointError, FakeVizError
+from .._core.errors import ArgumentError, CheckpointError, FakeVizError
+from .._engine.arguments import as_dtype, fake_device
 from .._engine.checkpoint import MAX_INDEX_BYTES
 from .._engine.session import fake_mode
 from ._catalog import CatalogEntry, resolve
 
-__all__ = ["Spec", "as_dtype", "building", "config", "instantiate", "spec_of"]
+__all__ = ["Spec", "as_dtype", "building", "check_overrides", "config", "instantiate", "spec_of"]
 
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "f32": torch.float32,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16, "f16": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp64": torch.float64, "float64": torch.float64, "double": torch.float64,
-    "fp8": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-}  # fmt: skip
 _DROP = ("_comment", "transformers_version", "_name_or_path", "torch_dtype", "dtype")
-
-
-def as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    """A torch dtype from a dtype or a name (``"bf16"``, ``"bfloat16"``, ``"torch.float16"``); None stays None."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    key = str(dtype).lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not known; use one of {', '.join(sorted(_DTYPES))} or a torch.dtype")
-    return _DTYPES[key]
 
 
 class Spec:
@@ -57,7 +45,6 @@ def _config_from_dict(raw: dict[str, Any], overrides: dict[str, Any], where: str
     published = raw.get("torch_dtype") or raw.get("dtype")
     for k in _DROP:
         raw.pop(k, None)
-    raw.update(overrides)
     model_type = raw.pop("model_type", None)
     if not model_type:
         raise CheckpointError(f"{where}: no 'model_type' in the config; transformers cannot tell which model it is")
@@ -68,6 +55,19 @@ def _config_from_dict(raw: dict[str, Any], overrides: dict[str, Any], where: str
             f"{where}: model_type {model_type!r} is not known to transformers {transformers.__version__}\n"
             "Upgrade transformers, or build the model yourself under fv.fake_mode()."
         ) from e
+    if overrides:  # checked against the config as published, then built with them (its __init__ derives fields)
+        check_overrides(cfg, overrides, where)
+        fields = {k: v for k, v in overrides.items() if k != "model_type"}
+        try:
+            cfg = transformers.AutoConfig.for_model(overrides.get("model_type", model_type), **{**raw, **fields})
+        except Exception as e:  # noqa: BLE001 - its validators' errors (huggingface_hub's are no ValueError)
+            lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+            why = re.sub(r"^\w+(Error|Exception): ", "", lines[-1]) if lines else type(e).__name__  # its own words
+            written = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+            raise ArgumentError(
+                next(iter(overrides)), next(iter(overrides.values())), f"transformers refuses the config: {why}",
+                f"Change the overrides so that {type(cfg).__name__} accepts them.", written=written,
+            ) from e  # fmt: skip
     try:
         pdtype = as_dtype(published) if published not in (None, "auto") else None
     except ValueError:
@@ -77,19 +77,96 @@ def _config_from_dict(raw: dict[str, Any], overrides: dict[str, Any], where: str
     return cfg, pdtype
 
 
+# Fields that set a size (layers, widths, heads, vocabulary, positions, experts): an override must be a whole
+# number >= 1 where the config has one (a count of -1 layers built none, silently); _ZERO_OK may be 0 (none).
+_SIZE = re.compile(
+    r"^(num|n)_|_(size|layers?|heads|dim|positions|embeddings|experts|channels|ctx|embd|inner)$|^(d_model|d_ff|d_kv)$"
+)
+_ZERO_OK = frozenset({"max_window_layers", "num_nextn_predict_layers", "n_shared_experts", "num_shared_experts"})
+# Keyword arguments every transformers config takes that it keeps under another name (or not at all in to_dict)
+_INIT_KWARGS = ("attn_implementation", "experts_implementation", "output_attentions", "torch_dtype", "dtype",
+                "rope_scaling", "rope_theta", "num_labels", "name_or_path")  # fmt: skip
+
+
+def _field_names(cfg: Any) -> set[str]:
+    """The fields an override may replace: the config's values, its aliases (``attribute_map``), its class's
+    fields and ``__init__`` parameters, and the keyword arguments every config takes."""
+    names = set(cfg.to_dict()) | set(getattr(cfg, "attribute_map", {}) or {}) | set(_INIT_KWARGS)
+    if dataclasses.is_dataclass(cfg):
+        names |= {f.name for f in dataclasses.fields(cfg)}
+    with contextlib.suppress(TypeError, ValueError):
+        names |= {p for p, v in inspect.signature(type(cfg).__init__).parameters.items() if v.kind == v.KEYWORD_ONLY
+                  or v.kind == v.POSITIONAL_OR_KEYWORD}  # fmt: skip
+    names |= {k for k, v in vars(type(cfg)).items() if isinstance(v, property)}
+    return {n for n in names if not n.startswith("_") and n != "self"}
+
+
+def _default_is_none(cfg: Any, key: str) -> bool:
+    """True when the config class's own default for ``key`` is None (Llama's ``num_key_value_heads``: then
+    derived from another field), so ``key=None`` asks for that."""
+    name = (getattr(cfg, "attribute_map", {}) or {}).get(key, key)
+    if dataclasses.is_dataclass(cfg):
+        for f in dataclasses.fields(cfg):
+            if f.name == name:
+                return f.default is None
+    with contextlib.suppress(TypeError, ValueError):
+        p = inspect.signature(type(cfg).__init__).parameters.get(name)
+        return p is not None and p.default is None
+    return False
+
+
+def _near(key: str, names: set[str]) -> tuple[str, ...]:
+    """The names nearest ``key`` (difflib), best first: those close to the best match, at most 3."""
+    scored = [
+        (difflib.SequenceMatcher(None, key, n).ratio(), n)
+        for n in difflib.get_close_matches(key, sorted(names), 3, 0.6)
+    ]
+    return tuple(n for r, n in scored if r >= scored[0][0] - 0.1) if scored else ()
+
+
+def check_overrides(cfg: Any, overrides: dict[str, Any], where: str) -> None:
+    """Refuse an override ``cfg`` does not have (with the near names) and a size that is not a whole number >= 1.
+
+    Raises:
+        ArgumentError: (a ``ValueError``) naming the override as written and what to give instead.
+    """
+    names = _field_names(cfg)
+    for key, value in overrides.items():
+        if key not in names:
+            near = _near(key, names)
+            hint = f"Did you mean {' or '.join(map(repr, near))}? " if near else ""
+            raise ArgumentError(
+                key, value, f"{type(cfg).__name__} of {where} has no field {key!r}",
+                hint + "An override replaces a field the config has: fakeviz.models.config(name).to_dict() lists them.",
+                suggestions=near,
+            )  # fmt: skip
+        now = getattr(cfg, key, None)
+        if not _SIZE.search(key) or not isinstance(now, int) or isinstance(now, bool) or now < 1:
+            continue
+        low = 0 if key in _ZERO_OK else 1
+        if value is None and _default_is_none(cfg, key):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ArgumentError(
+                key, value, f"{key} is a size: a whole number of at least {low}",
+                f"{where} has {key}={now}; a smaller whole number builds a smaller model.",
+            )  # fmt: skip
+
+
 def spec_of(spec: Any, overrides: dict[str, Any]) -> Spec:
     """Resolve a catalog name, folder, ``config.json``, dict or transformers config (overrides applied)."""
     import transformers
 
     if isinstance(spec, transformers.PretrainedConfig):
         cfg = copy.deepcopy(spec)
+        check_overrides(cfg, overrides, getattr(cfg, "name_or_path", "") or "the config given")
         for k, v in overrides.items():
             setattr(cfg, k, v)
         archs = getattr(cfg, "architectures", None) or [None]
         pdtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
         return Spec(cfg, archs[0], None, pdtype if isinstance(pdtype, torch.dtype) else None)
     if isinstance(spec, dict):
-        cfg, pdtype = _config_from_dict(spec, overrides, "config dict")
+        cfg, pdtype = _config_from_dict(spec, overrides, "the config dict")
         return Spec(cfg, (spec.get("architectures") or [None])[0], None, pdtype)
     if not isinstance(spec, (str, os.PathLike)):
         raise TypeError(
@@ -131,11 +208,35 @@ def _model_class(spec: Spec) -> Any:
     import transformers
 
     if spec.architecture and hasattr(transformers, spec.architecture):
-        return getattr(transformers, spec.architecture)
+        cls = getattr(transformers, spec.architecture)
+        wants = getattr(cls, "config_class", None)
+        if isinstance(wants, type) and not isinstance(spec.config, wants):
+            _contradiction(spec, wants)
+        return cls
     for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
         with contextlib.suppress(ValueError, KeyError):
             return auto._model_mapping[type(spec.config)]
     raise FakeVizError(f"transformers has no model class for {type(spec.config).__name__} ({spec.architecture!r})")
+
+
+def _contradiction(spec: Spec, wants: type) -> None:
+    """A config whose ``architectures`` names a model of another ``model_type`` (a ``LlamaForCausalLM`` over a
+    gpt2 config): refused, naming both, before the class reads fields the config does not have."""
+    import transformers
+
+    have = getattr(spec.config, "model_type", "") or type(spec.config).__name__
+    other = getattr(wants, "model_type", "") or wants.__name__
+    fits = None
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        with contextlib.suppress(ValueError, KeyError):
+            fits = auto._model_mapping[type(spec.config)].__name__
+            break
+    where = getattr(spec.config, "name_or_path", "") or "the config"
+    instead = f"[{fits!r}]" if fits else f"naming a {have!r} model class"
+    raise CheckpointError(
+        f"{where}: architectures names {spec.architecture} (a {other!r} model), but model_type is {have!r}\n"
+        f"Make the config agree with itself: model_type {other!r}, or architectures {instead}."
+    )
 
 
 @contextlib.contextmanager
@@ -147,7 +248,11 @@ def building(device: str | torch.device | None) -> Iterator[None]:
     dispatch mode on the stack, a real-run recording included, is the caller's choice); only with no mode
     active does ``build`` open its own ``fake_mode()``, whose fake tensors a later ``fv.record`` adopts.
     """
-    if _get_current_dispatch_mode_stack():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    stack = _get_current_dispatch_mode_stack()
+    fake_device(device, fake=not stack or any(isinstance(m, FakeTensorMode) for m in stack))  # mps: refused
+    if stack:
         with torch.device(device) if device is not None else contextlib.nullcontext():
             yield
     else:

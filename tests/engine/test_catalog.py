@@ -170,7 +170,7 @@ def test_build_errors_are_short(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
     with pytest.raises(CheckpointError, match="not known to transformers"):
         models.build(tmp_path)
-    with pytest.raises(ValueError, match="dtype 'bf17'"):
+    with pytest.raises(ValueError, match="dtype='bf17'"):
         models.build("gpt2", dtype="bf17")
     with pytest.raises(TypeError):
         models.build(3)
