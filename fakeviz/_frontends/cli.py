@@ -493,14 +493,28 @@ def _write_outputs(args: argparse.Namespace, trace: Any, data: dict[str, Any] | 
     capacity = trace.meta.get("capacity")
     if getattr(args, "json", None) is not None:
         payload = data if data is not None else {"model": str(args.model), "ops": int(trace.num_ops)}
-        args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        with _writing("--json", args.json):
+            args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
         print(f"report written to {args.json}")
     if getattr(args, "save", None) is not None:
-        trace.save(args.save)
+        with _writing("--save", args.save):
+            trace.save(args.save)
         print(f"trace written to {args.save}")
     if getattr(args, "html", None) is not None:
-        what = _write_html(trace, args.html, capacity, title=f"fakeviz: {args.model}")
+        with _writing("--html", args.html):
+            what = _write_html(trace, args.html, capacity, title=f"fakeviz: {args.model}")
         print(f"{what} written to {args.html}")
+
+
+@contextlib.contextmanager
+def _writing(flag: str, path: Path) -> Iterator[None]:
+    """An output that cannot be written: one line naming the option and the user's path (not a temporary
+    file's, not the JS bundle's), checked again here as the folder may have gone during the run."""
+    _check_output(flag, path)
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"{flag} {str(path)!r}: cannot write it ({exc.strerror or type(exc).__name__})") from exc
 
 
 def _write_html(trace: Any, path: Path, capacity: Any, *, title: str | None = None) -> str:
