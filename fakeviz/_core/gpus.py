@@ -25,8 +25,9 @@ __all__ = [
 
 _MIB = 2**20
 GPUS: dict[str, int] = {
-    "H100": 81559 * _MIB,  # H100 SXM/PCIe 80GB
+    "H100": 81559 * _MIB,  # H100 SXM5 80GB (the PCIe card reports the same)
     "H100 80GB": 81559 * _MIB,
+    "H100 PCIe": 81559 * _MIB,
     "H100 NVL": 95830 * _MIB,
     "H200": 143771 * _MIB,
     "B200": 183359 * _MIB,
@@ -41,6 +42,7 @@ GPUS: dict[str, int] = {
     "V100 16GB": 16160 * _MIB,
     "RTX 4090": 24564 * _MIB,
     "RTX 3090": 24576 * _MIB,
+    "RTX 5090": 32607 * _MIB,
     "MI300X": 196592 * _MIB,
     "MI250X": 65520 * _MIB,
 }
@@ -50,6 +52,7 @@ CAPABILITY: dict[str, tuple[int, int]] = {
     "H100": (9, 0), "H100 80GB": (9, 0), "H100 NVL": (9, 0), "H200": (9, 0), "B200": (10, 0),
     "A100 80GB": (8, 0), "A100 40GB": (8, 0), "A100": (8, 0), "L40S": (8, 9), "L4": (8, 9), "A10G": (8, 6),
     "T4": (7, 5), "V100 32GB": (7, 0), "V100 16GB": (7, 0), "RTX 4090": (8, 9), "RTX 3090": (8, 6),
+    "H100 PCIe": (9, 0), "RTX 5090": (12, 0),
 }  # fmt: skip
 
 # What a fake cuda session's torch.cuda.get_device_properties answers (fakeviz._engine.cuda_api):
@@ -60,13 +63,13 @@ DEVICE_NAMES: dict[str, str] = {
     "A100 40GB": "NVIDIA A100-SXM4-40GB", "A100": "NVIDIA A100-SXM4-80GB", "L40S": "NVIDIA L40S", "L4": "NVIDIA L4",
     "A10G": "NVIDIA A10G", "T4": "Tesla T4", "V100 32GB": "Tesla V100-SXM2-32GB", "V100 16GB": "Tesla V100-SXM2-16GB",
     "RTX 4090": "NVIDIA GeForce RTX 4090", "RTX 3090": "NVIDIA GeForce RTX 3090", "MI300X": "AMD Instinct MI300X",
-    "MI250X": "AMD Instinct MI250X/MI250",
+    "MI250X": "AMD Instinct MI250X/MI250", "H100 PCIe": "NVIDIA H100 PCIe", "RTX 5090": "NVIDIA GeForce RTX 5090",
 }  # fmt: skip
 # ... streaming multiprocessors (NVIDIA) or compute units (AMD; an MI250X is two devices of 110 CUs each) ...
 MULTIPROCESSORS: dict[str, int] = {
     "H100": 132, "H100 80GB": 132, "H100 NVL": 132, "H200": 132, "B200": 148, "A100 80GB": 108, "A100 40GB": 108,
     "A100": 108, "L40S": 142, "L4": 58, "A10G": 80, "T4": 40, "V100 32GB": 80, "V100 16GB": 80, "RTX 4090": 128,
-    "RTX 3090": 82, "MI300X": 304, "MI250X": 110,
+    "RTX 3090": 82, "MI300X": 304, "MI250X": 110, "H100 PCIe": 114, "RTX 5090": 170,
 }  # fmt: skip
 # ... the gfx architecture and the (major, minor) ROCm builds of torch report for AMD GPUs ...
 ROCM_ARCH: dict[str, tuple[str, tuple[int, int]]] = {"MI300X": ("gfx942", (9, 4)), "MI250X": ("gfx90a", (9, 0))}
@@ -75,7 +78,7 @@ ROCM_ARCH: dict[str, tuple[str, tuple[int, int]]] = {"MI300X": ("gfx942", (9, 4)
 SM_LIMITS: dict[tuple[int, int], tuple[int, int, int]] = {
     (7, 0): (2048, 98304, 98304), (7, 5): (1024, 65536, 65536), (8, 0): (2048, 167936, 166912),
     (8, 6): (1536, 102400, 101376), (8, 9): (1536, 102400, 101376), (9, 0): (2048, 233472, 232448),
-    (10, 0): (2048, 233472, 232448),
+    (10, 0): (2048, 233472, 232448), (12, 0): (1536, 102400, 101376),
 }  # fmt: skip
 assert set(DEVICE_NAMES) == set(MULTIPROCESSORS) == set(GPUS), "one entry per catalog GPU"
 assert {CAPABILITY[g] for g in CAPABILITY} <= set(SM_LIMITS), "SM limits for every capability in the catalog"
