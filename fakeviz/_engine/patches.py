@@ -15,23 +15,44 @@ applies to) and changed only through :func:`push` / :func:`push_item` / :func:`p
   checks).
 
 Replacements stack per attribute: each :func:`push` returns a token, and :func:`pop` of any token (not
-only the last: two records in two threads end in either order) leaves the attribute holding the value of
+only the last: two fake sessions in two threads end in either order) leaves the attribute holding the value of
 the newest push still in force, or the original once none is. So nothing is left patched whatever order
 scopes end in. :func:`active` lists what is replaced now; ``tests/engine/test_patches.py`` checks, in a
 fresh process, that every attribute of the owners below equals its value from before ``import fakeviz``
 after a record, after an error inside one and after records in other threads (``import`` scope aside), and
 that every replacement fakeviz makes is declared here.
+
+Note: [threads]
+A change answers only in the threads of its scope; in every other thread the attribute answers as torch's own
+(``tests/engine/test_threads.py``). A scope is the thread's that opened it (:func:`enter`): a ``session``
+change (pushed once for every fake session of the process) answers in each thread that has a fake session
+open, a ``record`` change in the thread that made it (made from a thread outside any scope, as by an import
+hook, in the recording thread's), an ``import`` change everywhere (each is transparent for code that is not
+fakeviz's). A function is replaced by a dispatcher that picks, per call, the newest change of the calling
+thread's scopes, else torch's own; a dispatcher a newer change kept as "the previous function" picks among the
+changes older than it only, so changes nest. Values that are not functions (a list member, a class, a tuple)
+cannot answer per thread: the ``gpu-session`` changes answer per thread through ``cuda_api``'s own dispatchers
+(``cuda_api.stack.active``), and the rest are listed in the README's known limitations.
+Autograd's worker threads (the device threads a backward on fake cuda runs on) are the thread's that started the
+backward: :func:`home` maps the worker to that thread by the graph task it runs, which the recorder claims when its
+mode dispatches there (:func:`claim`) and which is also found from the thread's dispatch modes (:func:`watch`).
+Torch's global hooks the recorder registers return at once in another thread (``recorder/modules.py``). One record at a time per process: a record opened while
+another thread records is refused (``enter(..., alone=True)`` raises :class:`Busy`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import threading
+import types
 from typing import Any
 
-__all__ = ["ENTRIES", "Entry", "active", "declare", "original", "pop", "push", "push_call", "push_item", "push_member",
-           "where"]  # fmt: skip
+import torch
+
+__all__ = ["ENTRIES", "Busy", "Entry", "active", "claim", "declare", "enter", "home", "leave", "original",
+           "pop", "push", "push_call", "push_item", "push_member", "watch", "where"]  # fmt: skip
 
 SCOPES = ("import", "session", "gpu-session", "record")
 
@@ -65,10 +86,138 @@ def declare(key: str, owner: str, names: tuple[str, ...] | str, *, scope: str, b
     return entry
 
 
-# ------------------------------------------------------------------------------------------------ changes
-_MISSING = object()
+# ------------------------------------------------------------------------------------------------ threads
+# Note: [threads]
 _LOCK = threading.RLock()
 _ids = itertools.count(1)
+_get_ident = threading.get_ident
+_graph_task = torch._C._current_graph_task_id
+_OPEN: dict[int, int] = {}  # thread ident -> scopes it has open now
+_SESSIONS: dict[int, int] = {}  # thread ident -> fake sessions it has open: where session changes answer
+_ALONE: dict[str, list[Any]] = {}  # scope -> [thread ident, thread name, count] of the one thread it is open in
+_MODES: dict[int, list[Any]] = {}  # id(dispatch mode) -> [mode, thread ident, count] (watch)
+_TASKS: dict[int, int] = {}  # autograd graph task id -> the thread whose backward it is (claim, home)
+_ENTERED: dict[int, tuple[int, str | None, Any, bool]] = {}  # token -> (thread, scope, mode, alone)
+
+
+class Busy(Exception):
+    """:func:`enter` with ``alone=True`` while another thread has the scope open; ``thread`` is its name."""
+
+    def __init__(self, thread: str) -> None:
+        super().__init__(thread)
+        self.thread = thread
+
+
+def home() -> int:
+    """The thread whose scopes the calling thread is in: itself, or for autograd's worker thread running a backward
+    that a thread with open scopes started, that thread (Note: [threads])."""
+    i = _get_ident()
+    if i in _OPEN or not _OPEN:
+        return i
+    g = _graph_task()
+    if g < 0:
+        return i
+    owner = _TASKS.get(g)
+    if owner is None:
+        owner = _mode_owner()
+        if owner is None:
+            return i
+        _TASKS[g] = owner
+    return owner
+
+
+def _mode_owner() -> int | None:
+    """The thread of a watched dispatch mode on the calling thread's mode stack (autograd hands a backward's worker
+    the modes of the thread that started it); None when there is none."""
+    if not _MODES:
+        return None
+    for k in range(torch._C._len_torch_dispatch_stack()):
+        hit = _MODES.get(id(torch._C._get_dispatch_stack_at(k)))
+        if hit is not None:
+            return hit[1]
+    return None
+
+
+def claim(owner: int) -> bool:
+    """The calling thread runs a backward of thread ``owner`` (the recorder's mode dispatched here): until that
+    graph task ends it answers as ``owner``. False (nothing claimed) outside a backward."""
+    g = _graph_task()
+    if g < 0:
+        return False
+    _TASKS[g] = owner
+    return True
+
+
+def enter(scope: str, *, alone: bool = False) -> int:
+    """The calling thread (its :func:`home`) opens ``scope`` until :func:`leave` of the token: ``session`` changes
+    answer in it while it has one open. ``alone``: refuse (:class:`Busy`) while another thread has ``scope`` open
+    with ``alone`` too."""
+    with _LOCK:
+        h = home()
+        if alone:
+            held = _ALONE.get(scope)
+            if held is not None and held[0] != h:
+                raise Busy(held[1])
+            if held is None:
+                held = _ALONE[scope] = [h, threading.current_thread().name, 0]
+            held[2] += 1
+        _OPEN[h] = _OPEN.get(h, 0) + 1
+        if scope == "session":
+            _SESSIONS[h] = _SESSIONS.get(h, 0) + 1
+        token = next(_ids)
+        _ENTERED[token] = (h, scope, None, alone)
+        return token
+
+
+def watch(mode: Any) -> int:
+    """Find the calling thread's backward workers by ``mode`` (a dispatch mode of one of its scopes) until
+    :func:`leave` of the token (Note: [threads])."""
+    with _LOCK:
+        h = home()
+        hit = _MODES.setdefault(id(mode), [mode, h, 0])
+        hit[2] += 1
+        _OPEN[h] = _OPEN.get(h, 0) + 1
+        token = next(_ids)
+        _ENTERED[token] = (h, None, mode, False)
+        return token
+
+
+def leave(token: int) -> None:
+    """Undo one :func:`enter` or :func:`watch`."""
+    with _LOCK:
+        got = _ENTERED.pop(token, None)
+        if got is None:
+            return
+        h, scope, mode, alone = got
+        if alone and scope is not None:
+            held = _ALONE[scope]
+            held[2] -= 1
+            if not held[2]:
+                del _ALONE[scope]
+        if scope == "session":
+            _drop(_SESSIONS, h)
+        if mode is not None:
+            hit = _MODES[id(mode)]
+            hit[2] -= 1
+            if not hit[2]:
+                del _MODES[id(mode)]
+        if _drop(_OPEN, h):
+            for g in [g for g, o in list(_TASKS.items()) if o == h]:
+                _TASKS.pop(g, None)
+
+
+def _drop(counts: dict[int, int], key: int) -> bool:
+    """Count one less for ``key``; True when none is left."""
+    n = counts[key] - 1
+    if n:
+        counts[key] = n
+        return False
+    del counts[key]
+    return True
+
+
+# ------------------------------------------------------------------------------------------------ changes
+_MISSING = object()
 
 
 @dataclasses.dataclass
@@ -77,7 +226,10 @@ class _Slot:
     name: Any
     original: Any  # _MISSING: the owner had no own value (a class attribute inherited, a new table key)
     item: bool  # a mapping item rather than an attribute
-    stack: list[tuple[int, Any, str]]  # (token, value, entry key), oldest first
+    # (token, value, entry key, who, what the attribute holds while it is the newest), oldest first; who: None
+    # (every thread), a thread ident, or a dict whose keys are the threads (Note: [threads])
+    stack: list[tuple[int, Any, str, Any, Any]]
+    unpatched: Any = _MISSING  # what torch's own lookup gives (the original, or a class attribute inherited)
 
 
 _SLOTS: dict[tuple[int, Any], _Slot] = {}
@@ -90,6 +242,57 @@ def _own(owner: Any, name: str) -> Any:
     if isinstance(owner, type):
         return owner.__dict__.get(name, _MISSING)
     return getattr(owner, name, _MISSING)
+
+
+def _unpatched(owner: Any, name: Any, original: Any) -> Any:
+    if original is _MISSING and isinstance(owner, type):
+        return next((base.__dict__[name] for base in owner.__mro__[1:] if name in base.__dict__), _MISSING)
+    return original
+
+
+_BINDS = (types.FunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
+
+
+def _who(entry: str, value: Any, slot: _Slot) -> Any:
+    """The threads a change answers in (None: every thread; Note: [threads]): a function of a ``session`` or
+    ``record`` scope whose unpatched value a dispatcher can call in its place."""
+    scope = ENTRIES[entry].scope
+    if scope not in ("session", "record") or slot.item or not isinstance(value, types.FunctionType):
+        return None
+    fallback = slot.unpatched
+    if isinstance(slot.owner, type) and not isinstance(fallback, _BINDS):
+        return None  # a dispatcher in a class binds like a method: only a method can stand in for it
+    if not callable(fallback) or isinstance(fallback, (type, staticmethod, classmethod)):
+        return None
+    if scope == "session":
+        return _SESSIONS
+    h = home()
+    if h not in _OPEN and _ALONE.get("record"):  # made outside any scope (an import hook): the recording thread's
+        return _ALONE["record"][0]
+    return h
+
+
+def _pick(slot: _Slot, bound: int) -> Any:
+    """The value the calling thread sees among the changes up to token ``bound``, else the unpatched value."""
+    h = None
+    for token, value, _, who, _ in reversed(slot.stack):
+        if token > bound:
+            continue
+        if who is None:
+            return value
+        if h is None:
+            h = home()
+        if (h == who) if type(who) is int else (h in who):
+            return value
+    return slot.unpatched
+
+
+def _dispatcher(slot: _Slot, bound: int, value: Any) -> Any:
+    def patched(*args: Any, **kwargs: Any) -> Any:
+        return _pick(slot, bound)(*args, **kwargs)
+
+    functools.update_wrapper(patched, value)
+    return patched
 
 
 def _write(slot: _Slot, value: Any) -> None:
@@ -117,11 +320,13 @@ def _push(owner: Any, name: Any, value: Any, entry: str, item: bool) -> int:
         slot = _SLOTS.get(key)
         if slot is None:
             original = owner.get(name, _MISSING) if item else _own(owner, name)
-            slot = _SLOTS[key] = _Slot(owner, name, original, item, [])
+            slot = _SLOTS[key] = _Slot(owner, name, original, item, [], _unpatched(owner, name, original))
         token = next(_ids)
-        slot.stack.append((token, value, entry))
+        who = _who(entry, value, slot)
+        held = value if who is None else _dispatcher(slot, token, value)
+        slot.stack.append((token, value, entry, who, held))
         _TOKENS[token] = key
-        _write(slot, value)
+        _write(slot, held)
         return token
 
 
@@ -179,7 +384,7 @@ def pop(token: int) -> None:
         slot.stack = [s for s in slot.stack if s[0] != token]
         if slot.stack:
             if was_top:
-                _write(slot, slot.stack[-1][1])
+                _write(slot, slot.stack[-1][4])
         else:
             _write(slot, slot.original)
             del _SLOTS[key]
@@ -205,7 +410,7 @@ def active(scope: str | None = None) -> list[tuple[str, str, str]]:
     """``(entry key, owner, name)`` of every change in force now (of one ``scope`` if given), oldest first
     (a list member's owner is ``"list"`` and its name the member's repr)."""
     with _LOCK:
-        out = [(e, where(slot.owner), str(slot.name)) for slot in _SLOTS.values() for _, _, e in slot.stack]
+        out = [(e, where(slot.owner), str(slot.name)) for slot in _SLOTS.values() for _, _, e, _, _ in slot.stack]
         out += [(e, "list", repr(m)) for _, m, e in _MEMBERS.values() if m is not _MISSING]
         out += [(e, ENTRIES[e].kind, ", ".join(ENTRIES[e].names)) for e, _ in _CALLS.values()]
     return [x for x in out if scope is None or ENTRIES[x[0]].scope == scope]

@@ -119,7 +119,8 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
 
 # Note: [session patches]
 # While any fake session is active (fake_mode() or record(), nestable), a few torch
-# functions are routed through fakeviz (each declared in the registry, Note: [patch registry]):
+# functions are routed through fakeviz (each declared in the registry, Note: [patch registry]),
+# in the threads that have a session open only (Note: [threads] in patches.py):
 #   * torch.utils.swap_tensors: see Note: [Module.to on fake parameters];
 #   * torch.autograd.backward / grad: remember the user line that started a backward
 #     (for ops run on autograd worker threads), let worker threads drain (Note:
@@ -134,7 +135,7 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
 #     torch.cuda.is_bf16_supported, so torch.autocast("cuda") runs under fake cuda as
 #     it would on a GPU instead of disabling itself (cuda_api.autocast_support). The rest of
 #     torch.cuda answers as a GPU only in a fake cuda session (Note: [torch.cuda on fake GPUs]).
-_backward_listeners: list[Any] = []
+_backward_listeners: list[tuple[int, Any]] = []  # (thread, listener) of the open sessions
 
 
 def _translate_engine_error(exc: RuntimeError) -> BaseException:
@@ -153,11 +154,13 @@ def _autograd_entry(original: Any, is_grad: bool) -> Any:
     """Wrap torch.autograd.backward / grad: listeners, error translation, worker drain.
 
     Listeners are called as ``cb(when, args, kwargs, is_grad)`` with ``when`` "before"
-    and "after" (also after an error).
+    and "after" (also after an error), those of the calling thread's sessions only.
     """
 
     def entry(*args: Any, **kwargs: Any) -> Any:
-        for cb in _backward_listeners:
+        here = _patches.home()  # the listeners of this thread's sessions only (Note: [threads])
+        listeners = [cb for thread, cb in _backward_listeners if thread == here]
+        for cb in listeners:
             cb("before", args, kwargs, is_grad)
         try:
             return original(*args, **kwargs)
@@ -168,7 +171,7 @@ def _autograd_entry(original: Any, is_grad: bool) -> Any:
             raise new from exc
         finally:
             _cuda_shim.drain_autograd_workers(1)
-            for cb in _backward_listeners:
+            for cb in listeners:
                 with contextlib.suppress(Exception):
                     cb("after", args, kwargs, is_grad)
 
@@ -283,24 +286,32 @@ def _resize(self: Any, size: int) -> Any:
 
 
 @contextlib.contextmanager
-def session_patches(on_backward: Any = None) -> Iterator[None]:
-    """Apply the patches of Note: [session patches] while the context is active (nestable)."""
+def session_patches(on_backward: Any = None, mode: Any = None) -> Iterator[None]:
+    """Apply the patches of Note: [session patches] while the context is active (nestable). They answer in the
+    threads that have a session open (and autograd's workers running their backward: ``mode``, the session's fake
+    mode, finds those; Note: [threads] in ``patches.py``); ``on_backward`` hears this thread's backward calls."""
     global _patch_depth
     with _patch_lock:
+        scopes = [_patches.enter("session")] + ([_patches.watch(mode)] if mode is not None else [])
         _patch_depth += 1
         if _patch_depth == 1:
             _apply_patches(True)
+        listener = (_patches.home(), on_backward)
         if on_backward is not None:
-            _backward_listeners.append(on_backward)
+            _backward_listeners.append(listener)
     try:
         yield
     finally:
         with _patch_lock:
-            if on_backward is not None:
-                _backward_listeners.remove(on_backward)
-            _patch_depth -= 1
-            if _patch_depth == 0:
-                _apply_patches(False)
+            try:
+                if on_backward is not None:
+                    _backward_listeners.remove(listener)
+                _patch_depth -= 1
+                if _patch_depth == 0:
+                    _apply_patches(False)
+            finally:
+                for scope in scopes:
+                    _patches.leave(scope)
 
 
 def check_device(device: str | torch.device | None) -> None:
@@ -349,7 +360,7 @@ def fake_mode(*, device: str | torch.device | None = None, symbolic: bool = Fals
     check_device(device)
     mode = new_fake_mode(symbolic=symbolic)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(session_patches())
+        stack.enter_context(session_patches(mode=mode))
         on = _cuda_api.answers_as_gpu(fake=True, device=device, gpu=None, gpus=None)
         stack.enter_context(_cuda_api.gpu_session(on=on, count=_cuda_api.device_count_for(device, None)))
         stack.enter_context(mode)

@@ -84,7 +84,7 @@ def _value_known(t: Any) -> bool:
 def _site(utils_file: str) -> tuple[str, str]:
     """(function, ``file:line in function``) of the transformers code that asked, past ``is_tracing``."""
     f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename == utils_file:
+    while f is not None and f.f_code.co_filename in (utils_file, _patches.__file__):  # the registry's dispatcher
         f = f.f_back
     if f is None:
         return "?", "<unknown line>"

@@ -138,12 +138,13 @@ def test_current_device_set_device_and_the_device_context():
         assert torch.cuda.current_device() == 0
         torch.cuda.set_device(3)
         b = torch.ones(2, device="cuda")
-        other: list[int] = []
-        t = threading.Thread(target=lambda: other.append(torch.cuda.current_device()))
+        other: list[tuple[bool, int]] = []
+        t = threading.Thread(target=lambda: other.append((torch.cuda.is_available(), cuda_shim.current_device())))
         t.start()
         t.join()
     assert (a.device, b.device) == (torch.device("cuda", 2), torch.device("cuda", 3))
-    assert other == [0]  # the current device is per thread
+    # the current device is per thread; another thread is not the record's: torch.cuda answers as torch there
+    assert other == [(torch.cuda.is_available(), 0)]
     assert cuda_shim.current_device() == 0  # put back after the block
     assert tr.meta["cuda_api"]["device_count"] == 4
 

@@ -175,7 +175,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "Core(**parts): keyword arguments only");
         return -1;
     }
-    long long every;
+    long long every, owner;
     PyObject *layout = NULL;
     if (take(kw, "state", &self->state) || take(kw, "live", &self->live) || take(kw, "fast", &self->fast) ||
         take(kw, "fw_stack", &self->fw_stack) || take(kw, "fw_lines", &self->fw_lines) ||
@@ -200,7 +200,8 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         take(kw, "warn_mutable_data_ptr", &self->warn_mutable) ||
         take(kw, "throw_mutable_data_ptr", &self->throw_mutable) || take(kw, "wrap_fake", &self->py_wrap_fake) ||
         take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take(kw, "layout", &layout) ||
-        take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved)) {
+        take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved) ||
+        take_ll(kw, "owner", &owner)) {
         Py_XDECREF(layout);
         return -1;
     }
@@ -221,6 +222,9 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     self->progress_every = (Py_ssize_t)every;
+    self->owner = (unsigned long)owner; /* threading.get_ident() of the record's thread */
+    self->worker = 0;
+    self->task = -1;
     static const char *fb = "frombytes";
     Py_XSETREF(self->in_frombytes, PyObject_GetAttrString(self->in_tensor, fb));
     Py_XSETREF(self->out_frombytes, PyObject_GetAttrString(self->outd, fb));
@@ -299,6 +303,7 @@ PyMODINIT_FUNC PyInit__fvcore(void) {
     INTERN(s_nbytes, "nbytes");
     INTERN(s_storage_offset, "storage_offset");
     INTERN(s_active, "active");
+    INTERN(s_own_thread, "own_thread");
     INTERN(s_storage_id, "storage_id");
     INTERN(s_grad_fn, "grad_fn");
     INTERN(s_saved_alias, "_saved_alias");

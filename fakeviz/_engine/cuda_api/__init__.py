@@ -37,8 +37,11 @@ generators, streams and events.
 
 Known limitations
 -----------------
-* The patches are process-wide: another thread that is not in the session but runs while it is active
-  sees the session's answers too. Libraries that cache an answer (``functools.cache`` on
+* A session answers in the thread that opened it and in autograd's device threads while they run its backward
+  (Note: [threads] in ``fakeviz._engine.patches``); any other thread gets torch's own answers, also while the
+  session is open. ``torch.cuda.default_generators`` is a tuple, not a function: while a session answering as
+  a GPU is open, every thread reads its generators there (torch.cuda's own seeding functions, called in another
+  thread, do not use them on a build that sees no GPU). Libraries that cache an answer (``functools.cache`` on
   ``is_available()``) keep it after the session.
 * ``Event.elapsed_time`` returns 0.0 ms (no kernel runs; the trace's ``meta["cuda_api"]`` counts the
   calls). Random ops on fake tensors draw nothing, so a generator's offset does not advance as on a GPU;
@@ -128,7 +131,8 @@ def gpu_session(
     """Push a fake session on the stack for the ``with`` block (arguments: :class:`GpuSession`).
 
     While a session that is ``on`` is on the stack, ``torch.cuda`` is patched (Note: [torch.cuda on fake
-    GPUs]). On exit, also after an error, the calling thread's current device and streams are put back
+    GPUs]); the session answers in the calling thread only (and in autograd's device threads running its
+    backward). On exit, also after an error, the calling thread's current device and streams are put back
     and the patches are undone with the last ``on`` session.
     """
     s = GpuSession(on=on, props=properties(gpu), count=count, memory=memory, version=version, clock=clock,
@@ -139,6 +143,7 @@ def gpu_session(
         meta.setdefault("cuda_api", {}).update(gpu=s.props.name, device_count=count)
     saved_device = _cuda_shim.exchange_device(-1)
     saved_streams = objects.streams_snapshot()
+    scope = _patches.enter("gpu-session")  # Note: [threads]: the session answers in this thread only
     with LOCK:
         STACK.append(s)
         try:
@@ -150,6 +155,7 @@ def gpu_session(
         except BaseException:
             STACK.remove(s)
             _leave()
+            _patches.leave(scope)
             raise
     try:
         yield s
@@ -157,6 +163,7 @@ def gpu_session(
         with LOCK:
             STACK.remove(s)
             _leave()
+        _patches.leave(scope)
         _cuda_shim.exchange_device(saved_device)
         objects.restore_streams(saved_streams)
 

@@ -4,9 +4,10 @@ Note: [torch.cuda on fake GPUs]
 The public torch.cuda functions are thin Python over torch._C._cuda_* bindings that a CPU-only build
 lacks. While a session answering as a GPU is on the stack we replace the *leaves* (the functions that
 reach those bindings, in every module that bound them by name: torch.cuda, .memory, .random, .graphs,
-.streams, torch.accelerator, .memory) with dispatchers: when the top of the process-wide stack of
-sessions answers as a GPU they answer from it, otherwise they call torch's own function. Everything
-above the leaves stays torch's code: get_device_capability and get_device_name call our
+.streams, torch.accelerator, .memory) with dispatchers: when the calling thread's newest session answers
+as a GPU they answer from it, otherwise (also in every thread without a session: Note: [threads] in
+fakeviz._engine.patches) they call torch's own function. Everything above the leaves stays torch's
+code: get_device_capability and get_device_name call our
 get_device_properties, memory_allocated calls our memory_stats, manual_seed's callbacks run at once
 (is_initialized() is True) on our default_generators, torch.cuda.stream(...) and torch.cuda.device(i)
 use our current_stream/set_stream/_exchange_device. Two consequences for the fake mode itself:

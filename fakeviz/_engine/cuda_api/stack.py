@@ -1,4 +1,5 @@
-"""The process-wide stack of fake sessions, what a session answering as a GPU knows, and the GPU's properties."""
+"""The process's stack of fake sessions (each its thread's), what a session answering as a GPU knows, and the GPU's
+properties."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from ..._core.errors import FakeVizError
 from ..._core.gpus import CAPABILITY, DEVICE_NAMES, MULTIPROCESSORS, ROCM_ARCH, SM_LIMITS, Capacity
+from .. import patches as _patches
 
 __all__ = [
     "CUDA_TYPE", "DEFAULT_GPU", "LOCK", "ORIGINALS", "STACK", "DeviceProperties", "GpuSession", "InvalidDeviceError",
@@ -80,7 +82,8 @@ class GpuSession:
     ``fake_mode()``: ``missing`` says why there are none); ``version()`` changes whenever the record does
     (the figures are cached per version); ``clock()`` is the number of ops so far; ``meta`` is the record's
     meta (notes go in ``meta["cuda_api"]``). ``resets`` / ``accumulated`` hold what
-    ``reset_peak_memory_stats`` / ``reset_accumulated_memory_stats`` saw, per device index.
+    ``reset_peak_memory_stats`` / ``reset_accumulated_memory_stats`` saw, per device index. ``thread`` is the
+    thread that opened it (its :func:`fakeviz._engine.patches.home`): the session answers there only.
     """
 
     on: bool
@@ -97,6 +100,7 @@ class GpuSession:
     resets: dict[int, tuple[int, dict[str, int]]] = dataclasses.field(default_factory=dict)
     accumulated: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
     cache: dict[int, tuple[Any, dict[str, int]]] = dataclasses.field(default_factory=dict)
+    thread: int = dataclasses.field(default_factory=_patches.home)
 
     def count_note(self, key: str) -> None:
         """Count one use of something the fidelity report should name (``meta["cuda_api"][key]``)."""
@@ -116,13 +120,16 @@ ORIGINALS: dict[tuple[Any, str], Any] = {}  # (owner, attribute name) -> torch's
 
 
 def active() -> GpuSession | None:
-    """The session that answers now: the top of the stack if it answers as a GPU (Note: [torch.cuda on fake
-    GPUs]: process-wide, so autograd's device threads see it too)."""
-    try:
-        s = STACK[-1]
-    except IndexError:
+    """The session that answers now: the calling thread's newest session if it answers as a GPU (Note: [torch.cuda
+    on fake GPUs]); autograd's device threads running its backward are its thread's (Note: [threads] in
+    ``fakeviz._engine.patches``). None in any other thread: torch.cuda answers as the build does there."""
+    if not STACK:
         return None
-    return s if s.on else None
+    h = _patches.home()
+    for s in reversed(STACK):
+        if s.thread == h:
+            return s if s.on else None
+    return None
 
 
 def outside(name: str) -> Any:

@@ -6,6 +6,7 @@ import weakref
 from typing import Any
 
 from ..._core.schema import ROLE_GRAD, ROLE_SAVED
+from .. import patches as _patches
 from .common import _get_ident, _get_sequence_nr, _no_torch_function, _Tensor
 from .fastpath import _fake_detach
 
@@ -65,6 +66,14 @@ class AutogradMixin:
         if tag is not None:
             alias.__dict__["_fakeviz_tid"] = tag
         return alias
+
+    def own_thread(self) -> bool:
+        """Whether an op dispatched on a thread other than the record's (``owner``) is the record's: autograd's
+        worker thread running a backward of the record (a backward on fake cuda runs on the device's thread).
+        The registry is told, so the patches answer there as in the record's thread until that backward ends;
+        an op outside a backward (another thread using the record's tensors) is not recorded (Note: [threads] in
+        ``patches.py``). The C core asks once per worker thread and graph task."""
+        return _patches.claim(self.owner)
 
     def unpack_saved(self, t: Any) -> Any:
         """saved_tensors_hooks unpack: hand ``t`` back; the detach autograd may make of it next is

@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import patches as _patches
 from .. import values as _values
-from .common import _DETACH, _Tensor
+from .common import _DETACH, _get_ident, _Tensor
 from .fastpath import _fake_detach, _fake_dispatch, _fake_make_entry, _fast_key, _fast_output_from_entry
 from .state import _State
 
@@ -146,8 +146,13 @@ class _FakeRecordingMode(FakeTensorMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         st = self._fv_state
-        if func._namespace == "prim" or st is None or not st.active:
-            return _fake_dispatch(self, func, types, args, kwargs)
+        if (
+            func._namespace == "prim"
+            or st is None
+            or not st.active
+            or (_get_ident() != st.owner and not st.own_thread())
+        ):
+            return _fake_dispatch(self, func, types, args, kwargs)  # Note: [threads] in patches.py
         return st.run_op(_fake_dispatch_fast if func is _DETACH else _fake_dispatch, self, func, types, args, kwargs)
 
     # Note: [recorded op cache]: hand the outermost op's dispatch-cache entry to the recorder
@@ -215,7 +220,7 @@ class _RealRecordingMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         st = self._fv_state
-        if not st.active or func._namespace == "prim":
+        if not st.active or func._namespace == "prim" or (_get_ident() != st.owner and not st.own_thread()):
             return func(*args, **(kwargs or {}))
         return st.run_op(_real_dispatch, self, func, types, args, kwargs)
 

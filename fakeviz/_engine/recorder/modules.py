@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..._core.schema import ROLE_BUFFER, ROLE_GRAD, ROLE_INPUT, ROLE_OPT, ROLE_PARAM
+from .. import patches as _patches
 from .common import (
     _N_ST,
     _P_GRAD,
@@ -30,6 +31,7 @@ from .common import (
     is_real_plain,
 )
 
+_home = _patches.home  # the thread a hook runs for: the record's own is state.owner (Note: [threads] in patches.py)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # the whole fakeviz package, every layer (this file is fakeviz/_engine/recorder/modules.py)
 _FAKEVIZ_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep
@@ -286,7 +288,7 @@ class ModulesMixin:
 
     def module_registered(self, parent: torch.nn.Module, name: str, sub: Any) -> None:
         """Global submodule-registration hook: remember modules built inside the block."""
-        if self.active:
+        if self.active and _home() == self.owner:
             self.built[id(parent)] = weakref.ref(parent)
             if sub is not None:
                 self.built[id(sub)] = weakref.ref(sub)
@@ -386,6 +388,8 @@ class ModulesMixin:
 
     @_no_torch_function
     def opt_pre(self, opt: Any, *_: Any) -> None:
+        if _home() != self.owner:  # torch's global hooks fire in every thread (Note: [threads] in patches.py)
+            return
         self.in_optimizer += 1
         if self.active:
             with contextlib.suppress(Exception):
@@ -397,6 +401,8 @@ class ModulesMixin:
 
     @_no_torch_function
     def opt_post(self, opt: Any, *_: Any) -> None:
+        if _home() != self.owner:
+            return
         self.in_optimizer = max(0, self.in_optimizer - 1)
         if self.active:
             self.optimizers[id(opt)] = weakref.ref(opt)
@@ -423,7 +429,7 @@ class ModulesMixin:
         return self.b.tables["classes"].strings[self.b.mod_class[mid]]
 
     def fw_pre(self, mod: torch.nn.Module, args: Any) -> None:
-        if not self.active:
+        if not self.active or _home() != self.owner:  # another thread's module (Note: [threads] in patches.py)
             return
         key = id(mod)
         mid = self.mod_names.get(key)
@@ -446,7 +452,7 @@ class ModulesMixin:
         self._mark()
 
     def fw_post(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
-        if not self.active:
+        if not self.active or _home() != self.owner:
             return
         mid = self.mod_names.get(id(mod), -1)
         stack = self.fw_stack
@@ -463,12 +469,12 @@ class ModulesMixin:
 
     @_no_torch_function
     def param_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
-        if self.active and t is not None and isinstance(t, _Tensor):
+        if self.active and t is not None and isinstance(t, _Tensor) and _home() == self.owner:
             self.built[id(mod)] = weakref.ref(mod)
             self.storage_id(t, self.b.num_ops(), ROLE_PARAM)
 
     @_no_torch_function
     def buffer_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
-        if self.active and t is not None and isinstance(t, _Tensor):
+        if self.active and t is not None and isinstance(t, _Tensor) and _home() == self.owner:
             self.built[id(mod)] = weakref.ref(mod)
             self.storage_id(t, self.b.num_ops(), ROLE_BUFFER)

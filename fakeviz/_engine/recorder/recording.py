@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ..._core.errors import RecordError
+from ..._core.errors import FakeVizError, RecordError
 from ..._core.record import Record
 from .. import cuda_api as _cuda_api
 from .. import cuda_shim as _cuda_shim
@@ -111,10 +111,11 @@ class Recording:
         if self.device is not None and self.fake:
             _cuda_shim.warn_if_unavailable(self.device)
         prefixes = tuple(_package_dir(x) for x in self.exclude)
-        state = self._state = _State(self.trace, exclude=prefixes)
-        self.trace.meta["recorder_core"] = "c" if state.core is not None else "python"  # Note: [recorder core in C]
         stack = self._stack = contextlib.ExitStack()
+        stack.callback(_patches.leave, _own_thread())  # one record at a time per process (Note: [threads])
         try:
+            state = self._state = _State(self.trace, exclude=prefixes)
+            self.trace.meta["recorder_core"] = "c" if state.core is not None else "python"  # Note: [recorder core in C]
             stack.enter_context(session_patches(on_backward=state.backward_event))
             stack.enter_context(self._gpu_session(state))
             mm = torch.nn.modules.module
@@ -126,7 +127,8 @@ class Recording:
                 (mm.register_module_module_registration_hook, state.module_registered, {}),
                 (register_optimizer_step_pre_hook, state.opt_pre, {}),
                 (register_optimizer_step_post_hook, state.opt_post, {}),
-            ):  # torch's global hooks, through the registry (Note: [patch registry])
+            ):  # torch's global hooks, through the registry (Note: [patch registry]); each returns at once in
+                # another thread (Note: [threads])
                 handle: list[Any] = []
                 token = _patches.push_call(lambda r=register, h=hook, k=kwargs, out=handle: out.append(r(h, **k)),
                                            lambda out=handle: out.pop().remove(), entry="global-hooks")  # fmt: skip
@@ -188,6 +190,7 @@ class Recording:
                     )
                 )
             self.mode = mode
+            stack.callback(_patches.leave, _patches.watch(mode))  # finds the workers running its backward
             stack.enter_context(mode)
             if self.device is not None:
                 stack.enter_context(torch.device(self.device))
@@ -258,6 +261,17 @@ class Recording:
                 if self.trace.error is None:
                     self.trace.error = {"type": type(exc).__name__, "message": str(exc)[:2000], "op": None}
         return False
+
+
+def _own_thread() -> int:
+    """The calling thread opens a record; refused while another thread records (Note: [threads] in patches.py)."""
+    try:
+        return _patches.enter("record", alone=True)
+    except _patches.Busy as busy:
+        raise FakeVizError(
+            f"fakeviz: another thread is recording (thread {busy.thread!r}); fakeviz records one block at a time per "
+            "process: wait for that record to end, or record in another process"
+        ) from None
 
 
 def _package_dir(name: str) -> str:

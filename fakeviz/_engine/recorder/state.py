@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensorConfig as _FakeTensorConfig
 from ..._core.record import Record
 from ..._core.schema import ROLE_SAVED
 from .. import native as _native
+from .. import patches as _patches
 from ..kv_cache import KVCacheMixin
 from .autograd import AutogradMixin
 from .common import (
@@ -59,6 +60,7 @@ class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin, KVCacheMixin)
         assert b is not None
         self.b = b
         self.active = True
+        self.owner = _patches.home()  # the record's thread (Note: [threads] in patches.py)
         self.local = threading.local()
         # the string tables every concern interns into
         self.t_shapes = b.tables["shapes"]
@@ -95,7 +97,7 @@ class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin, KVCacheMixin)
             opd=b.opd, outd=b.outd, in_tensor=b.in_tensor, std=b.std,
             # trace layout: the core refuses one other than the layout its header was generated from
             tbase=self.tbase, ttop=self.ttop, layout=_native.layout_signature(), progress_every=_PROGRESS_EVERY,
-            role_saved=ROLE_SAVED,
+            role_saved=ROLE_SAVED, owner=self.owner,
             # Python types, ops and functions it compares with or calls
             tensor_type=_Tensor, fake_type=_FakeTensor, storage_ref=_StorageRef, range_error=_DeviceRangeError,
             detach=_DETACH, lift_fresh=_LIFT_FRESH, unsafe_view=_UNSAFE_VIEW, param_new_code=_PARAM_NEW,

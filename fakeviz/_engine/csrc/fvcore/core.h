@@ -30,7 +30,7 @@ static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *
     *s_saved_alias, *s_py_record, *s_key, *s_on_free, *s_dict, *s_depth, *s_entry, *s_op_failed,
     *s_range_failed, *s_internal_error, *s_record, *s_namespace, *s_prim, *s_shape_env, *s_run_op,
     *s_fake_mode, *s_constant, *s_real_tensor, *s_in_kernel, *s_protos, *s_debug, *s_requires_grad,
-    *s_allow_unsafe, *s_enter, *s_exit;
+    *s_allow_unsafe, *s_enter, *s_exit, *s_own_thread;
 
 typedef struct {
     PyObject_HEAD
@@ -48,6 +48,10 @@ typedef struct {
     long long tbase, ttop;
     Py_ssize_t progress_every;
     long long role_saved;
+    /* Note: [threads] (fakeviz/_engine/patches.py): the record's thread, and the last autograd worker thread and
+     * graph task of the record's backward that an op was dispatched on (state.own_thread() said so) */
+    unsigned long owner, worker;
+    long long task;
 } Core;
 
 /* ------------------------------------------------------------------ helpers */

@@ -6,9 +6,32 @@
 
 /* ---------------------------------------------------------- fake mode hooks */
 
+/* Note: [threads] (fakeviz/_engine/patches.py): whether an op dispatched on a thread other than the record's is
+ * the record's (1) or not (0; -1 on error): autograd's worker thread running the record's backward, which
+ * state.own_thread() claims for the record, once per worker thread and graph task. */
+static int own_thread(Core *self) {
+    unsigned long me = PyThread_get_thread_ident();
+    PyObject *g = PyObject_CallNoArgs(self->graph_task_id);
+    if (!g) return -1;
+    long long task = PyLong_AsLongLong(g);
+    Py_DECREF(g);
+    if (task == -1 && PyErr_Occurred()) return -1;
+    if (task < 0) return 0; /* not a backward: another thread's op on the record's tensors */
+    if (me == self->worker && task == self->task) return 1;
+    PyObject *r = PyObject_CallMethodNoArgs(self->state, s_own_thread);
+    if (!r) return -1;
+    int ok = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (ok == 1) {
+        self->worker = me;
+        self->task = task;
+    }
+    return ok;
+}
+
 /* Note: [recorder fused into the fake mode], in C: the recording FakeTensorMode's
  * __torch_dispatch__ (installed on the mode instance as a bound method while this core's
- * recording is on). prim.* ops and an inactive recording go straight to FakeTensorMode. */
+ * recording is on). prim.* ops, an inactive recording and another thread's ops go straight to FakeTensorMode. */
 static PyObject *Core_dispatch(Core *self, PyObject *const *args, Py_ssize_t nargs) {
     REQUIRE_STATE(self);
     if (nargs < 4 || nargs > 5) {
@@ -42,6 +65,8 @@ static PyObject *Core_dispatch(Core *self, PyObject *const *args, Py_ssize_t nar
         if (!act) return NULL;
         int on = PyObject_IsTrue(act);
         Py_DECREF(act);
+        if (on < 0) return NULL;
+        if (on && PyThread_get_thread_ident() != self->owner) on = own_thread(self); /* Note: [threads] */
         if (on < 0) return NULL;
         if (!on) kind = 0;
     }
