@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._core.devices import uses_caching_allocator
-from .._core.fmt import format_bytes
+from .._core.fmt import format_bytes, html_table, html_text
 from .._core.record import Record
 from .._core.schema import CATEGORIES, PHASES
 from .categories import storage_categories
@@ -200,14 +200,12 @@ class Peak:
         return d
 
     def _repr_html_(self) -> str:
-        import html
-
         cats = ", ".join(f"{k} {format_bytes(v)}" for k, v in self.by_category.items() if v)
         return (
-            f"<div class='fv-peak'><b>{html.escape(self.device)}</b> peaks at {format_bytes(self.bytes)} "
-            f"in {html.escape(self.phase)} at op {self.seq} {html.escape(self.op)} "
-            f"({html.escape(self.module or '<top level>')}, {html.escape(self.user_line or '<unknown line>')})"
-            f"<br>{html.escape(cats)}{self.top.to_html(index=False)}</div>"
+            f"<div class='fv-peak'><b>{html_text(self.device)}</b> peaks at {format_bytes(self.bytes)} "
+            f"in {html_text(self.phase)} at op {self.seq} {html_text(self.op)} "
+            f"({html_text(self.module or '<top level>')}, {html_text(self.user_line or '<unknown line>')})"
+            f"<br>{html_text(cats)}{html_table(self.top, index=False)}</div>"
         )
 
 

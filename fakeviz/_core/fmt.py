@@ -1,32 +1,81 @@
 """Numbers and names for people: byte sizes, FLOPs, counts, and text safe for HTML and plotly.
 
 The one definition of each format; the explorer's JavaScript (``js/src/format.js``) mirrors
-:func:`format_bytes` and ``tests/views`` checks the two agree.
+:func:`format_bytes` and :func:`plain_name`, and ``tests/views`` checks the byte formats agree.
+
+Every string fakeviz writes into HTML (notebook reprs, the static summary, the report page, plotly's
+HTML-like labels) goes through :func:`html_text` (or :func:`esc`, its plotly form, or :func:`html_table`
+for a DataFrame): escaped, and with its bidirectional controls written out as ``<U+202E>``. A module
+name, an error message or a title comes from the user's code or from a file, so a right-to-left override
+in it must not reorder the text around it (Note: [bidi controls in names]).
 """
 
 from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["esc", "format_bytes", "format_count", "format_flops"]
+__all__ = ["esc", "format_bytes", "format_count", "format_flops", "html_table", "html_text", "plain_name"]
+
+# Note: [bidi controls in names]
+# Marks (U+200E, U+200F, U+061C), embeddings and overrides (U+202A-U+202E) and isolates (U+2066-U+2069)
+# reorder the text that follows them up to the end of the paragraph: a module named "a\u202e.fc" shows
+# as "a" followed by ".fc" reversed, and everything after it on the line (sizes, other names) with it.
+# HTML escaping leaves them alone (they are not markup), so every HTML writer takes its strings through
+# plain_name, which writes each control out as "<U+202E>": the text shows in logical order and the
+# reader sees that the name holds a control. The explorer does the same in JS (js/src/format.js).
+_BIDI = re.compile("[\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]")
 
 
 def _missing(n: Any) -> bool:
     return n is None or (isinstance(n, float) and math.isnan(n))
 
 
+def plain_name(text: Any) -> str:
+    """``text`` with each bidirectional control written out (``<U+202E>``), so it shows in logical order.
+
+    Not HTML-escaped (plain text: a ``repr``, a terminal); :func:`html_text` escapes as well.
+    """
+    return _BIDI.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(text))
+
+
+def html_text(text: Any, *, quote: bool = True) -> str:
+    """``text`` safe inside HTML: element text or a quoted attribute, bidi controls written out.
+
+    The one escaping helper for every HTML fakeviz writes (Note: [bidi controls in names]);
+    ``None`` and NaN give ``""``.
+    """
+    if _missing(text):
+        return ""
+    return html.escape(plain_name(text), quote=quote)
+
+
 def esc(text: Any) -> str:
-    """``text`` as a string safe for plotly's HTML-like text (``<``, ``>``, ``&`` escaped).
+    """``text`` as a string safe for plotly's HTML-like text (``<``, ``>``, ``&`` escaped, bidi controls written out).
 
     Quotes are left alone: plotly only knows a few named entities (``&quot;`` is
     not one of them) and quotes cannot open a tag.
     """
-    if _missing(text):
-        return ""
-    return html.escape(str(text), quote=False)
+    return html_text(text, quote=False)
+
+
+def html_table(df: Any, **kwargs: Any) -> str:
+    """A pandas DataFrame as an HTML ``<table>``, every string cell and column name through :func:`plain_name`.
+
+    ``DataFrame.to_html`` escapes markup but not bidi controls; ``kwargs`` go to it (``escape`` is always on).
+    Duck-typed: this module does not import pandas.
+    """
+    kwargs["escape"] = True
+    clean = df.rename(columns=lambda c: plain_name(c) if isinstance(c, str) else c)
+    strings = [c for c in clean.columns if getattr(clean[c].dtype, "kind", "O") == "O"]  # object, string, category
+    if strings:
+        clean = clean.copy()
+        for c in strings:
+            clean[c] = [plain_name(v) if isinstance(v, str) else v for v in clean[c]]
+    return clean.to_html(**kwargs)
 
 
 def format_bytes(n: float | None) -> str:

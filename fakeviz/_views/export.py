@@ -9,13 +9,12 @@ Devices get their colours from :func:`device_colors`: the palette's cycle in the
 
 from __future__ import annotations
 
-import html
 import os
 from collections.abc import Iterable
 from typing import Any
 
 from .._core.devices import device_order
-from .._core.fmt import format_bytes
+from .._core.fmt import format_bytes, html_text
 from .style import color_map
 
 __all__ = ["device_colors", "export_html", "export_repr", "export_text"]
@@ -100,14 +99,14 @@ def export_html(
     """The notebook view: an ok / failed line, the reason, and the nodes table with each device cell coloured."""
     mode = "strict" if strict else "non-strict"
     if ok:
-        status = f"<p class='fv-fits'><b>export ok</b> ({mode}): {html.escape(_counts(nodes))}</p>"
+        status = f"<p class='fv-fits'><b>export ok</b> ({mode}): {html_text(_counts(nodes))}</p>"
     else:
-        status = f"<p class='fv-over'><b>export failed</b> ({mode}, {html.escape(kind or 'error')})</p>"
-    why = f"<pre class='fv-export-reason'>{html.escape(reason)}</pre>" if reason else ""
+        status = f"<p class='fv-over'><b>export failed</b> ({mode}, {html_text(kind or 'error')})</p>"
+    why = f"<pre class='fv-export-reason'>{html_text(reason)}</pre>" if reason else ""
     table = ""
     if nodes is not None and len(nodes):
         colors = device_colors(_devices(nodes))
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in SHOWN)
+        head = "".join(f"<th>{html_text(c)}</th>" for c in SHOWN)
         body = []
         for r in nodes[list(SHOWN)].head(max_rows).itertuples(index=False):
             cells = []
@@ -116,9 +115,9 @@ def export_html(
                 if col == "device" and text:
                     cells.append(f"<td>{_device_cell(text, colors)}</td>")
                 elif col == "user_line" and text:
-                    cells.append(f"<td title='{html.escape(text)}'>{html.escape(_short_line(text))}</td>")
+                    cells.append(f"<td title='{html_text(text)}'>{html_text(_short_line(text))}</td>")
                 else:
-                    cells.append(f"<td>{html.escape(text)}</td>")
+                    cells.append(f"<td>{html_text(text)}</td>")
             body.append("<tr>" + "".join(cells) + "</tr>")
         more = ""
         if len(nodes) > max_rows:
@@ -141,5 +140,5 @@ def _device_cell(text: str, colors: dict[str, str]) -> str:
             if color
             else ""
         )
-        parts.append(f"<span class='fv-device' data-device='{html.escape(d)}'>{dot}{html.escape(d)}</span>")
+        parts.append(f"<span class='fv-device' data-device='{html_text(d)}'>{dot}{html_text(d)}</span>")
     return ", ".join(parts)

@@ -12,11 +12,11 @@ inline text: nothing is fetched. Every string from the trace travels inside JSON
 from __future__ import annotations
 
 import base64
-import html
 import json
 from pathlib import Path
 from typing import Any
 
+from .._core.fmt import html_text
 from .._core.record import Record
 from .payload import build_state
 from .text import summary_html
@@ -96,7 +96,7 @@ def report_html(trace: Record, capacity: Any = None, *, title: str | None = None
     summary = summary_html(trace)
     return (
         "<!doctype html>\n<html lang='en'><head><meta charset='utf-8'>"
-        f"<title>{html.escape(title)}</title>\n<style>{_script_safe(css)}</style></head>\n"
+        f"<title>{html_text(title)}</title>\n<style>{_script_safe(css)}</style></head>\n"
         "<body class='fv-report'>\n"
         f"<noscript>{summary}</noscript>\n"
         "<div id='fv-root'></div>\n"

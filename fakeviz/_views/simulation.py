@@ -10,12 +10,12 @@ and nbviewer show the summary.
 
 from __future__ import annotations
 
-import html
 import itertools
 from typing import Any
 
 import pandas as pd
 
+from .._core.fmt import html_table, html_text
 from .compare import compare_bars
 from .explorer import display_with_fallback, fallback_bundle
 from .static import static_html, summary_div
@@ -37,7 +37,7 @@ def simulation_widget(runs: list[Any], *, classes: dict[int, int], table: pd.Dat
 
     by_rank = {run.rank: run for run in runs}
     cls = classes
-    head = ipywidgets.HTML(table.to_html(index=False, border=0))
+    head = ipywidgets.HTML(html_table(table, index=False, border=0))
     bars = go.FigureWidget(compare_bars(runs)) if runs else ipywidgets.HTML("no rank recorded")
     options = [(f"rank {r} (class {cls.get(r, '?')})", r) for r in sorted(by_rank)]
     start = first if first in by_rank else (options[0][1] if options else None)
@@ -70,9 +70,9 @@ def summary_html(runs: list[Any], table: pd.DataFrame, capacity: Any = None, *, 
     parts = [
         summary_div(static_id),
         f"<div><b>{LABEL}</b>: {len(ranks)} rank{'s' if len(ranks) != 1 else ''} recorded"
-        + (f" ({html.escape(', '.join(map(str, ranks[:16])))}{', ...' if len(ranks) > 16 else ''})" if ranks else "")
+        + (f" ({html_text(', '.join(map(str, ranks[:16])))}{', ...' if len(ranks) > 16 else ''})" if ranks else "")
         + "</div>",
-        table.to_html(index=False, border=0),
+        html_table(table, index=False, border=0),
     ]
     if first is not None:
         parts.append(f"<div style='margin-top:6px'><b>rank {first.rank}</b></div>")

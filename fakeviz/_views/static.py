@@ -9,21 +9,19 @@ inline styles) and "reserved at peak"; the largest modules of the folded layer t
 
 It uses no script, no external resource and no stylesheet outside its own element, fits
 a narrow notebook column (800 px and less: it wraps, it never scrolls sideways), and writes
-module names with their bidirectional controls shown as ``<U+202E>`` so they cannot reorder
+module names with their bidirectional controls shown as ``<U+202E>`` (:func:`fakeviz._core.fmt.html_text`) so they cannot reorder
 the text around them.
 """
 
 from __future__ import annotations
 
-import html
-import re
 from typing import Any
 
 from .._analysis.memory import peaks as peaks_of
 from .._analysis.tables import phase_counts
 from .._analysis.tree import folded_modules
 from .._analysis.verdict import verdict as verdict_of
-from .._core.fmt import format_bytes
+from .._core.fmt import format_bytes, html_text, plain_name
 from .._core.gpus import capacity_of
 from .._core.palette import CATEGORY_COLORS
 from .._core.record import Record
@@ -32,19 +30,6 @@ __all__ = ["STATIC_CLASS", "plain_name", "static_html", "summary_div"]
 
 STATIC_CLASS = "fv-static"
 
-# bidirectional controls: embeddings, overrides, isolates and marks (they reorder the text around them)
-_BIDI = re.compile("[\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]")
-
-
-def plain_name(name: str) -> str:
-    """``name`` with each bidirectional control written out (``<U+202E>``), so it shows in logical order."""
-    return _BIDI.sub(lambda m: f"<U+{ord(m.group()):04X}>", name)
-
-
-def _esc(text: Any) -> str:
-    return html.escape(plain_name(str(text)))
-
-
 _CELL = "padding:2px 6px;text-align:left;vertical-align:top;border-bottom:1px solid rgba(128,128,128,.25)"
 _NUM = "padding:2px 6px;text-align:right;vertical-align:top;white-space:nowrap;border-bottom:1px solid rgba(128,128,128,.25)"
 
@@ -52,7 +37,7 @@ _NUM = "padding:2px 6px;text-align:right;vertical-align:top;white-space:nowrap;b
 def summary_div(static_id: str = "") -> str:
     """The opening ``<div>`` of a static summary (closed by the caller); ``static_id`` as in :func:`static_html`."""
     return (
-        f"<div class='{STATIC_CLASS}' data-fv-static='{html.escape(static_id)}' dir='ltr' style='max-width:100%;"
+        f"<div class='{STATIC_CLASS}' data-fv-static='{html_text(static_id)}' dir='ltr' style='max-width:100%;"
         "box-sizing:border-box;overflow-wrap:anywhere;font:13px/1.4 system-ui,sans-serif;unicode-bidi:isolate'>"
     )
 
@@ -70,20 +55,20 @@ def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static
     counts = ", ".join(f"{k} {v:,}" for k, v in phase_counts(trace).items() if v)
     parts = [
         summary_div(static_id),
-        f"<div><b>fakeviz trace</b>: {trace.num_ops:,} ops ({html.escape(counts or 'none')})</div>",
+        f"<div><b>fakeviz trace</b>: {trace.num_ops:,} ops ({html_text(counts or 'none')})</div>",
     ]
     if trace.error:
         parts.append(
-            f"<div style='color:#b00020'><b>Stopped by {_esc(trace.error.get('type') or 'an error')}</b> at "
-            f"{_esc(trace.error.get('op') or 'an op')}: {_esc(str(trace.error.get('message') or '')[:300])}</div>"
+            f"<div style='color:#b00020'><b>Stopped by {html_text(trace.error.get('type') or 'an error')}</b> at "
+            f"{html_text(trace.error.get('op') or 'an op')}: {html_text(str(trace.error.get('message') or '')[:300])}</div>"
         )
     verdict = verdict_of(trace, cap) if cap is not None else None
     if verdict is not None:
         color = "#1b7f3b" if verdict["fits"] else "#b00020"
         spec = trace.meta.get("capacity_spec") if capacity is None else None
-        label = f" ({_esc(spec or cap.label)})"
+        label = f" ({html_text(spec or cap.label)})"
         cls = "fv-fits" if verdict["fits"] else "fv-over"
-        parts.append(f"<div class='{cls}' style='color:{color}'><b>{_esc(verdict['text'])}</b>{label}</div>")
+        parts.append(f"<div class='{cls}' style='color:{color}'><b>{html_text(verdict['text'])}</b>{label}</div>")
     parts.append(_peaks_html(trace, verdict))
     parts.append(_modules_html(trace, modules))
     parts.append(
@@ -99,14 +84,14 @@ def _peaks_html(trace: Record, verdict: dict[str, Any] | None) -> str:
     for dev, pk in peaks_of(trace).items():
         total = max(pk.bytes, 1)
         segs = "".join(
-            f"<span title='{html.escape(cat)} {format_bytes(n)}' style='display:inline-block;height:100%;"
+            f"<span title='{html_text(cat)} {format_bytes(n)}' style='display:inline-block;height:100%;"
             f"width:{100 * n / total:.3f}%;background:{CATEGORY_COLORS[cat]}'></span>"
             for cat, n in pk.by_category.items()
             if n
         )
         legend = " ".join(
             f"<span style='white-space:nowrap'><span style='display:inline-block;width:.8em;height:.8em;"
-            f"background:{CATEGORY_COLORS[cat]};margin-right:3px'></span>{html.escape(cat)} {format_bytes(n)}</span>"
+            f"background:{CATEGORY_COLORS[cat]};margin-right:3px'></span>{html_text(cat)} {format_bytes(n)}</span>"
             for cat, n in pk.by_category.items()
             if n
         )
@@ -117,10 +102,10 @@ def _peaks_html(trace: Record, verdict: dict[str, Any] | None) -> str:
         oom = judged.get("first_oom")
         fail = ""
         if oom:
-            fail = f"<div style='color:#b00020'><bdi>{_esc(oom['where'])}</bdi></div>"  # verdict's one text
-        where = f"op {pk.seq:,} {_esc(pk.op)} ({_esc(pk.phase)}, <bdi>{_esc(pk.module or '<top level>')}</bdi>)"
+            fail = f"<div style='color:#b00020'><bdi>{html_text(oom['where'])}</bdi></div>"  # verdict's one text
+        where = f"op {pk.seq:,} {html_text(pk.op)} ({html_text(pk.phase)}, <bdi>{html_text(pk.module or '<top level>')}</bdi>)"
         rows.append(
-            f"<div style='margin:6px 0'><div><b>{_esc(dev)}</b> peaks at {format_bytes(pk.bytes)} of tensors{extra}, "
+            f"<div style='margin:6px 0'><div><b>{html_text(dev)}</b> peaks at {format_bytes(pk.bytes)} of tensors{extra}, "
             f"at {where}</div>"
             f"<div style='display:flex;height:12px;width:100%;background:rgba(128,128,128,.15)'>{segs}</div>"
             f"<div style='font-size:12px'>{legend}</div>{fail}</div>"
@@ -140,7 +125,7 @@ def _modules_html(trace: Record, n: int) -> str:
         for i, h in enumerate(("module", "params", "param bytes", "activations"))
     )
     body = "".join(
-        f"<tr><td style='{_CELL}'><bdi>{_esc(r.path)}</bdi>{f' x{r.count}' if r.count > 1 else ''}</td>"
+        f"<tr><td style='{_CELL}'><bdi>{html_text(r.path)}</bdi>{f' x{r.count}' if r.count > 1 else ''}</td>"
         f"<td style='{_NUM}'>{int(r.params):,}</td><td style='{_NUM}'>{format_bytes(int(r.param_bytes))}</td>"
         f"<td style='{_NUM}'>{format_bytes(int(r.act_bytes))}</td></tr>"
         for r in top.itertuples()

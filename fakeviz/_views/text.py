@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import html
-
 from .._analysis.fidelity import fidelity_report
 from .._analysis.flops import flop_coverage, flops_by_phase
 from .._analysis.memory import peak_bytes, peaks
 from .._analysis.tables import phase_counts
 from .._analysis.tree import folded_modules
 from .._analysis.verdict import verdict
-from .._core.fmt import format_bytes
+from .._core.fmt import format_bytes, html_text
 from .._core.record import Record
 
 __all__ = ["summary", "summary_html", "trace_repr"]
@@ -36,23 +34,23 @@ def summary_html(rec: Record) -> str:
     rows = []
     for dev, pk in peak_bytes(rec).items():
         rows.append(
-            f"<tr><td>{html.escape(dev)}</td><td>{format_bytes(pk['bytes'])}</td><td>{html.escape(pk['op'])}</td></tr>"
+            f"<tr><td>{html_text(dev)}</td><td>{format_bytes(pk['bytes'])}</td><td>{html_text(pk['op'])}</td></tr>"
         )
     phases = ", ".join(f"{k} {v}" for k, v in phase_counts(rec).items() if v)
     err = ""
     if rec.error:
         err = (
-            f"<p class='fv-error'><b>Stopped by an error</b> in {html.escape(str(rec.error.get('op')))}: "
-            f"{html.escape(str(rec.error.get('message'))[:500])}</p>"
+            f"<p class='fv-error'><b>Stopped by an error</b> in {html_text(str(rec.error.get('op')))}: "
+            f"{html_text(str(rec.error.get('message'))[:500])}</p>"
         )
     text = ""
     if rec.meta.get("capacity"):
         v = verdict(rec, rec.meta["capacity"])
         cls = "fv-fits" if v["fits"] else "fv-over"
-        spec = html.escape(str(rec.meta.get("capacity_spec") or ""))
-        text = f"<p class='{cls}'><b>{html.escape(v['text'])}</b> {spec}</p>"
+        spec = html_text(str(rec.meta.get("capacity_spec") or ""))
+        text = f"<p class='{cls}'><b>{html_text(v['text'])}</b> {spec}</p>"
     return (
-        f"<div class='fv-trace'><b>fakeviz trace</b>: {len(rec)} ops ({html.escape(phases)}){err}{text}"
+        f"<div class='fv-trace'><b>fakeviz trace</b>: {len(rec)} ops ({html_text(phases)}){err}{text}"
         "<table><tr><th>device</th><th>peak live</th><th>at op</th></tr>" + "".join(rows) + "</table></div>"
     )
 
