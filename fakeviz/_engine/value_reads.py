@@ -294,15 +294,14 @@ def guard_error(rec: Any, exc: BaseException) -> DataDependentError | None:
     if any("/torch/export/" in f.f_code.co_filename.replace("\\", "/") for f, _ in frames):
         return None  # torch.export's (fakeviz.check_export explains it)
     line = src = module = None
-    for f, lineno in reversed(frames):
-        fn = f.f_code.co_filename.replace("\\", "/")
-        user = not fn.startswith("<") or fn.startswith("<ipython-input")  # an IPython cell is user code
-        user = user and "/torch/" not in fn and "/fakeviz/" not in fn and "-packages/" not in fn
-        if line is None and user:
-            import linecache
+    found = rec.user_frame(frames)  # the op table's test of a file, not a substring of its path
+    if found is not None:
+        import linecache
 
-            line = f"{f.f_code.co_filename}:{lineno} in {f.f_code.co_name}"
-            src = linecache.getline(f.f_code.co_filename, lineno).strip()
+        code, lineno = found[0].f_code, found[1]
+        line = f"{code.co_filename}:{lineno} in {code.co_name}"
+        src = linecache.getline(code.co_filename, lineno).strip()
+    for f, _ in reversed(frames):
         me = f.f_locals.get("self")
         if module is None and isinstance(me, torch.nn.Module) and id(me) in rec.mod_names:
             module = rec.b.tables["modules"].strings[rec.mod_names[id(me)]]

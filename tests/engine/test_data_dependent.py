@@ -347,6 +347,40 @@ def test_symbolic_guard_names_line_module_and_op() -> None:
     assert _no_fake_mode_active()
 
 
+_PICK = """
+import torch
+
+
+class Pick(torch.nn.Module):
+    def forward(self, x):
+        idx = (x > 0).nonzero()
+        if idx.size(0) > 0:
+            return x[idx]
+        return x
+"""
+
+
+@pytest.mark.parametrize("folder", ["fakeviz", "torch", "my-packages"])
+def test_symbolic_guard_names_the_line_of_code_in_any_folder(tmp_path: Any, folder: str) -> None:
+    """The user's code in a folder named like a package (a clone named ``fakeviz``, a project folder ``torch``) is
+    still the user's: the guard error names its line as the op table would (it was None: the check read
+    ``"/fakeviz/" in path``)."""
+    import importlib.util
+
+    path = tmp_path / folder / "src" / f"pick_{folder.replace('-', '_')}.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(_PICK)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(fv.DataDependentError) as info:
+        with fv.record(symbolic=True):
+            mod.Pick()(torch.empty(10))
+    err = info.value
+    assert err.user_line == f"{path}:8 in forward" and err.module == "Pick"
+    assert "if idx.size(0) > 0" in str(err) and err.trace.error["user_line"] == err.user_line
+
+
 def test_real_inputs_give_values_and_are_never_written() -> None:
     ids = torch.tensor([[5, 7, 0]])  # real, made outside the block: its values are known
     with fv.record():

@@ -209,6 +209,24 @@ class ModulesMixin:
             "inner_src": _frame_src(inner),
         }
 
+    def user_frame(self, frames: list[tuple[Any, int]]) -> tuple[Any, int] | None:
+        """Of ``frames`` (``(frame, lineno)``, outermost first, as a traceback lists them), the innermost of the
+        user's own code; else the innermost library frame (Note: [errors inside library code]); None when all are
+        torch's, fakeviz's or the standard library's.
+
+        The same test of a file as the op table's user lines (``_is_internal``: the real paths of torch and
+        fakeviz, the standard library, ``exclude=``), never a substring of the path: a user's checkout in a
+        folder named ``fakeviz`` or ``torch`` is still the user's.
+        """
+        library = None
+        for f, lineno in reversed(frames):
+            kind = self._frame_kind(f.f_code)
+            if kind == _USER:
+                return f, lineno
+            if kind == _LIBRARY and library is None:
+                library = (f, lineno)
+        return library
+
     def _frame_kind(self, code: CodeType) -> int:
         """``_INTERNAL`` (torch, fakeviz, the standard library), ``_LIBRARY`` (an installed package or one
         the user excluded) or ``_USER``: Note: [errors inside library code]."""
