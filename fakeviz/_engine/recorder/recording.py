@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from ..._core.errors import FakeVizError, RecordError
+from ..._core.errors import ArgumentError, FakeVizError, RecordError
 from ..._core.record import Record
+from .. import arguments as _arguments
 from .. import cuda_api as _cuda_api
 from .. import cuda_shim as _cuda_shim
 from .. import distributed as _distributed
@@ -40,22 +41,37 @@ class Recording:
         self,
         *,
         device: str | torch.device | None,
-        dtype: torch.dtype | None,
+        dtype: torch.dtype | str | None,
         fake: bool,
         symbolic: bool,
-        exclude: tuple[str, ...],
-        modules: tuple[torch.nn.Module, ...],
+        exclude: str | tuple[str, ...] | list[str],
+        modules: torch.nn.Module | tuple[torch.nn.Module, ...] | list[torch.nn.Module],
         session: FakeSession | None = None,
         progress: Any = None,
         attention: str = "auto",
         gpu: str | None = None,
         record_cls: type[Record] = Record,
-        gpus: int | None = None,
+        gpus: int | str | None = None,
         memory_stats: Callable[[Record, str, int], dict[str, int]] | None = None,
         routing: str | None = "balanced",
     ) -> None:
-        from ..._core.gpus import Capacity
+        from ..._core.gpus import Capacity, read_gpus
 
+        # arguments read as everywhere else (fakeviz._engine.arguments, read_gpus): refused, never changed
+        dtype = _arguments.default_dtype(dtype)  # "bf16" as models.build reads it
+        device = _arguments.fake_device(device, fake=fake)  # mps, xla, ...: not faked
+        exclude = _arguments.one_or_many(exclude, str)  # exclude="transformers" is one package
+        modules = _arguments.one_or_many(modules, torch.nn.Module)
+        if gpus is not None and not isinstance(gpus, int):  # "8", "8xH100", 1.5: read as plan's gpus= reads them
+            asked, (gpus, caps) = gpus, read_gpus(gpus)  # (an int is a count: device_count_for checks its range)
+            kinds = {(c.gpu, c.bytes) for c in caps or ()}
+            named = Capacity.parse(gpu) if gpu is not None else None
+            if len(kinds) > 1 or (kinds and named is not None and (named.gpu, named.bytes) not in kinds):
+                other = f", and gpu={gpu!r} names another" if len(kinds) == 1 else ""
+                raise ArgumentError("gpus", asked, "a record's GPUs are one kind" + other,
+                                    "Give gpus='8xH100', or gpu='H100' with gpus=8.")  # fmt: skip
+            if caps and gpu is None:
+                gpu = str(caps[0].spec)
         if routing not in _values.ROUTINGS:
             raise ValueError(
                 f"routing={routing!r}: use 'balanced' (the default: every expert gets as many tokens), 'skewed' "
@@ -282,24 +298,25 @@ def _package_dir(name: str) -> str:
 
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"exclude: no package named {name!r}")
+        raise ArgumentError("exclude", name, f"no package named {name!r}",
+                            "Give importable package names (exclude=('transformers',)) or folder paths.")  # fmt: skip
     return os.path.dirname(os.path.realpath(list(spec.submodule_search_locations)[0])) + os.sep + name + os.sep
 
 
 def record(
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     fake: bool = True,
     symbolic: bool = False,
-    exclude: tuple[str, ...] | list[str] = (),
-    modules: tuple[torch.nn.Module, ...] | list[torch.nn.Module] = (),
+    exclude: str | tuple[str, ...] | list[str] = (),
+    modules: torch.nn.Module | tuple[torch.nn.Module, ...] | list[torch.nn.Module] = (),
     session: FakeSession | None = None,
     progress: Any = None,
     attention: str = "auto",
     gpu: str | None = None,
     record_cls: type[Record] = Record,
-    gpus: int | None = None,
+    gpus: int | str | None = None,
     memory_stats: Callable[[Record, str, int], dict[str, int]] | None = None,
     routing: str | None = "balanced",
 ) -> Recording:
@@ -311,14 +328,16 @@ def record(
     :class:`~fakeviz.Trace`).
 
     Args:
-        device: default device inside the block (``"cuda:3"`` works on CPU-only torch).
-        dtype: default floating dtype inside the block (e.g. ``torch.bfloat16``).
+        device: default device inside the block (``"cuda:3"`` works on CPU-only torch). A fake run is on
+            ``cuda``, ``cpu`` or ``meta``; ``mps``, ``xla`` and other devices are not faked and are refused.
+        dtype: default floating dtype inside the block (``torch.bfloat16`` or a name: ``"bf16"``, as
+            ``fakeviz.models.build`` reads it): bf16, fp16, fp32 or fp64, what ``torch.set_default_dtype`` takes.
         fake: record fake tensors (no data, no memory) or a real run.
         symbolic: attach a ShapeEnv so data-dependent output sizes become symbols.
         exclude: packages whose frames are skipped when finding the user's line
-            (e.g. ``("transformers",)``); torch and fakeviz are always skipped.
+            (e.g. ``("transformers",)``, or one name: ``"transformers"``); torch and fakeviz are always skipped.
         modules: modules created before the block whose parameters and buffers
-            should be registered (with names) before the first op.
+            should be registered (with names) before the first op (a module, or a list of them).
         session: a :class:`FakeSession` to reuse, so fake objects made in an
             earlier block (same session) can be used in this one.
         progress: ``callable(n_ops, phase, module)`` called every 1024 ops.
@@ -335,7 +354,8 @@ def record(
             capability, properties, streams, seeding, and the memory figures (see
             :mod:`fakeviz._engine.cuda_api`).
         gpus: how many GPUs ``torch.cuda.device_count()`` reports in the block (default: the
-            device's index + 1).
+            device's index + 1): a count, read as ``fv.plan(gpus=...)`` reads it (``8``, ``"8"``; ``"8xH100"``
+            is also ``gpu="H100"``).
         routing: what a mixture-of-experts router whose scores are unknown is assumed to pick:
             ``"balanced"`` (every expert gets as many tokens), ``"skewed"`` (every token takes the
             same top-k experts: the most tokens one expert can get) or ``None`` (no assumption).
@@ -353,8 +373,8 @@ def record(
         dtype=dtype,
         fake=fake,
         symbolic=symbolic,
-        exclude=tuple(exclude),
-        modules=tuple(modules),
+        exclude=exclude,
+        modules=modules,
         session=session,
         progress=progress,
         attention=attention,
