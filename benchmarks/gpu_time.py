@@ -96,11 +96,13 @@ def time_fn(fn: Callable[[], Any], device: str, *, min_ms: float, warmup: int = 
 
 
 # ---------------------------------------------------------------------------------------------- microbenchmarks
-def micro(device: str, min_ms: float, small: bool = False) -> list[dict[str, Any]]:
+def micro(device: str, min_ms: float, small: bool = False, extra_only: bool = False) -> list[dict[str, Any]]:
     import torch
     from torch.nn import functional as F
 
     rows: list[dict[str, Any]] = []
+    if extra_only:
+        return micro_extra(device, min_ms)
 
     def add(kind: str, params: dict[str, Any], fn: Callable[[], Any], flops: int, nbytes: int) -> None:
         try:
@@ -162,7 +164,7 @@ def micro(device: str, min_ms: float, small: bool = False) -> list[dict[str, Any
 
             fl = 4 * b * h * s * s * d // 2  # causal: half of QK^T and PV
             io = (2 * b * h * s * d + 2 * b * kvh * s * d) * 2
-            params = {"backend": backend, "b": b, "h": h, "kv_h": kvh, "s": s, "d": d, "causal": True}
+            params = {"backend": backend, "b": b, "h": h, "kv_h": kvh, "seq": s, "d": d, "causal": True}
             add("sdpa_fwd", params, fwd, fl, io)
             add("sdpa_fwd_bwd", params, fwd_bwd, fl * 7 // 2, io * 3)
             del q, k, v
@@ -208,6 +210,64 @@ def micro(device: str, min_ms: float, small: bool = False) -> list[dict[str, Any
     tiny = torch.zeros(1, device=device)
     add("launch", {"op": "add_ one element"}, functools.partial(tiny.add_, 1), 1, 8)
     add("launch", {"op": "view (no kernel)"}, functools.partial(tiny.view, 1, 1), 0, 0)
+    return rows
+
+
+def micro_extra(device: str, min_ms: float) -> list[dict[str, Any]]:
+    """Second set (``--micro extra``): GEMMs with a dimension off the 16-byte grid, attention-style bmm with a
+    small inner dimension (eager attention), and causal against non-causal attention."""
+    import torch
+    from torch.nn import functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows: list[dict[str, Any]] = []
+
+    def add(kind: str, params: dict[str, Any], fn: Callable[[], Any], flops: int, nbytes: int) -> None:
+        try:
+            t = time_fn(fn, device, min_ms=min_ms)
+        except Exception as exc:  # noqa: BLE001 - one unsupported config is a row
+            rows.append({"kind": kind, **params, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            return
+        rows.append({"kind": kind, **params, "flops": flops, "bytes": nbytes, **t})
+
+    for dtype, e in ((torch.bfloat16, 2), (torch.float32, 4)):
+        for m, n, k in ((8192, 50257, 1024), (8192, 50304, 1024), (8192, 1024, 50257), (50257, 1024, 8192),
+                        (2048, 4095, 4096), (2048, 4096, 4095), (2047, 4096, 4096), (4096, 4100, 4096),
+                        (4096, 4104, 4096), (2048, 32001, 4096), (2048, 32000, 4096), (1000, 1000, 1000),
+                        (2048, 11008, 4096), (2048, 5504, 4096), (2048, 2730, 4096)):  # fmt: skip
+            if dtype == torch.float32 and m * n * k > 2**36:
+                continue
+            a = torch.randn(m, k, device=device, dtype=dtype)
+            b = torch.randn(k, n, device=device, dtype=dtype)
+            add("gemm", {"dtype": str(dtype), "tf32": False, "m": m, "n": n, "k": k}, functools.partial(torch.mm, a, b),
+                2 * m * n * k, (m * k + k * n + m * n) * e)  # fmt: skip
+            del a, b
+    for batch, m, n, k in ((128, 1024, 1024, 64), (128, 1024, 64, 1024), (64, 2048, 2048, 96), (64, 2048, 96, 2048),
+                           (256, 512, 512, 64), (32, 4096, 4096, 128), (32, 4096, 128, 4096)):  # fmt: skip
+        a = torch.randn(batch, m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(batch, k, n, device=device, dtype=torch.bfloat16)
+        add("bmm", {"dtype": "torch.bfloat16", "batch": batch, "m": m, "n": n, "k": k},
+            functools.partial(torch.bmm, a, b), 2 * batch * m * n * k, batch * (m * k + k * n + m * n) * 2)  # fmt: skip
+        del a, b
+    for b, h, s, d in ((1, 32, 4096, 128), (4, 16, 2048, 64), (2, 32, 2048, 128)):
+        for causal in (True, False):
+            for backend, which in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                                   ("efficient", SDPBackend.EFFICIENT_ATTENTION)):  # fmt: skip
+                q = torch.randn(b, h, s, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+
+                def fwd(q=q, which=which, causal=causal) -> Any:
+                    with sdpa_kernel(which):
+                        return F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+
+                def fwd_bwd(fwd=fwd) -> Any:
+                    out = fwd()
+                    out.backward(torch.ones_like(out))
+
+                fl = 4 * b * h * s * s * d  # the full product, as torch's formula counts it
+                params = {"backend": backend, "b": b, "h": h, "kv_h": h, "seq": s, "d": d, "causal": causal}
+                add("sdpa_fwd", params, fwd, fl, 4 * b * h * s * d * 2)
+                add("sdpa_fwd_bwd", params, fwd_bwd, fl * 7 // 2, 12 * b * h * s * d * 2)
+                del q
     return rows
 
 
@@ -476,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         "--cases", default="", help=f"comma-separated (default: all): {', '.join(ZOO_CASES + HF_CASES)}"
     )
     parser.add_argument("--no-micro", action="store_true", help="skip the kernel microbenchmarks")
+    parser.add_argument("--micro", choices=["main", "extra"], default="main",
+                        help="extra: misaligned GEMMs, attention-style bmm, causal vs non-causal attention")  # fmt: skip
     parser.add_argument("--no-steps", action="store_true", help="skip the step cases")
     parser.add_argument("--min-ms", type=float, default=20.0, help="time each microbenchmark for about this long")
     parser.add_argument("--steps", type=int, default=5)
@@ -508,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
         result["sm_count"], result["memory_bytes"] = p.multi_processor_count, p.total_memory
     if not args.no_micro:
         t = time.perf_counter()
-        result["micro"] = micro(args.device, args.min_ms, args.small)
+        result["micro"] = micro(args.device, args.min_ms, args.small, args.micro == "extra")
         print(f"micro: {len(result['micro'])} rows in {time.perf_counter() - t:.1f} s", flush=True)
         for r in result["micro"]:
             if r.get("kind") == "gemm" and "s" in r:

@@ -18,6 +18,7 @@ from ._analysis import flops as _flops
 from ._analysis import memory as _memory
 from ._analysis import snapshot as _snapshot
 from ._analysis import tables as _tables
+from ._analysis import timing as _timing
 from ._analysis import tree as _tree
 from ._analysis.verdict import verdict as _verdict
 from ._core import fvz as _fvz
@@ -150,6 +151,23 @@ class Trace(Record):
     def flops(self) -> dict[str, int]:
         """Total FLOPs per phase (ops without a formula are left out: see :meth:`flop_coverage`)."""
         return _flops.flops_by_phase(self)
+
+    def time(self, gpu: Any = "H100", *, tf32: bool = False, host_scale: float = 1.0, **links: Any) -> Any:
+        """Estimated time of every op on ``gpu`` (Note: [time model] in :mod:`fakeviz._analysis.timing`).
+
+        A DataFrame, one row per op: ``seq, op, phase, module, cls`` (kernel class), ``flops, bytes, est_s``
+        (the op's own time), ``bound`` (compute, memory, latency, or none for views), and ``start_s``/``end_s`` on
+        the step's critical path. ``time().groupby("module")["est_s"].sum()`` gives the time per module.
+        ``tf32``: fp32 matmuls on tensor cores (``torch.backends.cuda.matmul.allow_tf32``); ``host_scale``: the
+        host's issuing cost relative to the one measured (0.5 for a host twice as fast); ``links``:
+        ``gpus_per_node`` (8) and ``network_bytes_per_s`` (50e9) for collectives.
+        """
+        return _timing.op_times(self, gpu, tf32=tf32, host_scale=host_scale, **links)
+
+    def step_time(self, gpu: Any = "H100", *, tf32: bool = False, host_scale: float = 1.0, **links: Any) -> Any:
+        """The estimated time of this record's step on ``gpu``: a :class:`fakeviz._analysis.timing.StepTime`
+        (``step_s``, GPU, host and communication seconds, time per kernel class and phase, ``bound``)."""
+        return _timing.step_time(self, gpu, tf32=tf32, host_scale=host_scale, **links)
 
     def fidelity(self) -> dict[str, Any]:
         """How each op was faked and what limited fidelity: see :func:`fakeviz._analysis.fidelity.fidelity_report`."""

@@ -1,0 +1,611 @@
+"""How long: a time model per op (roofline with achieved fractions) and a step's time as its critical path.
+
+Computed from a finished record, never while recording (Note: [time model]):
+
+* every op gets a **kernel class** from its name and flags (:func:`op_class`): views and metadata ops cost
+  nothing on the GPU; a GEMM, attention, convolution, elementwise, reduction, copy or foreach op costs
+  ``max(FLOPs / (peak * compute fraction), bytes / (bandwidth * memory fraction)) + launch``, where FLOPs are
+  the record's (torch's formulas), bytes are the op's tensor inputs read plus its outputs written (the
+  record's metadata), and peak and bandwidth come from the GPU's spec (:mod:`fakeviz._core.gpu_specs`);
+  ``bound`` says which term won (``compute``, ``memory`` or ``latency`` when the launch cost dominates);
+* the host issues ops one after another (``host_s`` per op) while the GPU runs them in order, so a step's
+  time is the critical path of both: ``gpu_i = max(gpu_{i-1}, host_i) + est_i``; an op that reads a value
+  on the host (``.item()``, a data-dependent shape) makes the host wait for the GPU;
+* a collective runs on its own stream: it starts once its inputs are ready and the previous collective is
+  done, takes ``alpha + wire bytes / link bandwidth`` (ring algorithms, :mod:`.collectives`), and the first
+  op that reads what it wrote waits for it (FSDP2's prefetched all-gathers and overlapped reduce-scatters
+  fall out of this data flow).
+
+Every constant is in :data:`ACHIEVED` with where it comes from: fitted on a real H100 by
+``benchmarks/fit_time.py`` from ``tests/fixtures/h100_time.json.gz`` (``benchmarks/gpu_time.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._core.gpu_specs import GPUSpec, gpu_spec
+from .._core.record import Record
+from .._core.schema import FLAG_DATA_DEPENDENT, FLAG_VIEW, PHASES
+from .collectives import KINDS as _COLLECTIVE_KINDS
+from .collectives import NAMESPACES as _COLLECTIVE_NAMESPACES
+
+__all__ = [
+    "ACHIEVED", "CLASSES", "Achieved", "OpFeatures", "StepTime", "estimate", "features", "op_class", "op_times",
+    "simulate", "step_time",
+]  # fmt: skip
+
+CLASSES = (
+    "none", "gemm", "grouped_gemm", "attention", "attention_backward", "conv", "elementwise", "reduction", "copy", "foreach",
+    "collective", "sync",
+)  # fmt: skip
+_CODE = {c: i for i, c in enumerate(CLASSES)}
+
+
+@dataclass(frozen=True)
+class Achieved:
+    """What a kernel class reaches of the GPU's peaks, and what each launch costs.
+
+    ``compute``: fraction of the dtype's dense peak FLOP/s; ``memory``: fraction of HBM bandwidth;
+    ``launch_s``: fixed GPU time per op (the kernel's start and tail); ``host_s``: time the host spends
+    issuing the op (Python, dispatcher, launch), which bounds steps of small ops.
+    """
+
+    compute: float
+    memory: float
+    launch_s: float
+    host_s: float
+
+
+# Note: [time model]. Fitted by benchmarks/fit_time.py on an NVIDIA H100 80GB HBM3 (SXM, 132 SMs), torch
+# 2.11.0+cu130, 2026-11-27, from the kernels of 13 real training steps (tests/fixtures/h100_time.json.gz,
+# benchmarks/gpu_time.py: every op's CUDA kernels attributed through profiler ranges) against the H100 SXM's
+# datasheet peaks; other GPUs use the same fractions of their own peaks (an assumption fidelity() names).
+ACHIEVED_SOURCE = "fitted on NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, 2026-11-27 (benchmarks/fit_time.py)"
+ACHIEVED: dict[str, Achieved] = {
+    # compute 1.0 where a class is never bound by FLOPs (the fit found the memory term always larger)
+    "none": Achieved(compute=1.0, memory=1.0, launch_s=0.0, host_s=12e-6),
+    "gemm": Achieved(compute=0.800, memory=0.825, launch_s=4.0e-6, host_s=31e-6),
+    "grouped_gemm": Achieved(compute=0.625, memory=0.425, launch_s=12e-6, host_s=31e-6),
+    "attention": Achieved(compute=1.0, memory=1.0, launch_s=5e-6, host_s=31e-6),  # ATTENTION has the fractions
+    "attention_backward": Achieved(compute=1.0, memory=1.0, launch_s=10e-6, host_s=31e-6),
+    "conv": Achieved(compute=0.50, memory=0.70, launch_s=5e-6, host_s=31e-6),  # not measured: no conv step
+    "elementwise": Achieved(compute=1.0, memory=0.900, launch_s=1.25e-6, host_s=31e-6),
+    "reduction": Achieved(compute=1.0, memory=0.650, launch_s=5.0e-6, host_s=31e-6),
+    "copy": Achieved(compute=1.0, memory=0.900, launch_s=7.75e-6, host_s=31e-6),
+    "foreach": Achieved(compute=1.0, memory=0.600, launch_s=12e-6, host_s=31e-6),
+    "collective": Achieved(compute=1.0, memory=1.0, launch_s=0.0, host_s=31e-6),
+    "sync": Achieved(compute=1.0, memory=1.0, launch_s=5e-6, host_s=31e-6),
+}
+# idle time of the compute stream between consecutive kernels of an eager step (the median over the GPU-bound
+# steps of the fixture of (step time - kernel time) / ops with kernels; 5-18 us per op across them)
+KERNEL_GAP_S = 11e-6
+# GEMMs whose leading dimensions are not 16-byte multiples: factor on the compute fraction by alignment in bytes
+# (H100 bf16, tests/fixtures/h100_time_extra.json.gz: the median of the misaligned shapes over their aligned twins)
+MISALIGNED: dict[int, float] = {8: 0.364, 4: 0.26, 2: 0.173, 1: 0.173}
+# Attention: fraction of the dense peak against the FLOPs torch's formula counts (the full product, causal or not),
+# by backend, (forward, backward); a causal mask takes ATTENTION_CAUSAL_TIME of the unmasked time (H100 bf16,
+# non-causal and causal twins in tests/fixtures/h100_time_extra.json.gz)
+ATTENTION: dict[str, tuple[float, float]] = {
+    "cudnn": (0.659, 0.418), "flash": (0.349, 0.239), "efficient": (0.173, 0.126),
+}  # fmt: skip
+ATTENTION_CAUSAL_TIME = 0.656
+# a collective: alpha (latency per call) and the fraction of the link's bandwidth NCCL's ring reaches
+COLLECTIVE_ALPHA_S = {"intra": 10e-6, "inter": 30e-6}
+COLLECTIVE_BUS_FRACTION = {"intra": 0.80, "inter": 0.80}
+
+# ----------------------------------------------------------------------------------------------------- classes
+# ops that never launch a kernel (metadata, allocation without a write, aliasing), beyond what FLAG_VIEW marks
+_NO_KERNEL = frozenset(
+    """
+    view _unsafe_view _reshape_alias alias detach detach_ lift_fresh t transpose expand permute squeeze unsqueeze
+    slice select split split_with_sizes unbind chunk as_strided as_strided_ empty empty_like empty_strided
+    new_empty new_empty_strided resize_ set_ _local_scalar_dense sym_size sym_stride sym_numel sym_storage_offset
+    wait_tensor record_stream _record_function_enter _record_function_enter_new _record_function_exit
+    unflatten diagonal narrow view_as_real view_as_complex real imag _neg_view _conj _indices _values
+    """.split()
+)
+_GEMM = frozenset(
+    "mm addmm bmm baddbmm addbmm _scaled_mm _int_mm addmv mv dot vdot "
+    "_addmm_activation addr matmul linear".split()
+)
+_GROUPED_GEMM = frozenset("_grouped_mm _scaled_grouped_mm".split())
+_CONV = re.compile(r"^(_?convolution|cudnn_convolution|conv\w*|miopen_convolution\w*|_convolution_double_backward)")
+_ATTENTION = re.compile(r"scaled_dot_product|_flash_attention|_efficient_attention|_cudnn_attention|flash_attn")
+_SYNC = frozenset("_local_scalar_dense item nonzero masked_select unique _unique _unique2 unique_dim "
+                  "unique_consecutive bincount repeat_interleave _assert_async".split())  # fmt: skip
+_REDUCTION = re.compile(
+    r"^(sum|mean|amax|amin|max|min|var|std|var_mean|std_mean|norm|linalg_vector_norm|prod|argmax|argmin|"
+    r"logsumexp|any|all|cumsum|cumprod|_softmax|_log_softmax|softmax|log_softmax|_softmax_backward_data|"
+    r"_log_softmax_backward_data|native_layer_norm|native_layer_norm_backward|_fused_rms_norm|"
+    r"_fused_rms_norm_backward|native_batch_norm|native_batch_norm_backward|cudnn_batch_norm|"
+    r"cudnn_batch_norm_backward|_batch_norm_with_update|batch_norm_backward|native_group_norm|"
+    r"native_group_norm_backward|nll_loss\w*|cross_entropy\w*|embedding_dense_backward|topk|sort|"
+    r"_embedding_bag\w*|mse_loss|binary_cross_entropy\w*|kthvalue|median|mode|histc|_fused_moving_avg\w*)$"
+)
+_COPY = re.compile(
+    r"^(_to_copy|copy_|copy|clone|contiguous|cat|stack|index|index_put_?|_index_put_impl_|index_select|gather|"
+    r"scatter\w*|embedding|slice_backward|select_backward|index_add_?|index_copy_?|index_fill_?|masked_scatter_?|"
+    r"repeat|constant_pad_nd|_unsafe_index\w*|flip|roll|take|take_along_dim|as_strided_scatter|slice_scatter|"
+    r"select_scatter|diagonal_scatter|lift_fresh_copy|_pin_memory|split_with_sizes_copy|_chunk_cat|"
+    r"all_gather_copy_in|split_with_sizes_copy|chunk_cat|_unsafe_masked_index\w*|narrow_copy|unfold_backward|"
+    r"_foreach_copy_)$"
+)
+
+
+def _base(name: str) -> tuple[str, str]:
+    parts = name.split(".")
+    return (parts[0], parts[1]) if len(parts) >= 2 else ("", name)
+
+
+@functools.lru_cache(maxsize=4096)
+def op_class(name: str, flags: int = 0) -> str:
+    """The kernel class of an op by its recorded name (``"aten.mm.default"``) and record flags."""
+    namespace, base = _base(name)
+    if namespace in _COLLECTIVE_NAMESPACES:
+        return "collective" if base in _COLLECTIVE_KINDS else "none"
+    if flags & FLAG_VIEW or base in _NO_KERNEL:
+        return "sync" if base == "_local_scalar_dense" else "none"
+    if base in _SYNC or flags & FLAG_DATA_DEPENDENT:
+        return "sync"
+    if _ATTENTION.search(base):
+        return "attention_backward" if "backward" in base else "attention"
+    if base in _GROUPED_GEMM:
+        return "grouped_gemm"
+    if base in _GEMM:
+        return "gemm"
+    if _CONV.match(base):
+        return "conv"
+    if base.startswith(("_foreach_", "_fused_")) and base != "_fused_rms_norm":
+        return "foreach"
+    if _REDUCTION.match(base):
+        return "reduction"
+    if _COPY.match(base) or base.endswith("_copy"):
+        return "copy"
+    return "elementwise"
+
+
+# ------------------------------------------------------------------------------------------------- features
+@dataclass
+class OpFeatures:
+    """What the time model reads of each op (arrays of one length): what the record holds, nothing measured.
+
+    ``cls``: code into :data:`CLASSES`; ``flops``: the record's (``-1`` none); ``bytes_in``/``bytes_out``:
+    tensor inputs read and outputs written; ``dtype``: the dtype the op computes in (a GEMM's first input, else
+    its first output; ``""`` none); ``coll_*``: collectives only (kind, group size, wire bytes, intra-node).
+    """
+
+    names: list[str]
+    cls: np.ndarray
+    flops: np.ndarray
+    bytes_in: np.ndarray
+    bytes_out: np.ndarray
+    dtype: list[str]
+    align: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # GEMMs: leading-dim alignment, bytes
+    causal: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # attention: is_causal
+    waits_on: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # seq of a collective, or -1
+    coll_wire: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    coll_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
+    coll_kind: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.cls)
+
+
+def _tensor_table(c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every tensor id the record knows, sorted, with its bytes, dtype code and shape code (its last output row; a
+    parameter's own row; else, an input never produced, its storage's bytes and no dtype or shape)."""
+    ids = [c["out_tensor"][::-1], c["p_tensor"], c["t_tensor"]]
+    sh = [c["out_shape"][::-1].astype(np.int64), c["p_shape"].astype(np.int64), np.full(len(c["t_tensor"]), -1)]
+    st = [c["out_stride"][::-1].astype(np.int64), np.full(len(c["p_tensor"]), -1), np.full(len(c["t_tensor"]), -1)]
+    nb = [c["out_nbytes"][::-1], c["p_nbytes"], np.where(
+        (c["t_storage"] >= 0) & (c["t_storage"] < len(c["st_nbytes"])),
+        c["st_nbytes"][np.clip(c["t_storage"], 0, max(len(c["st_nbytes"]) - 1, 0))] if len(c["st_nbytes"]) else -1,
+        -1,
+    )]  # fmt: skip
+    dt = [c["out_dtype"][::-1].astype(np.int64), c["p_dtype"].astype(np.int64), np.full(len(c["t_tensor"]), -1)]
+    all_ids = np.concatenate([np.asarray(x, np.int64) for x in ids])
+    all_nb = np.concatenate([np.asarray(x, np.int64) for x in nb])
+    all_dt = np.concatenate([np.asarray(x, np.int64) for x in dt])
+    all_sh = np.concatenate([np.asarray(x, np.int64) for x in sh])
+    all_st = np.concatenate([np.asarray(x, np.int64) for x in st])
+    uniq, first = np.unique(all_ids, return_index=True)  # first occurrence wins: last output row, then p, then t
+    return uniq, np.maximum(all_nb[first], 0), all_dt[first], all_sh[first], all_st[first]
+
+
+def _parse_shape(shapes: list[str], code: int) -> list[int] | None:
+    if not 0 <= code < len(shapes):
+        return None
+    try:
+        return [int(x) for x in shapes[code].strip("[]").split(",") if x.strip()]
+    except ValueError:  # symbolic sizes
+        return None
+
+
+def gemm_alignment(name: str, mats: list[tuple[list[int], list[int]] | None], itemsize: int) -> int:
+    """The alignment in bytes (1, 2, 4, 8 or 16) of a GEMM's leading dimensions: the non-unit stride of each
+    matrix operand (its last two dimensions) and the output's row length; 16 when unknown.
+
+    cuBLAS takes its fast tensor-core kernels only when every leading dimension is a 16-byte multiple: an H100 ran
+    ``[8192, 1024] @ [1024, 50257]`` in bf16 at 129 TFLOP/s and the same with 50304 columns at 721
+    (tests/fixtures/h100_time_extra.json.gz); a misaligned row count of a non-transposed operand costs nothing.
+    """
+    known = [m for m in mats if m is not None and len(m[0]) >= 2]
+    if len(known) < 2 or "grouped" in name:
+        return 16
+    lds = []
+    for shape, stride in known[-2:]:
+        rows, cols = shape[-2], shape[-1]
+        s_rows, s_cols = stride[-2], stride[-1]
+        lds.append(s_rows if s_cols == 1 or cols == 1 else s_cols if s_rows == 1 or rows == 1 else 1)
+    lds.append(known[-1][0][-1])  # the output's row: N
+    align = 16
+    for ld in lds:
+        b = (ld * itemsize) & -(ld * itemsize) if ld > 0 else 16  # largest power of two dividing ld bytes
+        align = min(align, b)
+    return max(1, align)
+
+
+_ITEMSIZE = {"torch.float32": 4, "torch.float64": 8, "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1,
+             "torch.int8": 1, "torch.float16": 2, "torch.bfloat16": 2}  # fmt: skip
+
+
+def _split_args(text: str) -> list[str]:
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur).strip())
+    return parts
+
+
+@functools.lru_cache(maxsize=256)
+def _causal_position(name: str) -> int:
+    from .._engine.flops import resolve_op
+
+    op = resolve_op(name)
+    if op is None:
+        return -1
+    for i, a in enumerate(op._schema.arguments):
+        if a.name == "is_causal":
+            return i
+    return -1
+
+
+def is_causal(name: str, args: str) -> bool:
+    """Whether an attention op's recorded arguments say ``is_causal=True`` (by keyword or by schema position)."""
+    parts = _split_args(args.strip()[1:-1] if args.strip().startswith("(") else args)
+    for p in parts:
+        if p.replace(" ", "").startswith("is_causal="):
+            return p.split("=", 1)[1].strip() == "True"
+    pos = _causal_position(name)
+    positional = [p for p in parts if "=" not in p.split("(")[0]]
+    return 0 <= pos < len(positional) and positional[pos] == "True"
+
+
+def _segment_sum(values: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    csum = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
+    return csum[ends] - csum[starts]
+
+
+def features(rec: Record) -> OpFeatures:
+    """The model's inputs for every op of ``rec`` (memoised on the record)."""
+    return rec.cached("timing_features", lambda: _features(rec))
+
+
+def _features(rec: Record) -> OpFeatures:
+    c, s = rec.columns(), rec.string_tables()
+    n = len(c["op"])
+    names = s["ops"]
+    flags = c["flags"].astype(np.int64)
+    op_codes = c["op"].astype(np.int64)
+    # class per (name, relevant flags): a handful of distinct pairs
+    key = op_codes * 8 + (flags & (FLAG_VIEW | FLAG_DATA_DEPENDENT))
+    uk, inv = np.unique(key, return_inverse=True)
+    cls = np.array([_CODE[op_class(names[k // 8], int(k % 8))] for k in uk.tolist()], np.int8)[inv] if n else (
+        np.zeros(0, np.int8)
+    )  # fmt: skip
+    ids, nbytes, dtcode, shcode, stcode = _tensor_table(c)
+    in_t = c["in_tensor"].astype(np.int64)
+    pos = np.clip(np.searchsorted(ids, in_t), 0, max(len(ids) - 1, 0))
+    found = (ids[pos] == in_t) if len(ids) else np.zeros(len(in_t), bool)
+    in_nb = np.where(found, nbytes[pos] if len(ids) else 0, 0)
+    in_dt = np.where(found, dtcode[pos] if len(ids) else -1, -1)
+    in_sh = np.where(found, shcode[pos] if len(ids) else -1, -1)
+    in_st = np.where(found, stcode[pos] if len(ids) else -1, -1)
+    in_end = c["in_end"].astype(np.int64)
+    out_end = c["out_end"].astype(np.int64)
+    bytes_in = _segment_sum(in_nb, in_end) if n else np.zeros(0, np.int64)
+    out_nb = np.maximum(c["out_nbytes"].astype(np.int64), 0)
+    bytes_out = _segment_sum(out_nb, out_end) if n else np.zeros(0, np.int64)
+    # compute dtype: the first input's for matrix ops, else the first output's
+    dtypes = s["dtypes"]
+    in_start = np.concatenate([[0], in_end[:-1]]) if n else in_end
+    out_start = np.concatenate([[0], out_end[:-1]]) if n else out_end
+    first_in = np.where(
+        in_end > in_start, in_dt[np.clip(in_start, 0, max(len(in_dt) - 1, 0))] if len(in_dt) else -1, -1
+    )
+    out_dt = c["out_dtype"].astype(np.int64)
+    first_out = np.where(
+        out_end > out_start, out_dt[np.clip(out_start, 0, max(len(out_dt) - 1, 0))] if len(out_dt) else -1, -1
+    )
+    matrix = np.isin(
+        cls, [_CODE["gemm"], _CODE["grouped_gemm"], _CODE["attention"], _CODE["attention_backward"], _CODE["conv"]]
+    )
+    code = np.where(matrix & (first_in >= 0), first_in, np.where(first_out >= 0, first_out, first_in))
+    dtype = [dtypes[i] if 0 <= i < len(dtypes) else "" for i in code.tolist()]
+    align = np.full(n, 16, np.int64)
+    shapes, strides = s["shapes"], s["strides"]
+    for seq in np.flatnonzero(cls == _CODE["gemm"]).tolist():
+        mats = []
+        for k, st in zip(in_sh[in_start[seq] : in_end[seq]].tolist(), in_st[in_start[seq] : in_end[seq]].tolist()):
+            shape, stride = _parse_shape(shapes, int(k)), _parse_shape(strides, int(st))
+            mats.append((shape, stride) if shape is not None and stride is not None else None)
+        align[seq] = gemm_alignment(names[int(op_codes[seq])], mats, _ITEMSIZE.get(dtype[seq], 2))
+    causal = np.zeros(n, bool)
+    att = np.flatnonzero((cls == _CODE["attention"]) | (cls == _CODE["attention_backward"]))
+    if len(att):
+        from .tables import args_strings
+
+        args = args_strings(rec)
+        for seq in att.tolist():
+            causal[seq] = is_causal(names[int(op_codes[seq])], args[seq])
+    feats = OpFeatures(
+        names=[names[i] for i in op_codes.tolist()], cls=cls, flops=c["flops"].astype(np.int64),
+        bytes_in=bytes_in, bytes_out=bytes_out, dtype=dtype, align=align, causal=causal,
+    )  # fmt: skip
+    _collective_features(rec, feats, in_t, in_start, in_end, out_start, out_end)
+    return feats
+
+
+def _collective_features(
+    rec: Record, f: OpFeatures, in_t: np.ndarray, in_start: np.ndarray, in_end: np.ndarray,
+    out_start: np.ndarray, out_end: np.ndarray,
+) -> None:  # fmt: skip
+    """Wire bytes and group size of each collective, and for every op the collective whose output it first reads."""
+    n = len(f)
+    f.waits_on = np.full(n, -1, np.int64)
+    f.coll_wire = np.zeros(n, np.float64)
+    f.coll_ranks = np.ones(n, np.float64)
+    f.coll_kind = [""] * n
+    seqs = np.flatnonzero(f.cls == _CODE["collective"])
+    if not len(seqs):
+        return
+    from .collectives import collectives
+
+    table = collectives(rec)
+    c = rec.columns()
+    for row in table.itertuples(index=False):
+        seq = int(row.seq)
+        sent = float(row.sent) if row.sent == row.sent else 0.0  # NaN: unknown (a broadcast's root)
+        f.coll_wire[seq] = sent
+        f.coll_ranks[seq] = float(row.group_size) if row.group_size == row.group_size else 1.0
+        f.coll_kind[seq] = str(row.kind)
+    # what each collective writes: its outputs, and in place its inputs (c10d ops write their tensor arguments)
+    written: dict[int, int] = {}
+    out_t = c["out_tensor"]
+    for seq in seqs.tolist():
+        for t in out_t[out_start[seq] : out_end[seq]].tolist():
+            written[int(t)] = seq
+        for t in in_t[in_start[seq] : in_end[seq]].tolist():
+            written.setdefault(int(t), seq)
+    if not written:
+        return
+    keys = np.fromiter(written, np.int64)
+    hit = np.isin(in_t, keys)
+    op_of_input = np.repeat(np.arange(n), in_end - in_start)
+    for i in np.flatnonzero(hit).tolist():
+        seq = int(op_of_input[i])
+        src = written[int(in_t[i])]
+        if src < seq and f.waits_on[seq] < src:
+            f.waits_on[seq] = src
+
+
+# ---------------------------------------------------------------------------------------------------- the model
+_BOUNDS = ("none", "compute", "memory", "latency")
+
+
+def estimate(f: OpFeatures, gpu: GPUSpec | str, *, tf32: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """GPU seconds of every op (collectives excluded: their time is the link's, see :func:`simulate`) and its bound
+    (codes into ``("none", "compute", "memory", "latency")``)."""
+    spec = gpu_spec(gpu)
+    n = len(f)
+    comp = np.array([ACHIEVED[c].compute for c in CLASSES])[f.cls]
+    if len(f.align) == n:
+        factor = np.array([MISALIGNED.get(int(a), 1.0) for a in f.align]) if (f.align < 16).any() else 1.0
+        comp = np.where(f.cls == _CODE["gemm"], comp * factor, comp)
+    att = np.flatnonzero((f.cls == _CODE["attention"]) | (f.cls == _CODE["attention_backward"]))
+    for seq in att.tolist():
+        backend = next((b for b in ATTENTION if b in f.names[seq]), "efficient")
+        comp[seq] = ATTENTION[backend][1 if f.cls[seq] == _CODE["attention_backward"] else 0]
+        if len(f.causal) == n and f.causal[seq]:
+            comp[seq] /= ATTENTION_CAUSAL_TIME
+    mem = np.array([ACHIEVED[c].memory for c in CLASSES])[f.cls]
+    launch = np.array([ACHIEVED[c].launch_s for c in CLASSES])[f.cls]
+    peak = _peaks(spec, f.dtype, tf32)
+    flops = np.maximum(f.flops, 0).astype(np.float64)
+    t_c = flops / (peak * comp)
+    t_m = (f.bytes_in + f.bytes_out).astype(np.float64) / (spec.hbm_bytes_per_s * mem)
+    body = np.maximum(t_c, t_m)
+    est = body + launch + KERNEL_GAP_S
+    silent = np.isin(f.cls, [_CODE["none"], _CODE["collective"]])
+    est[silent] = 0.0
+    bound = np.where(launch + KERNEL_GAP_S > body, 3, np.where(t_c >= t_m, 1, 2)).astype(np.int8)
+    bound[silent] = 0
+    return est if n else np.zeros(0), bound
+
+
+def _peaks(spec: GPUSpec, dtypes: list[str], tf32: bool) -> np.ndarray:
+    table = {d: spec.peak_flops(d or "torch.float32", tf32=tf32) for d in set(dtypes)}
+    return np.array([table[d] for d in dtypes], np.float64) if dtypes else np.zeros(0)
+
+
+def host_times(f: OpFeatures, host_scale: float = 1.0) -> np.ndarray:
+    """Seconds the host spends issuing each op (``ACHIEVED[cls].host_s``, times ``host_scale`` for a faster or
+    slower host than the one the constants were fitted on)."""
+    return np.array([ACHIEVED[c].host_s for c in CLASSES])[f.cls] * host_scale
+
+
+@dataclass
+class StepTime:
+    """A step's estimated time and where it goes.
+
+    ``step_s``: the critical path (host issuing, GPU stream, collectives); ``gpu_s``: sum of op estimates on the
+    compute stream; ``host_s``: sum of issuing times; ``comm_s``: sum of collective times; ``exposed_comm_s``:
+    how long the compute stream waited for collectives; ``by_class``/``by_phase``: GPU seconds.
+    """
+
+    step_s: float
+    gpu_s: float
+    host_s: float
+    comm_s: float
+    exposed_comm_s: float
+    flops: int
+    gpu: str
+    by_class: dict[str, float]
+    by_phase: dict[str, float]
+
+    @property
+    def bound(self) -> str:
+        """What limits the step: ``"gpu"``, ``"host"`` (launch bound) or ``"communication"``."""
+        if self.exposed_comm_s > 0.25 * self.step_s:
+            return "communication"
+        return "host" if self.host_s > self.gpu_s else "gpu"
+
+
+def simulate(f: OpFeatures, est: np.ndarray, host: np.ndarray, coll_s: np.ndarray) -> tuple[float, np.ndarray, float]:
+    """The critical path of one rank's step: ``(step seconds, each op's end on its stream, exposed comm seconds)``.
+
+    The host issues op ``i`` at ``H_i = sum(host[:i+1])``; the compute stream runs it at
+    ``max(end of the previous compute op, H_i, end of the collective it reads)``; a collective runs on the
+    communication stream from ``max(previous collective's end, its inputs' time on the compute stream, H_i)``;
+    a sync op makes the host wait for the compute stream. Between breakpoints (syncs, collectives and their
+    readers) the recurrence is the running maximum ``E_i + max_{j<=i}(H_j - E_{j-1})``, computed without a loop.
+    """
+    n = len(est)
+    end = np.zeros(n)
+    if n == 0:
+        return 0.0, end, 0.0
+    breaks = np.flatnonzero((f.cls == _CODE["sync"]) | (f.cls == _CODE["collective"]) | (f.waits_on >= 0))
+    host_now = 0.0  # host clock before the next op
+    gpu_now = 0.0  # compute stream free at
+    comm_now = 0.0  # communication stream free at
+    exposed = 0.0
+    coll_end: dict[int, float] = {}
+    start = 0
+    for b in [*breaks.tolist(), n]:
+        if b > start:  # a run of ordinary ops [start, b)
+            h = host_now + np.cumsum(host[start:b])
+            e = est[start:b]
+            e_cum = np.cumsum(e)
+            e_prev = np.concatenate([[0.0], e_cum[:-1]])
+            # end_i = E_i + max(gpu_now, max_{j<=i}(h_j - E_{j-1}))
+            end[start:b] = e_cum + np.maximum(gpu_now, np.maximum.accumulate(h - e_prev))
+            host_now = float(h[-1])
+            gpu_now = float(end[b - 1])
+        if b == n:
+            break
+        host_now += float(host[b])
+        cls = CLASSES[int(f.cls[b])]
+        if cls == "collective":
+            s = max(comm_now, gpu_now, host_now)
+            comm_now = s + float(coll_s[b])
+            coll_end[b] = comm_now
+            end[b] = comm_now
+        else:
+            ready = max(gpu_now, host_now)
+            src = int(f.waits_on[b])
+            if src >= 0 and coll_end.get(src, 0.0) > ready:
+                exposed += coll_end[src] - ready
+                ready = coll_end[src]
+            gpu_now = ready + float(est[b])
+            end[b] = gpu_now
+            if cls == "sync":
+                host_now = max(host_now, gpu_now)
+        start = b + 1
+    step = max(host_now, gpu_now, comm_now)
+    return step, end, exposed
+
+
+def collective_seconds(
+    f: OpFeatures, spec: GPUSpec, *, gpus_per_node: int = 8, network_bytes_per_s: float = 50e9
+) -> np.ndarray:
+    """Alpha-beta time of each collective: ``alpha + wire bytes / (link bandwidth * bus fraction)``; a group that
+    fits in one node (``group size <= gpus_per_node``) uses NVLink (PCIe where the GPU has none), else the
+    network (``network_bytes_per_s`` per GPU, one direction: 400 Gb/s InfiniBand is 50e9)."""
+    t = np.zeros(len(f))
+    seqs = np.flatnonzero(f.cls == _CODE["collective"])
+    for seq in seqs.tolist():
+        ranks = f.coll_ranks[seq]
+        if ranks <= 1 or f.coll_kind[seq] == "barrier":
+            t[seq] = COLLECTIVE_ALPHA_S["intra"] if f.coll_kind[seq] == "barrier" else 0.0
+            continue
+        where = "intra" if ranks <= gpus_per_node else "inter"
+        link = (spec.nvlink_bytes_per_s or spec.pcie_bytes_per_s) if where == "intra" else network_bytes_per_s
+        steps = 2 * (ranks - 1) if f.coll_kind[seq] == "all_reduce" else ranks - 1  # ring steps
+        t[seq] = COLLECTIVE_ALPHA_S[where] * steps + f.coll_wire[seq] / (link * COLLECTIVE_BUS_FRACTION[where])
+    return t
+
+
+# ------------------------------------------------------------------------------------------------ on a record
+def op_times(rec: Record, gpu: GPUSpec | str, *, tf32: bool = False, host_scale: float = 1.0, **links: Any) -> Any:
+    """One row per op: ``seq, op, phase, module, cls, flops, bytes, est_s, bound, start_s, end_s``.
+
+    ``est_s`` is the op's own time (GPU for kernels, the link for collectives); ``end_s`` its end on the step's
+    critical path (:func:`simulate`), so ``end_s`` of the last op is about the step's time.
+    """
+    import pandas as pd
+
+    from .tables import ops_table
+
+    spec = gpu_spec(gpu)
+    f = features(rec)
+    est, bound = estimate(f, spec, tf32=tf32)
+    coll = collective_seconds(f, spec, **links)
+    _, end, _ = simulate(f, est, host_times(f, host_scale), coll)
+    own = np.where(f.cls == _CODE["collective"], coll, est)
+    ops = ops_table(rec)
+    return pd.DataFrame(
+        {
+            "seq": ops["seq"], "op": ops["op"], "phase": ops["phase"], "module": ops["module"],
+            "cls": pd.Categorical.from_codes(f.cls.astype(np.int32), categories=list(CLASSES)),
+            "flops": f.flops, "bytes": f.bytes_in + f.bytes_out, "est_s": own,
+            "bound": pd.Categorical.from_codes(bound.astype(np.int32), categories=list(_BOUNDS)),
+            "start_s": end - own, "end_s": end,
+        }
+    )  # fmt: skip
+
+
+def step_time(
+    rec: Record, gpu: GPUSpec | str, *, tf32: bool = False, host_scale: float = 1.0, **links: Any
+) -> StepTime:
+    """The estimated time of the recorded step on ``gpu`` (see :class:`StepTime`)."""
+    spec = gpu_spec(gpu)
+    f = features(rec)
+    est, _ = estimate(f, spec, tf32=tf32)
+    host = host_times(f, host_scale)
+    coll = collective_seconds(f, spec, **links)
+    step, _, exposed = simulate(f, est, host, coll)
+    by_class = {c: float(est[f.cls == i].sum()) for i, c in enumerate(CLASSES) if c not in ("none", "collective")}
+    by_class = {c: v for c, v in by_class.items() if v > 0}
+    phase = rec.col("phase").astype(np.int64)
+    by_phase = {p: float(est[phase == i].sum()) for i, p in enumerate(PHASES) if (phase == i).any()}
+    return StepTime(
+        step_s=step, gpu_s=float(est.sum()), host_s=float(host.sum()), comm_s=float(coll.sum()),
+        exposed_comm_s=exposed, flops=int(np.maximum(f.flops, 0).sum()), gpu=spec.name,
+        by_class=by_class, by_phase=by_phase,
+    )  # fmt: skip
