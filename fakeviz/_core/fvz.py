@@ -132,6 +132,8 @@ def write(record: Record, path: str | Path) -> Path:
             f"{path}: this record's header (string tables and meta) is {len(text):,} bytes, over the "
             f"{MAX_HEADER_BYTES:,}-byte limit of the .fvz format; it cannot be saved as one file"
         )
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: the folder {path.parent} does not exist; create it or save elsewhere")
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         zf.writestr("fakeviz.json", text)

@@ -354,6 +354,9 @@ def fake_mode(*, device: str | torch.device | None = None, symbolic: bool = Fals
     so data-dependent output shapes (``nonzero``) become symbolic sizes.
     Yields the underlying :class:`~torch._subclasses.fake_tensor.FakeTensorMode`.
     """
+    from . import arguments as _arguments
+
+    device = _arguments.fake_device(device)  # mps, xla, ...: not faked (the same refusal as record(device=))
     if device is not None:
         _cuda_shim.ensure_fake_cuda()
         _cuda_shim.warn_if_unavailable(device)

@@ -251,3 +251,24 @@ def test_cli_negative_value_in_a_subprocess():
     assert r.stderr.splitlines() == [
         "fakeviz: error: --gpus '-1GB': '-1GB' is below zero (write e.g. --gpus 8xH100, H100 or 2x80GB)"
     ]
+
+
+def test_fake_mode_refuses_devices_it_does_not_fake_like_record() -> None:
+    with pytest.raises(ArgumentError) as err:
+        with fv.fake_mode(device="mps"):
+            pass
+    assert str(err.value).splitlines()[0] == "device='mps': fakeviz does not fake mps devices"
+    with fv.fake_mode(device="cuda:1"):
+        assert torch.randn(2).device == torch.device("cuda:1")
+
+
+def test_save_into_a_missing_folder_names_the_users_path(tmp_path) -> None:
+    with fv.record() as trace:
+        torch.randn(2)
+    target = tmp_path / "missing" / "x.fvz"
+    with pytest.raises(FileNotFoundError) as err:
+        trace.save(target)
+    assert str(err.value) == f"{target}: the folder {target.parent} does not exist; create it or save elsewhere"
+    assert not list(tmp_path.rglob("*.tmp"))
+    trace.save(tmp_path / "x.fvz")  # the working call
+    assert fv.load(tmp_path / "x.fvz").num_ops == trace.num_ops
