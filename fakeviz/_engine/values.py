@@ -85,7 +85,10 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._mode_utils import no_dispatch
 
+from . import device_fallback as _device_fallback
 from . import routing as _routing
+from . import sparse as _sparse
+from . import value_args as _args
 from . import value_reads as _reads
 from .ctc import ctc_loss_outputs
 from .routing import ROUTING_LIMIT, ROUTINGS, routing_indices
@@ -173,98 +176,6 @@ def forget_cached_constructors() -> None:
         cache.pop(key, None)
 
 
-# ------------------------------------------------------------------------------------------ helpers
-def _flat(x: Any, into: list[Any]) -> list[Any]:
-    """Tensors of an op's outputs or arguments (top level and lists), in order."""
-    if isinstance(x, _Tensor):
-        into.append(x)
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            if isinstance(y, _Tensor):
-                into.append(y)
-            elif isinstance(y, (list, tuple)):
-                _flat(y, into)
-    return into
-
-
-def _arg_tensors(args: Any, kwargs: Any) -> list[Any]:
-    out = _flat(args, [])
-    if kwargs:
-        _flat(list(kwargs.values()), out)
-    return out
-
-
-def _has_sym(args: Any, kwargs: Any) -> bool:
-    def sym(x: Any) -> bool:
-        if isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return True
-        if isinstance(x, (list, tuple)):
-            return any(sym(y) for y in x)
-        return isinstance(x, FakeTensor) and x._has_symbolic_sizes_strides
-
-    return sym(args) or (bool(kwargs) and sym(list(kwargs.values())))
-
-
-def _storage_key(t: Any) -> int | None:
-    try:
-        return t.untyped_storage()._cdata
-    except (NotImplementedError, RuntimeError):
-        return None
-
-
-def _sole(t: Any) -> bool:
-    """Whether no other tensor shares ``t``'s storage now (so giving ``t`` a value cannot leave a stale
-    alias): the storage's reference count is one for ``t`` and one for the Python storage object."""
-    key = _storage_key(t)
-    return key is not None and torch._C._storage_Use_Count(key) <= 2
-
-
-_FAILED = object()  # the real kernel could not run (a result of None is an op's own: _foreach_add_)
-
-
-class _Unknown(Exception):
-    """A tensor argument without a value: the op's result is not known."""
-
-
-def _to_real(x: Any, placeholder: bool) -> Any:
-    if isinstance(x, FakeTensor):
-        c = x.constant
-        if c is not None:
-            return c
-        if placeholder:
-            with no_dispatch():
-                return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype).zero_()
-        raise _Unknown
-    if isinstance(x, torch.device):
-        return torch.device("cpu")
-    if isinstance(x, list):
-        return [_to_real(y, placeholder) for y in x]
-    if isinstance(x, tuple):
-        return tuple(_to_real(y, placeholder) for y in x)
-    return x
-
-
-def _real_call(func: Any, args: Any, kwargs: Any, *, placeholder: bool = False, **over: Any) -> Any:
-    """``func`` run for real on the CPU values of its arguments (``_Unknown`` if one has none)."""
-    rargs = _to_real(tuple(args), placeholder)
-    rkw = {k: _to_real(v, placeholder) for k, v in (kwargs or {}).items()}
-    if "pin_memory" in rkw:
-        rkw["pin_memory"] = None
-    rkw.update(over)
-    with no_dispatch():
-        return func(*rargs, **rkw)
-
-
-def _device_of(args: Any, kwargs: Any) -> torch.device:
-    dev = (kwargs or {}).get("device")
-    if dev is not None:
-        return torch.device(dev)
-    for t in _arg_tensors(args, kwargs):
-        if isinstance(t, FakeTensor):
-            return t.fake_device
-    return torch.device("cpu")
-
-
 # -------------------------------------------------------------------------------------------- Values
 class Values:
     """What one fake mode knows of tensor values: see Note: [values under fake tensors].
@@ -289,7 +200,18 @@ class Values:
 
     # -------------------------------------------------------------------------------- dispatch
     def dispatch(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        """The mode's ``_dispatch_impl`` with values (Note: [values under fake tensors])."""
+        """The mode's ``_dispatch_impl`` with values (Note: [values under fake tensors]), sparse results (Note:
+        [sparse results under fake tensors]) and ops without a fake rule on a fake accelerator (Note: [fallback
+        kernels on fake devices])."""
+        try:
+            out = self._dispatch(func, types, args, kwargs)
+        except (NotImplementedError, RuntimeError, AssertionError) as exc:  # what torch raises without a GPU
+            return _device_fallback.retry(self, func, types, args, kwargs, exc)  # or raises exc; sparse: stand-ins
+        if type(out) is FakeTensor and out.layout is not torch.strided:  # (no sparse input: out as it is)
+            return _sparse.stand_in(self, func, args, kwargs, out)
+        return out
+
+    def _dispatch(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         kind = _KINDS.get(func)
         if kind is None:
             kind = _kind(func)
@@ -316,6 +238,10 @@ class Values:
             # an op of the decomposition of an op handled here (uniform_ -> prims.uniform): its values come
             # from the outer op's real kernel, and a random one must not draw a second time
             return self.impl(self.mode, func, types, args, kwargs)
+        if func in _sparse.FROM_DENSE:  # Note: [sparse conversions under fake tensors]
+            out = _sparse.from_dense(self, func, args, kwargs)
+            if out is not None:
+                return out
         if kind == K_OTHER or kind == K_OVERWRITE or kind == K_INDEX:
             for a in args:
                 if isinstance(a, _Tensor):
@@ -395,6 +321,8 @@ class Values:
                 t.constant = c
 
     def _attach(self, fake: Any, real: Any) -> None:
+        if fake.layout != torch.strided or real.layout != torch.strided:
+            return  # a sparse value has no storage to map: unknown (Note: [sparse conversions under fake tensors])
         fake.constant = real
         self.mode.fake_tensor_converter.add_constant_storage_mapping(fake)
 
@@ -411,32 +339,32 @@ class Values:
             self.mode.fake_tensor_converter.invalidate_constant_aliases(c)
             t.constant = None
 
-    def _written(self, func: Any, args: Any, kwargs: Any) -> list[Any]:
+    def written(self, func: Any, args: Any, kwargs: Any) -> list[Any]:
         """The tensor arguments ``func`` writes (in-place and out= arguments)."""
         out = []
         schema = func._schema
         for i, a in enumerate(schema.arguments):
             if a.alias_info is not None and a.alias_info.is_write:
                 v = args[i] if i < len(args) and not a.kwarg_only else (kwargs or {}).get(a.name)
-                out.extend(_flat(v, []))
+                out.extend(_args.flat(v, []))
         return out
 
     def _settle(self, func: Any, args: Any, kwargs: Any, out: Any, real: Any, known: bool) -> None:
-        """Give ``out`` the values in ``real`` (the op run on the inputs' values, or ``_FAILED``), keeping aliases
+        """Give ``out`` the values in ``real`` (the op run on the inputs' values, or ``_args.FAILED``), keeping aliases
         consistent: Note: [values under fake tensors]."""
-        ins = [t for t in _arg_tensors(args, kwargs) if isinstance(t, FakeTensor)]
+        ins = [t for t in _args.arg_tensors(args, kwargs) if isinstance(t, FakeTensor)]
         valued = {}
         for t in ins:
             if t.constant is not None:
-                k = _storage_key(t)
+                k = _args.storage_key(t)
                 if k is not None:
                     valued[k] = t
-        if not known or real is _FAILED:
-            for t in self._written(func, args, kwargs):
+        if not known or real is _args.FAILED:
+            for t in self.written(func, args, kwargs):
                 self._drop(t)
         routed = self.any_routed and any(getattr(t, "_fv_routed", False) for t in valued.values())
-        outs = _flat(out, [])
-        reals = _flat(real, []) if real is not _FAILED else [None] * len(outs)
+        outs = _args.flat(out, [])
+        reals = _args.flat(real, []) if real is not _args.FAILED else [None] * len(outs)
         if len(reals) != len(outs):
             reals = [None] * len(outs)
         in_ids = {id(t) for t in ins}
@@ -444,22 +372,22 @@ class Values:
             if not isinstance(o, FakeTensor) or id(o) in in_ids:
                 continue  # an in-place op's output is its input: written in place above
             if o._has_symbolic_sizes_strides:
-                base = valued.get(_storage_key(o))
+                base = valued.get(_args.storage_key(o))
                 if base is not None:
                     self._drop(base)
                 continue
-            k = _storage_key(o)
+            k = _args.storage_key(o)
             base = valued.get(k)
             ok = isinstance(r, _Tensor) and r.shape == o.shape and r.dtype == o.dtype
             if base is not None:  # a view of a valued tensor: its value must be a view of the base's value
-                if ok and _storage_key(r) == _storage_key(base.constant):
+                if ok and _args.storage_key(r) == _args.storage_key(base.constant):
                     self._attach(o, r)
                     if routed:
                         o._fv_routed = True
                 else:
                     self._drop(base)
             elif ok and r.numel() <= (ROUTING_LIMIT if routed else VALUE_LIMIT):
-                if any(_storage_key(r) == _storage_key(t.constant) for t in valued.values()):
+                if any(_args.storage_key(r) == _args.storage_key(t.constant) for t in valued.values()):
                     r = r.clone()
                 self._attach(o, r)
                 if routed:
@@ -467,8 +395,10 @@ class Values:
 
     # -------------------------------------------------------------------------------- op kinds
     def _general(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        ins = [t for t in _arg_tensors(args, kwargs)]
-        known = all(isinstance(t, FakeTensor) and t.constant is not None for t in ins) and not _has_sym(args, kwargs)
+        ins = [t for t in _args.arg_tensors(args, kwargs)]
+        known = all(isinstance(t, FakeTensor) and t.constant is not None for t in ins) and not _args.has_sym(
+            args, kwargs
+        )
         if known and (torch.Tag.dynamic_output_shape in func.tags or torch.Tag.data_dependent_output in func.tags):
             return self._from_real(func, args, kwargs)  # the real size, also where a ShapeEnv would make a symbol
         try:
@@ -486,14 +416,14 @@ class Values:
             if not known or any(t.fake_device.type != "cpu" for t in ins):
                 raise
             return self._hidden([], lambda: self.impl(self.mode, func, types, args, kwargs))
-        real: Any = _FAILED
+        real: Any = _args.FAILED
         if known:
             if func.namespace in _reads.COLLECTIVES:  # the fake process group moves no data: said, not silent
                 self.assume(func, _reads.COLLECTIVE_VALUES)
             try:
-                real = _real_call(func, args, kwargs)
+                real = _args.real_call(func, args, kwargs)
             except Exception:  # noqa: BLE001 - no value, not a failed op: the fake rule already ran
-                real = _FAILED
+                real = _args.FAILED
         self._settle(func, args, kwargs, out, real, known)
         if not known and any(
             isinstance(t, _Tensor) and getattr(t, "constant", None) is None and t.numel() > VALUE_LIMIT for t in ins
@@ -508,15 +438,15 @@ class Values:
     def _from_real(self, func: Any, args: Any, kwargs: Any) -> Any:
         """An op whose output depends on values (``nonzero``, ``equal``, ``unique``) on known inputs: run it
         for real; fake outputs take the real outputs' metadata on the op's fake device."""
-        real = _real_call(func, args, kwargs)
-        device = _device_of(args, kwargs)
-        written = {id(t) for t in self._written(func, args, kwargs)}
-        routed = self.any_routed and any(getattr(t, "_fv_routed", False) for t in _arg_tensors(args, kwargs))
+        real = _args.real_call(func, args, kwargs)
+        device = _args.device_of(args, kwargs)
+        written = {id(t) for t in self.written(func, args, kwargs)}
+        routed = self.any_routed and any(getattr(t, "_fv_routed", False) for t in _args.arg_tensors(args, kwargs))
 
         def wrap(r: Any) -> Any:
             if not isinstance(r, _Tensor):
                 return r
-            for t in _arg_tensors(args, kwargs):  # an out= or in-place output is its argument
+            for t in _args.arg_tensors(args, kwargs):  # an out= or in-place output is its argument
                 if id(t) in written and isinstance(t, FakeTensor) and t.constant is r:
                     return t
             meta = torch.empty_strided(tuple(r.shape), tuple(r.stride()), dtype=r.dtype, device="meta")
@@ -532,13 +462,13 @@ class Values:
         return wrap(real)
 
     def _factory(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
-        out = self._hidden(_arg_tensors(args, kwargs), lambda: self.impl(self.mode, func, types, args, kwargs))
-        if isinstance(out, FakeTensor) and out.numel() <= VALUE_LIMIT and not _has_sym(args, kwargs):
+        out = self._hidden(_args.arg_tensors(args, kwargs), lambda: self.impl(self.mode, func, types, args, kwargs))
+        if isinstance(out, FakeTensor) and out.numel() <= VALUE_LIMIT and not _args.has_sym(args, kwargs):
             try:
                 if func in _LIKE and func.name().startswith("aten::new_"):
                     with no_dispatch():
                         args = (torch.empty(0, dtype=args[0].dtype), *args[1:])
-                real = _real_call(func, args, kwargs, placeholder=True)
+                real = _args.real_call(func, args, kwargs, placeholder=True)
             except Exception:  # noqa: BLE001 - no value
                 return out
             if isinstance(real, _Tensor) and real.shape == out.shape and real.dtype == out.dtype:
@@ -550,16 +480,16 @@ class Values:
         t = args[0]
         if not isinstance(t, FakeTensor) or t.constant is not None:
             return self._general(func, types, args, kwargs)
-        rest = _arg_tensors(args[1:], kwargs)
+        rest = _args.arg_tensors(args[1:], kwargs)
         out = self._hidden(rest, lambda: self.impl(self.mode, func, types, args, kwargs))
         if (
             all(isinstance(x, FakeTensor) and x.constant is not None for x in rest)
             and t.numel() <= VALUE_LIMIT
-            and not _has_sym(args, kwargs)
-            and _sole(t)
+            and not _args.has_sym(args, kwargs)
+            and _args.sole(t)
         ):
             try:
-                real = _real_call(func, args, kwargs, placeholder=True)
+                real = _args.real_call(func, args, kwargs, placeholder=True)
             except Exception:  # noqa: BLE001 - no value
                 return out
             if isinstance(real, _Tensor):
@@ -569,15 +499,15 @@ class Values:
     def _random(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         """A random op: run for real with the real run's generator when in step (Note: [values under fake
         tensors], 2.)."""
-        ins = _arg_tensors(args, kwargs)
+        ins = _args.arg_tensors(args, kwargs)
         out = self._inplace_seen(func, args, kwargs, ins)
         if out is None:
             out = self._hidden(ins, lambda: self.impl(self.mode, func, types, args, kwargs))
         gen = self._generator(args, kwargs)
-        outs = [o for o in _flat(out, []) if isinstance(o, FakeTensor)]
+        outs = [o for o in _args.flat(out, []) if isinstance(o, FakeTensor)]
         n = sum(o.numel() for o in outs)
-        written = self._written(func, args, kwargs)
-        if gen is None or _has_sym(args, kwargs) or any(o.device.type != "cpu" for o in outs):
+        written = self.written(func, args, kwargs)
+        if gen is None or _args.has_sym(args, kwargs) or any(o.device.type != "cpu" for o in outs):
             for t in written:
                 self._drop(t)
             return out
@@ -589,9 +519,9 @@ class Values:
         # in-place overwrites (normal_, uniform_, bernoulli_...): the old value of self does not matter
         data = [t for t in ins if not any(t is w for w in written)]
         known = all(isinstance(t, FakeTensor) and t.constant is not None for t in data)
-        sole = [w for w in written if isinstance(w, FakeTensor) and w.constant is None and _sole(w)]
+        sole = [w for w in written if isinstance(w, FakeTensor) and w.constant is None and _args.sole(w)]
         try:
-            real = _real_call(func, args, kwargs, placeholder=True)
+            real = _args.real_call(func, args, kwargs, placeholder=True)
         except Exception:  # noqa: BLE001 - the draw could not be run: the generator is no longer in step
             self._lose(gen)
             for t in written:
@@ -603,7 +533,7 @@ class Values:
             return out
         for w in written:
             if w.constant is None and w.numel() <= VALUE_LIMIT and any(w is s for s in sole):
-                r = _flat(real, [])[0] if w is args[0] else None
+                r = _args.flat(real, [])[0] if w is args[0] else None
                 if isinstance(r, _Tensor) and r.shape == w.shape:
                     self._attach(w, r)
         if not written:
@@ -633,7 +563,7 @@ class Values:
 
     def _generator(self, args: Any, kwargs: Any) -> Any:
         """The CPU generator the real run would draw from, or None when not in step or not on cpu."""
-        if _device_of(args, kwargs).type != "cpu":
+        if _args.device_of(args, kwargs).type != "cpu":
             return None
         g = (kwargs or {}).get("generator")
         if g is None:
@@ -677,9 +607,9 @@ class Values:
         idx_pos = 1
         indices = args[idx_pos] if len(args) > idx_pos else None
         masks = [i for i in (indices or ()) if isinstance(i, FakeTensor) and i.dtype in (torch.bool, torch.uint8)]
-        if not masks or _has_sym(args, kwargs):
+        if not masks or _args.has_sym(args, kwargs):
             return self._general(func, types, args, kwargs)
-        ins = _arg_tensors(args, kwargs)
+        ins = _args.arg_tensors(args, kwargs)
         known = all(isinstance(t, FakeTensor) and t.constant is not None for t in ins)
         if known or (self.mode.shape_env is not None and any(m.constant is None for m in masks)):
             return self._general(func, types, args, kwargs)  # (with a ShapeEnv: an unbacked size, as torch makes)
@@ -691,7 +621,7 @@ class Values:
             # x[mask] = v: the output is x (or a copy of it) whatever the mask selects; only the check that v
             # fits the selected elements needs the mask's values, and it is not made (no assumption changes the
             # record; FakeTensorMode caches these by metadata too)
-            self._settle(func, args, kwargs, None, _FAILED, False)
+            self._settle(func, args, kwargs, None, _args.FAILED, False)
             if _returns_self(func):
                 return args[0]
             return self._hidden(ins, lambda: self.cached(self.mode, aten.clone.default, types, (args[0],), {}))
@@ -711,7 +641,7 @@ class Values:
                 new.append(i)
         args2 = (*args[:idx_pos], new, *args[idx_pos + 1 :])
         out = self._hidden(ins, lambda: self.cached(self.mode, func, types, args2, kwargs))
-        self._settle(func, args, kwargs, out, _FAILED, False)
+        self._settle(func, args, kwargs, out, _args.FAILED, False)
         return out
 
     def _topk(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:

@@ -489,6 +489,11 @@ class OpsMixin:
         flag = 0
         if m is not None:
             sid, stid, dtid, devid, off, nb = m
+        elif t.layout is not torch.strided:  # Note: [sparse tensors in the record]
+            sid, stid, dtid, devid = self._meta_ids(t.shape, (str(t.layout).removeprefix("torch."),), t.dtype, t.device)
+            nb, stor = self.sparse_storage(t, len(self.b.opd) // _N_OP)
+            self.b.outd.extend((tid, sid, stid, dtid, devid, stor, 0, nb))
+            return 0
         else:
             shape = t.shape
             stride = t.stride()

@@ -10,6 +10,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..._core.schema import ROLE_PARAM, TID_BITS
+from ..sparse import PARTS as _SPARSE_PARTS
+from ..sparse import sparse_parts
 from .common import (
     _N_OP,
     _N_OUT,
@@ -40,6 +42,18 @@ class _StorageRef(weakref.ref):
 
 
 _SERIAL = itertools.count(1)  # Note: [tensor tags]
+
+# Note: [sparse tensors in the record]
+# A sparse tensor has no storage of its own (``untyped_storage()`` and ``nbytes`` raise): its memory is that of the
+# tensors it holds, the indices and the values (COO: ``_indices()`` ``[sparse_dim, nnz]`` int64 and ``_values()``
+# ``[nnz, *dense dims]``; CSR/BSR: ``crow_indices``, ``col_indices``, ``values``; CSC/BSC: ``ccol_indices``,
+# ``row_indices``, ``values``). The recorder registers each part's storage as a storage row on the sparse
+# tensor's device, born at the op that made it and freed when the part is (which is when the sparse tensor is,
+# unless a view of a part outlives it); the sparse tensor's output row names the values' storage, its nbytes
+# are the parts' bytes together, its stride is written as the layout (``sparse_coo``) and its offset 0. The
+# parts are read without a dispatch (``fakeviz._engine.sparse.sparse_parts``), so reading them is not an op of
+# the record. A real run records the same rows. How many elements a conversion from dense keeps (nnz) depends on
+# the values: Note: [sparse conversions under fake tensors] in fakeviz._engine.sparse.
 
 
 class StoragesMixin:
@@ -125,7 +139,7 @@ class StoragesMixin:
         try:
             st = t.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse, nested, functional wrappers
-            return -1
+            return self.sparse_storage(t, seq, roles)[1] if t.layout in _SPARSE_PARTS else -1
         key = st._cdata
         hit = self.live.get(key)
         if hit is not None:
@@ -137,6 +151,28 @@ class StoragesMixin:
         if devid is None:
             devid = self.t_devices.add(dev, str(dev))
         return self._new_storage(st, key, devid, seq, roles)
+
+    def sparse_storage(self, t: Any, seq: int, roles: int = 0) -> tuple[int, int]:
+        """Sparse tensor ``t``'s bytes (its parts' together) and the storage id of its values, registering each
+        part's storage on ``t``'s device (Note: [sparse tensors in the record])."""
+        dev = t.device
+        devid = self.t_devices.ids.get(dev)
+        if devid is None:
+            devid = self.t_devices.add(dev, str(dev))
+        nb, sid = 0, -1
+        for part in sparse_parts(t):
+            n = part.numel() * part.element_size()
+            nb = nb + n if type(n) is int and nb >= 0 else -1  # -1: an unbacked symbolic nnz
+            st = part.untyped_storage()
+            key = st._cdata
+            hit = self.live.get(key)
+            if hit is not None:
+                sid = hit.sid
+                if roles:
+                    self.b.std[sid * _N_ST + _ST_ROLES] |= roles
+            else:
+                sid = self._new_storage(st, key, devid, seq, roles)
+        return nb, sid
 
     def add_roles(self, t: Any, roles: int, owner: int = -1) -> int:
         """Mark the storage of ``t`` with ROLE_* bits (registering it if unseen)."""
