@@ -122,7 +122,8 @@ def fidelity_report(trace: Record) -> dict[str, Any]:
       storages and their bytes are the same (Note: [deepcopy of recorded tensors]);
     * ``assumptions``: DataFrame (seq, op, assumption, calls, module, user_line; seq -1 for the whole run):
       what the record assumed, including what the fake ``torch.cuda`` API answered without a GPU
-      (``Event.elapsed_time``, ``empty_cache``); otherwise
+      (``Event.elapsed_time``, ``empty_cache``) and where ``torch.tensor(..., device="cuda")`` logs other ops than
+      a GPU does (Note: [torch.tensor on fake cuda without a GPU]); otherwise
       where a value it needed was not known, one row per assumption, in op order. Two sources: the engine
       appends ``[seq, op, assumption, module, user_line]`` rows to ``trace.meta["assumptions"]`` while
       recording (one call each, ``calls`` 1; module and line may be left off), and ops whose record rests on
@@ -195,6 +196,7 @@ def _assumptions(trace: Record, table: Any) -> Any:
         if text is not None:
             rows.append((int(first), op, text, int(count), module, line))
     rows.extend(_cuda_api_rows(trace.meta.get("cuda_api") or {}))
+    rows.extend(_lift_rows(trace))
     rows.sort(key=lambda r: r[0])
     return pd.DataFrame(rows, columns=["seq", "op", "assumption", "calls", "module", "user_line"])
 
@@ -211,3 +213,51 @@ def _cuda_api_rows(notes: dict[str, Any]) -> list[tuple[int, str, str, int, Any,
                      "the allocator model releases no cached segment here: reserved memory after this point can "
                      "be above a real run's (allocated memory is unaffected)", 1, None, None))  # fmt: skip
     return rows
+
+
+LIFT_ON_CPU = (
+    "torch.tensor(data, device='cuda...') without a GPU: FakeTensorMode makes the tensor on cpu, lifts it there "
+    "(lift_fresh on cpu) and copies it to the device (_to_copy), where a GPU's log has one lift_fresh of the cuda "
+    "tensor: one op and one small cpu tensor more per call, and the $N ids after it one higher; the cuda tensor "
+    "is the same"
+)
+
+
+def _lift_rows(trace: Record) -> list[tuple[int, str, str, int, Any, Any]]:
+    """Note: [torch.tensor on fake cuda without a GPU]
+    ``torch.tensor(data, device="cuda")`` makes the data on cpu and moves it with every mode off, then lifts the
+    device tensor: a GPU's log has ``$5: f32[] cuda:0 = aten.lift_fresh.default($5)``. Where torch cannot make a
+    cuda tensor (a CPU-only build, a CUDA build without a GPU: ``FakeTensorMode.avoid_device_init``), torch lifts
+    on cpu and then copies (``torch._C._set_only_lift_cpu_tensors``): ``$5: f32[] cpu = aten.lift_fresh($5)``,
+    ``$6: f32[] cuda:0 = aten._to_copy($5, device=cuda:0)``. One row, at the first such pair, counts them: a
+    ``lift_fresh`` on cpu whose output the next op, a ``_to_copy``, copies to a cuda device, in a fake record on
+    fakeviz's shim (a user's own ``torch.tensor(x).cuda()`` on one line reads the same, and is counted too)."""
+    if not trace.meta.get("fake", True) or trace.meta.get("fake_cuda") != "shim":
+        return []
+    c, s = trace.columns(), trace.string_tables()
+    names = list(s["ops"])
+    if "aten.lift_fresh.default" not in names or "aten._to_copy.default" not in names:
+        return []
+    op = c["op"]
+    lift, copy = names.index("aten.lift_fresh.default"), names.index("aten._to_copy.default")
+    pairs = np.nonzero((op[:-1] == lift) & (op[1:] == copy))[0]
+    if not len(pairs):
+        return []
+    out_end, in_end = c["out_end"], c["in_end"]
+    devices = [str(d) for d in s["devices"]]
+    hits = []
+    for i in pairs.tolist():
+        o_lift = int(out_end[i - 1]) if i else 0
+        o_copy, i_copy = int(out_end[i]), int(in_end[i])
+        if int(out_end[i]) - o_lift != 1 or int(out_end[i + 1]) - o_copy != 1 or int(in_end[i + 1]) == i_copy:
+            continue
+        if (devices[int(c["out_device"][o_lift])] == "cpu" and devices[int(c["out_device"][o_copy])].startswith("cuda")
+                and int(c["in_tensor"][i_copy]) == int(c["out_tensor"][o_lift])):  # fmt: skip
+            hits.append(i)
+    if not hits:
+        return []
+    ops = ops_table(trace)
+    first = hits[0]
+    return [
+        (first, "aten.lift_fresh.default", LIFT_ON_CPU, len(hits), ops.module.iloc[first], ops.user_line.iloc[first])
+    ]

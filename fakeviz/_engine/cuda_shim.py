@@ -43,6 +43,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -221,6 +222,8 @@ def ensure_fake_cuda() -> ShimStatus:
             _status = ShimStatus(mode="unavailable", reason=str(exc), **facts)
             return _status
         _lib = lib
+        if not cuda_build:
+            _register_cuda_kernels()
         _status.backward_max_index = _probe_backward()
         atexit.register(drain_autograd_workers, 25)
         drain_autograd_workers()
@@ -237,6 +240,40 @@ def ensure_fake_cuda() -> ShimStatus:
                 "import fakeviz before running any backward to lift this"
             )
         return _status
+
+
+# Note: [CUDA kernels a CPU-only build lacks]
+# An op with a CompositeImplicitAutograd kernel and a kernel per backend (``silu_backward``: CPU and CUDA) runs
+# its composite on a backend without a kernel: the dispatcher fills that backend's Autograd key with it. A
+# CPU-only build has no CUDA kernels, so a fake cuda ``silu_backward`` (the backward of every Llama/Mistral/Qwen
+# MLP) was decomposed above the fake mode into ``sigmoid, empty_like, fill_, sub_, mul, add, mul, mul`` (the
+# composite's ``1 - sigmoid`` is ``empty_like(...).fill_(1).sub_(...)``), where a GPU logs one
+# ``silu_backward`` (H100, tests/fixtures/h100_time_holdout.json.gz). On a CPU-only build the shim registers a
+# CUDA kernel for each such op that a CUDA build has (checked on the 2.11, 2.12, 2.14 CUDA wheels), so autograd
+# redispatches the op to the fake mode, which runs its meta kernel. The kernel itself never runs on fake
+# tensors (the Python key comes first); a real cuda tensor cannot exist on a CPU-only build, and if one came it
+# would raise. ``native_channel_shuffle`` is the third op of that kind on a CPU-only build; a CUDA build has no
+# CUDA kernel for it either (its composite runs on a GPU too), so it is left alone.
+_CUDA_KERNELS_OF_CUDA_BUILDS = ("silu_backward", "mish_backward")
+_cuda_kernels: list[Any] = []  # the torch.library.Library that holds them (kept for the process)
+
+
+def _register_cuda_kernels() -> None:
+    """Note: [CUDA kernels a CPU-only build lacks] (on a CPU-only build, once, with the shim)."""
+    if _cuda_kernels:
+        return
+    lib = torch.library.Library("aten", "IMPL")  # kernels of aten ops for one more dispatch key
+
+    def no_cuda(name: str) -> Any:
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError(f"aten::{name}: a CPU-only build of torch has no CUDA kernel to run")
+
+        return kernel
+
+    for name in _CUDA_KERNELS_OF_CUDA_BUILDS:
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{name}", "CUDA"):
+            lib.impl(name, no_cuda(name), "CUDA")
+    _cuda_kernels.append(lib)
 
 
 def current_device() -> int:

@@ -68,7 +68,8 @@ the older rule, cuDNN on sm90 also accepts head dims 129-256 with cuDNN >= 9.10.
 cuDNN of the 2.13 wheels (9.20) the new rule caps cuDNN at head dim 128 (192/128 allowed).
 ``convert_boolean_attn_mask`` was checked against the installed 2.13 (same ops as its CPU
 path: ``where(mask, 0.0, scalar_tensor(-inf))``, one converter for every backend since
-pytorch#177868).
+pytorch#177868, in 2.12); before 2.12 the cuDNN kernel's mask is filled with -65504.0 instead
+(Note: [cuDNN mask fill] in ``patch.py``, seen on an H100 with torch 2.11).
 
 Capability (``capability=(major, minor)``, default ``(9, 0)`` = H100/H200)
 -------------------------------------------------------------------------

@@ -21,11 +21,12 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
 from .. import patches as _patches
+from ..torch_compat import TORCH_VERSION
 from .checks import WHY_NOT
 from .choice import make_params, no_kernel_message, select_sdp_backend, validate_capability, validate_setting
 from .common import DEFAULT_CAPABILITY, DEFAULT_CUDNN_VERSION, Backend, SDPFlags, is_true
 
-__all__ = ["attention_patch", "sdpa_like_gpu"]
+__all__ = ["attention_patch", "mask_fill", "sdpa_like_gpu"]
 
 # The C++ entry point behind F.scaled_dot_product_attention; used for ATen's zero-numel early return.
 _ORIGINAL_SDPA: Callable[..., Tensor] = torch._C._nn.scaled_dot_product_attention
@@ -67,11 +68,27 @@ def _validate_sdpa_input(query: Tensor, key: Tensor, value: Tensor, attn_mask: T
             )
 
 
-def _convert_boolean_attn_mask(attn_mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
-    """``convert_boolean_attn_mask``: bool mask -> additive mask (0 where True, -inf where False)."""
+# Note: [cuDNN mask fill]. ATen gives the cuDNN kernel a boolean mask as an additive one like every backend, but up
+# to torch 2.11 with -65504.0 (fp16's lowest, ``convert_boolean_attn_mask_cudnn``: "workaround -inf issue with
+# cuDNN", pytorch#130482) where the others get -inf; pytorch#177868 (March 2026, in 2.12) made it -inf there too.
+# Seen on an H100 with torch 2.11: ``scalar_tensor(-65504.0, dtype=torch.bfloat16, device=cuda:0)`` before the
+# cuDNN kernel of Mistral's sliding-window mask (tests/fixtures/h100_time_holdout.json.gz).
+_CUDNN_MASK_FILL_BEFORE_2_12 = -65504.0
+
+
+def mask_fill(backend: Backend, torch_version: tuple[int, int] = TORCH_VERSION) -> float:
+    """The value ATen writes where a boolean mask is False, for ``backend`` on ``torch_version`` (Note: [cuDNN mask
+    fill])."""
+    if backend == "cudnn" and torch_version < (2, 12):
+        return _CUDNN_MASK_FILL_BEFORE_2_12
+    return -math.inf
+
+
+def _convert_boolean_attn_mask(attn_mask: Tensor | None, dtype: torch.dtype, fill: float = -math.inf) -> Tensor | None:
+    """``convert_boolean_attn_mask``: bool mask -> additive mask (0 where True, ``fill`` where False)."""
     if attn_mask is None or attn_mask.dtype != torch.bool:
         return attn_mask
-    neg_inf = _aten.scalar_tensor.default(-math.inf, dtype=dtype, device=attn_mask.device)
+    neg_inf = _aten.scalar_tensor.default(fill, dtype=dtype, device=attn_mask.device)
     return torch.where(attn_mask, 0.0, neg_inf)
 
 
@@ -136,7 +153,7 @@ def _run_backend(
     enable_gqa: bool,
 ) -> Tensor:
     """The ``switch (backend)`` of ATen's ``scaled_dot_product_attention`` for a CUDA query."""
-    mask = _convert_boolean_attn_mask(attn_mask, query.dtype)
+    mask = _convert_boolean_attn_mask(attn_mask, query.dtype, mask_fill(backend))
     if backend == "cudnn":
         lse = _should_compute_logsumexp(query, key, value)
         return _aten._scaled_dot_product_cudnn_attention(
@@ -330,10 +347,13 @@ def attention_patch(
             # (a lower-precision op: every floating-point tensor argument but float64 goes to the autocast
             # dtype) and runs the op, whichever backend it picks, with autocast excluded. The simulation
             # runs above the dispatcher, so it does the same cast first, then runs with autocast off.
+            # The casts are the arguments of one C++ call (``(*F)(cached_cast(args)...)``), which GCC, the
+            # compiler of torch's Linux wheels, evaluates last argument first: the mask, then value, key and
+            # query (H100, torch 2.11: the ``_to_copy`` of v, k, q; their backward casts then run q, k, v).
             low = torch.get_autocast_dtype(device_type)
-            q, k, v, mask = (
+            mask, v, k, q = (
                 t.to(low) if isinstance(t, Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
-                for t in (query, key, value, attn_mask)
+                for t in (attn_mask, value, key, query)
             )
             with torch.autocast(device_type, enabled=False):
                 return sdpa_like_gpu(
