@@ -519,8 +519,7 @@ def _writing(flag: str, path: Path) -> Iterator[None]:
 
 def _write_html(trace: Any, path: Path, capacity: Any, *, title: str | None = None) -> str:
     """The explorer as one self-contained HTML file; a static summary page when the JS bundle is not built."""
-    import html
-
+    from .._core.fmt import html_text
     from .._views.text import summary_html
 
     try:
@@ -529,10 +528,10 @@ def _write_html(trace: Any, path: Path, capacity: Any, *, title: str | None = No
     except FileNotFoundError as exc:  # the JS bundle was not built (no npm): a static summary instead
         print(f"fakeviz: {_first_line(exc)}", file=sys.stderr)
         path.write_text(
-            f"<!doctype html><meta charset='utf-8'><title>{html.escape(title or 'fakeviz')}</title>"
+            f"<!doctype html><meta charset='utf-8'><title>{html_text(title or 'fakeviz')}</title>"
             + summary_html(trace)
             + "<pre>"
-            + html.escape("\n".join(trace.oplog_lines(limit=200)))
+            + html_text("\n".join(trace.oplog_lines(limit=200)))
             + "</pre>"
         )
         return "summary page"

@@ -8,11 +8,11 @@ those lines into the names IPython's own tracebacks use.
 
 from __future__ import annotations
 
-import html
 import re
 import time
 from typing import Any
 
+from ..._core.fmt import html_text
 from ..._core.record import Record
 
 __all__ = ["CellNames", "Progress"]
@@ -84,7 +84,7 @@ class Progress:
         self.last = now
         self.updates += 1
         text = f"fakeviz: {n_ops:,} ops recorded, {phase} in {module or 'top level'}…"
-        where = html.escape(module or "top level")
+        where = html_text(module or "top level")
         self.handle.update(
             {
                 "text/plain": text,
