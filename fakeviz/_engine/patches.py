@@ -427,11 +427,12 @@ declare("fake-rules", "torch._subclasses.fake_impls.op_implementations_dict",
             "are skipped (fakeviz._engine.torch_compat)")  # fmt: skip
 declare("fallback-probe", "torch._subclasses.fake_tensor", "run_fallback_kernel", scope="import",
         by="fakeviz._engine.recorder.modes", why="Note: [fallback kernels]")  # fmt: skip
-declare("cuda-shim", "c10::impl::device_guard_impl_registry[CUDA], at::detail::getCUDAHooks() vtable",
-        ("DeviceGuardImpl", "CUDAHooks"), scope="import", by="fakeviz._engine.cuda_shim", kind="C++",
+declare("cuda-shim", "c10::impl::device_guard_impl_registry[CUDA], at::detail::getCUDAHooks() vtable, "
+        "the dispatcher's CUDA key", ("DeviceGuardImpl", "CUDAHooks", "aten::silu_backward", "aten::mish_backward"),
+        scope="import", by="fakeviz._engine.cuda_shim", kind="C++",
         why="Note: [fake cuda on a CPU-only build] (the guard; the hooks' vtable); Note: [fake cuda on a CUDA "
-            "build without a GPU] (the guard; one vtable slot: hasPrimaryContext); nothing on a CUDA build that "
-            "sees a GPU")  # fmt: skip
+            "build without a GPU] (the guard; one vtable slot: hasPrimaryContext); Note: [CUDA kernels a CPU-only "
+            "build lacks] (a CPU-only build: CUDA kernels for two aten ops); nothing on a CUDA build that sees a GPU")  # fmt: skip
 # session scope (Note: [session patches])
 declare(
     "swap-tensors", "torch.utils", "swap_tensors", scope="session", by=_S, why="Note: [Module.to on fake parameters]"
