@@ -13,14 +13,16 @@ through hatch-jupyter-builder).
 Traits
 ------
 Data (Python -> browser; the traits are the source of truth, the panel never writes them):
-``summary``, ``tree``, ``memory``, ``ops`` and ``alias``, described in :mod:`fakeviz._views.payload`.
+``summary``, ``tree``, ``memory``, ``ops``, ``alias`` and ``time``, described in :mod:`fakeviz._views.payload`.
 When the kernel is alive and a module is selected, ``alias`` is redrawn in Python around
-that module on each selection.
+that module on each selection; setting ``gpu`` recomputes ``time`` on that GPU.
 
 Selection (both ways): ``selected_module`` (a folded tree path such as
 ``Llama.model.layers.0-79.mlp``, or any module path of the trace), ``device``
 (``""`` = all), ``phase`` (``""`` = all), ``search`` (text over module paths) and
-``size_by`` (the tree figure that sizes the icicle).
+``size_by`` (the tree figure that sizes the icicle) and ``x_axis`` (the timeline's x axis: ``"op"``, the op
+index, or ``"time"``, each op at its estimated end on ``gpu``: Note: [time model] in
+:mod:`fakeviz._analysis.timing`).
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ import traitlets
 from ipywidgets.widgets.trait_types import bytes_serialization
 
 from .._analysis.selection import storage_modules
+from .._core.gpu_specs import gpu_spec
 from .._core.record import Record
 from .._core.schema import PHASES
-from .payload import SIZE_BY, alias_pack, build_state, unpack
+from .payload import SIZE_BY, alias_pack, build_state, time_gpu, time_pack, unpack
 from .static import static_html
 
-__all__ = ["STATIC", "Explorer", "display_with_fallback", "fallback_bundle"]
+__all__ = ["STATIC", "X_AXES", "Explorer", "display_with_fallback", "fallback_bundle"]
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
 _BUNDLE = STATIC / "explorer.js"
 _STYLES = STATIC / "explorer.css"
+X_AXES = ("op", "time")  # the timeline's x axis: op index, or estimated time
+_PACKED = ("tree", "memory", "ops", "alias", "time")
 
 
 def _bytes_trait(help: str) -> traitlets.Bytes:
@@ -71,12 +76,17 @@ class Explorer(anywidget.AnyWidget):
     memory = _bytes_trait("per-device memory timeline by category, decimated, with peak attribution (FVPK)")
     ops = _bytes_trait("the ops table columns and string tables (FVPK)")
     alias = _bytes_trait("a bounded alias-graph neighbourhood: nodes and edges (FVPK)")
+    time = _bytes_trait("every op's estimated end, own time, kernel class and bound on one GPU (FVPK; empty: none)")
 
     selected_module = traitlets.Unicode("", help="selected module: a folded tree path or a module path").tag(sync=True)
     device = traitlets.Unicode("", help="device shown and filtered on ('' = all)").tag(sync=True)
     phase = traitlets.Unicode("", help="phase filtered on ('' = all)").tag(sync=True)
     search = traitlets.Unicode("", help="text searched in module paths").tag(sync=True)
     size_by = traitlets.Unicode("param_bytes", help=f"figure that sizes the tree: one of {SIZE_BY}").tag(sync=True)
+    x_axis = traitlets.Unicode("op", help=f"the timeline's x axis: one of {X_AXES}").tag(sync=True)
+    gpu = traitlets.Unicode("", help="the GPU of the estimated times (set it to recompute them; '' = none)").tag(
+        sync=True
+    )
     static_id = traitlets.Unicode("", help="data-fv-static of the static summary the live panel hides").tag(sync=True)
 
     def __init__(self, **kwargs: Any) -> None:
@@ -92,6 +102,25 @@ class Explorer(anywidget.AnyWidget):
         super().__init__(**kwargs)
 
     _alias_source: Any = None  # (trace, storage_module, alias_nodes, around) for redrawing the alias graph
+    _time_source: Any = None  # the trace, for estimating its times on another GPU
+
+    @traitlets.validate("gpu")
+    def _valid_gpu(self, proposal: Any) -> str:
+        """A GPU the time model knows (its catalog name), or ``""`` for a panel without times."""
+        value = proposal["value"]
+        if not value:
+            return ""
+        try:
+            return gpu_spec(value).name
+        except ValueError as err:  # ArgumentError: not a GPU with a speed, with the close names
+            raise traitlets.TraitError(str(err)) from None
+
+    @traitlets.observe("gpu")
+    def _retime(self, change: Any) -> None:
+        """Estimate the times again on the new GPU (needs a live kernel and the trace)."""
+        if self._time_source is None:
+            return
+        self.time = time_pack(self._time_source, change["new"]) if change["new"] else b""
 
     @traitlets.observe("selected_module")
     def _redraw_alias(self, change: Any) -> None:
@@ -120,6 +149,14 @@ class Explorer(anywidget.AnyWidget):
             raise traitlets.TraitError(f"device {value!r} is not in this trace ({', '.join(devices)})")
         return value
 
+    @traitlets.validate("x_axis")
+    def _valid_x_axis(self, proposal: Any) -> str:
+        """One of :data:`X_AXES`."""
+        value = proposal["value"]
+        if value not in X_AXES:
+            raise traitlets.TraitError(f"x_axis {value!r}: use one of {', '.join(X_AXES)}")
+        return value
+
     @traitlets.validate("size_by")
     def _valid_size_by(self, proposal: Any) -> str:
         """One of :data:`~fakeviz._views.payload.SIZE_BY`."""
@@ -138,6 +175,7 @@ class Explorer(anywidget.AnyWidget):
         alias_nodes: int = 200,
         around: Any = None,
         max_ops: int = 1_000_000,
+        gpu: Any = None,
         **kwargs: Any,
     ) -> Explorer:
         """The panel of ``trace``.
@@ -148,12 +186,18 @@ class Explorer(anywidget.AnyWidget):
         ``alias_nodes`` bounds the alias graph (``around``: anything
         :func:`fakeviz._analysis.alias.alias_graph` takes); above ``max_ops`` ops, only the ``max_ops``
         consecutive ops around the highest peak go to the ops table (the
-        timeline and tree still cover the whole run). ``kwargs`` set the
-        selection traits.
+        timeline and tree still cover the whole run). ``gpu``: the GPU whose
+        estimated times the timeline can show (default: the GPU ``capacity``
+        names, else the record's, else H100: :func:`~fakeviz._views.payload.time_gpu`;
+        ``False``: no times, a smaller payload). ``kwargs`` set the selection
+        traits and ``x_axis`` (``"time"`` to start on the time axis).
         """
         selected = kwargs.pop("selected_module", "")
-        widget = cls(**build_state(trace, capacity, max_points=max_points, alias_nodes=alias_nodes, around=around,
-                                   max_ops=max_ops), **kwargs)  # fmt: skip
+        spec = None if gpu is False else time_gpu(trace, gpu, capacity)
+        state = build_state(trace, capacity, max_points=max_points, alias_nodes=alias_nodes, around=around,
+                            max_ops=max_ops, gpu=False if spec is None else spec)  # fmt: skip
+        widget = cls(**state, gpu=spec.name if spec is not None else "", **kwargs)
+        widget._time_source = trace  # from now on, a new gpu estimates the times again
         widget._alias_source = (trace, storage_modules(trace), alias_nodes, around)
         widget._static = (trace, capacity)
         widget.static_id = f"fv-{widget.model_id}"
@@ -181,9 +225,9 @@ class Explorer(anywidget.AnyWidget):
         return static_html(trace, capacity, static_id=self.static_id)
 
     def decoded(self, name: str) -> tuple[dict[str, Any], dict[str, np.ndarray], dict[str, list[str]]]:
-        """One data trait (``tree``, ``memory``, ``ops`` or ``alias``) decoded: ``(meta, arrays, strings)``."""
-        if name not in ("tree", "memory", "ops", "alias"):
-            raise ValueError(f"{name!r} is not a packed trait (tree, memory, ops, alias)")
+        """One data trait (``tree``, ``memory``, ``ops``, ``alias`` or ``time``) decoded: ``(meta, arrays, strings)``."""
+        if name not in _PACKED:
+            raise ValueError(f"{name!r} is not a packed trait ({', '.join(_PACKED)})")
         return unpack(getattr(self, name))
 
 

@@ -1,6 +1,6 @@
 // The explorer panel: reads the traits, keeps the selection state, links the views.
 // All linking happens here, in the browser; only the selection traits go back to the kernel.
-import { readAlias, readData } from "./data.js";
+import { readAlias, readData, readTime } from "./data.js";
 import { unpack } from "./decode.js";
 import { h } from "./dom.js";
 import { resolveSelection, textMask } from "./filter.js";
@@ -20,6 +20,7 @@ export const SYNCED = {
   phase: "phase",
   search: "search",
   sizeBy: "size_by",
+  xAxis: "x_axis",
 };
 
 /** Mount the panel into `root`; returns {store, destroy}. */
@@ -29,6 +30,7 @@ export function mountExplorer(root, model) {
   const initial = { zoom: -1, cursor: -1, opText: "", colorBy: "" };
   for (const [key, trait] of Object.entries(SYNCED)) initial[key] = model.get(trait) ?? "";
   if (!initial.sizeBy) initial.sizeBy = "param_bytes";
+  if (!initial.xAxis) initial.xAxis = "op";
   const store = createStore(initial);
   const derived = {};
   const derive = (st, changed) => {
@@ -80,6 +82,12 @@ export function mountExplorer(root, model) {
     for (const v of views) v.update(new Set(["alias"]));
   };
   model.on("change:alias", onAlias);
+  // the kernel estimated the times on another GPU (the gpu trait)
+  const onTime = () => {
+    data.time = readTime(unpack(model.get("time")));
+    for (const v of views) v.update(new Set(["time"]));
+  };
+  model.on("change:time", onTime);
 
   for (const v of views) v.update(null);
   return {
@@ -88,6 +96,7 @@ export function mountExplorer(root, model) {
       unsubscribe();
       for (const [trait, fn] of listeners) model.off(`change:${trait}`, fn);
       model.off("change:alias", onAlias);
+      model.off("change:time", onTime);
       for (const v of views) v.destroy?.();
       root.replaceChildren();
     },

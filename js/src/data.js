@@ -21,6 +21,7 @@ export function readData(get) {
     memory: readMemory(unpack(get("memory"))),
     ops: readOps(unpack(get("ops"))),
     alias: readAlias(unpack(get("alias"))),
+    time: readTime(unpack(get("time"))),
   };
 }
 
@@ -119,6 +120,48 @@ function pick(a) {
   const out = {};
   for (const k of ["seq", "op", "module", "phase", "device", "line", "shape", "dtype", "nbytes", "flops"]) out[k] = a[k];
   return out;
+}
+
+/**
+ * Every op's estimated time on one GPU (fakeviz._views.payload.time_pack), or null without one: `end` (its end on
+ * the step's critical path), `est` (its own time; 0 for the ops of the untimed class), `code` (class * bounds + bound),
+ * and `edge`, the time axis: op i spans [edge[i], edge[i + 1]] with edge[i + 1] = the earliest end of ops i..n-1, so
+ * the axis keeps the op order and every op that ends last on the compute stream sits at its end; a collective still
+ * running on its own stream when later ops end is drawn where they end (its end is in the hover).
+ */
+export function readTime(pack) {
+  if (!pack) return null;
+  const { arrays: a, meta } = pack;
+  const end = a.end_s;
+  const n = end ? end.length : 0;
+  if (!n) return null;
+  const bounds = meta.bounds || [];
+  const classes = meta.classes || [];
+  const untimed = classes.indexOf(meta.untimed);
+  const nb = bounds.length || 1;
+  const est = new Float64Array(n);
+  let k = 0;
+  for (let i = 0; i < n; i++) if (Math.floor(a.code[i] / nb) !== untimed) est[i] = a.est_s[k++];
+  const edge = new Float64Array(n + 1);
+  let m = Infinity;
+  for (let i = n - 1; i >= 0; i--) {
+    m = Math.min(m, end[i]);
+    edge[i + 1] = Math.max(0, m);
+  }
+  return {
+    n,
+    gpu: meta.gpu ?? "",
+    stepS: meta.step_s ?? edge[n],
+    bound: meta.bound ?? "",
+    end,
+    est,
+    code: a.code,
+    classes,
+    bounds,
+    edge,
+    cls: (i) => classes[Math.floor(a.code[i] / nb)] ?? "",
+    boundOf: (i) => bounds[a.code[i] % nb] ?? "",
+  };
 }
 
 export function readAlias(pack) {

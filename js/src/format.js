@@ -52,6 +52,17 @@ export function fmtInt(n) {
   return Math.round(Number(n)).toLocaleString("en-US");
 }
 
+/** Seconds with three significant digits in s, ms or µs: "1.69 s", "512 ms", "12.3 µs", "0 s". */
+export function fmtSeconds(t) {
+  if (t == null || Number.isNaN(Number(t))) return "?";
+  if (Number(t) === 0) return "0 s";
+  const v = Number(Number(t).toPrecision(3)); // rounded first: 9.99999e-6 is "10.0 µs", 0.9996 is "1.00 s"
+  const a = Math.abs(v);
+  const [x, unit] = a >= 1 ? [v, "s"] : a >= 1e-3 ? [v * 1e3, "ms"] : [v * 1e6, "µs"];
+  const m = Math.abs(x);
+  return `${x.toFixed(m >= 100 ? 0 : m >= 10 ? 1 : 2)} ${unit}`;
+}
+
 /** FLOPs; a negative value means "no formula" in the trace. */
 export function fmtFlops(n) {
   if (n == null || n < 0) return "?";

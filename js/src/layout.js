@@ -9,6 +9,39 @@ export function linear(d0, d1, r0, r1) {
 }
 
 /**
+ * The timeline's time axis: op `i` spans the seconds [edge[i], edge[i + 1]] (`edge` ascending, n + 1 values, see
+ * readTime in data.js), drawn between pixels r0 and r1. Like `linear` it maps a fractional op index (an op
+ * boundary, or `seq + 1`: the op's end) to a pixel; `invert` maps a pixel back to a fractional op index (an op of
+ * no duration is never under the pointer), `time` maps seconds to a pixel.
+ */
+export function timeAxis(edge, r0, r1) {
+  const n = edge.length - 1;
+  const lin = linear(0, edge[n] || 1, r0, r1);
+  const f = (v) => {
+    if (!(n > 0)) return lin(0);
+    const i = Math.max(0, Math.min(n - 1, Math.floor(v)));
+    const frac = Math.max(0, Math.min(1, v - i));
+    return lin(edge[i] + frac * (edge[i + 1] - edge[i]));
+  };
+  f.invert = (px) => {
+    if (!(n > 0)) return 0;
+    const t = lin.invert(px);
+    // the last op that starts at or before t (binary search over the ascending edges)
+    let lo = 0;
+    let hi = n - 1;
+    while (lo < hi) {
+      const mid = (lo + hi + 1) >> 1;
+      if (edge[mid] <= t) lo = mid;
+      else hi = mid - 1;
+    }
+    const w = edge[lo + 1] - edge[lo];
+    return lo + (w > 0 ? Math.max(0, Math.min(0.999, (t - edge[lo]) / w)) : 0);
+  };
+  f.time = lin;
+  return f;
+}
+
+/**
  * The icicle below `root` (a tree row, or -1 for all roots): one box per visible row with
  * x0/x1 as fractions of the width and its depth below the root.
  *

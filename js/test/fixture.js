@@ -20,6 +20,29 @@ export const OPS = {
 };
 const OP_NAMES = ["aten.empty", "aten.mm", "aten.relu", "aten.sum", "aten.mm_backward", "aten.add_"];
 
+// the time pack (fakeviz._views.payload.time_pack) of those ops on an H100: kernel class and bound per op (the
+// payload's code is class * 4 + bound), each op's own time, its end on the step (the host issues the first ops)
+export const CLASSES = ["none", "gemm", "grouped_gemm", "attention", "attention_backward", "conv", "elementwise", "reduction", "copy", "foreach", "collective", "sync"];
+export const BOUNDS = ["none", "compute", "memory", "latency"];
+const OP_CLASS = ["none", "none", "gemm", "elementwise", "gemm", "elementwise", "gemm", "reduction", "gemm", "gemm", "elementwise", "elementwise"];
+const OP_BOUND = ["none", "none", "compute", "memory", "compute", "memory", "latency", "latency", "compute", "compute", "memory", "memory"];
+export const EST = [0, 0, 4e-3, 1e-3, 4e-3, 1e-3, 20e-6, 10e-6, 8e-3, 8e-3, 2e-3, 2e-3];
+export const END = (() => {
+  let t = 24e-6;
+  return EST.map((e, i) => (i < 2 ? 12e-6 * (i + 1) : (t += e)));
+})();
+export function timePack({ gpu = "H100", end = END, est = EST, cls = OP_CLASS, bound = OP_BOUND } = {}) {
+  const timed = est.filter((_, i) => cls[i] !== "none");
+  return pack({
+    meta: { gpu, n_ops: end.length, step_s: end.at(-1), gpu_s: est.reduce((a, b) => a + b, 0), host_s: 3.7e-4, comm_s: 0, exposed_comm_s: 0, bound: "gpu", classes: CLASSES, bounds: BOUNDS, untimed: "none", source: "test" },
+    arrays: {
+      end_s: ["f4", end],
+      code: ["i1", cls.map((c, i) => CLASSES.indexOf(c) * BOUNDS.length + BOUNDS.indexOf(bound[i]))],
+      est_s: ["f4", timed],
+    },
+  });
+}
+
 // summary.palette as Python sends it (fakeviz._core.palette.palette() plus the tree keys' colours): made-up
 // colours, so a test can tell that the panel draws with what it was sent
 const shade = (i) => `#0000${(16 + i).toString(16)}`;
@@ -143,11 +166,14 @@ export function state({ selected = "" } = {}) {
     memory: toDataView(memory),
     ops: toDataView(ops),
     alias: toDataView(alias),
+    time: toDataView(timePack()),
     selected_module: selected,
     device: "",
     phase: "",
     search: "",
     size_by: "param_bytes",
+    x_axis: "op",
+    gpu: "H100",
   };
 }
 

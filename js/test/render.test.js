@@ -2,7 +2,8 @@
 // Render smoke test: the anywidget entry point in a DOM, with a stand-in model.
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
 import widget from "../src/explorer.js";
-import { CATEGORIES, EVIL, PALETTE, PHASES, aliasPack, mockModel, state } from "./fixture.js";
+import { fmtSeconds } from "../src/format.js";
+import { CATEGORIES, END, EST, EVIL, PALETTE, PHASES, aliasPack, mockModel, state, timePack, toDataView } from "./fixture.js";
 
 let el;
 let model;
@@ -211,6 +212,77 @@ describe("explorer render", () => {
     expect(node("Net.head").style.getPropertyValue("--fv-key")).toBe(PALETTE.tree.device[1]);
     const swatches = qa('[data-testid="fv-color-legend"] .fv-swatch').map((e) => e.style.getPropertyValue("--fv-key"));
     expect(swatches).toEqual(PALETTE.tree.device);
+  });
+
+  it("switches the timeline's x axis to the estimated time, both ways", () => {
+    const select = q('[data-testid="fv-x-axis"]');
+    expect(select.hidden).toBe(false);
+    expect([...select.options].map((o) => [o.value, o.textContent])).toEqual([["op", "x: op index"], ["time", "x: estimated time on H100"]]);
+    expect(select.value).toBe("op");
+    expect(q('[data-testid="fv-step-time"]').textContent).toBe(`estimated step ${fmtSeconds(Math.fround(END.at(-1)))} on H100 (gpu bound)`);
+    const ticks = () => qa(".fv-timeline .fv-tick").map((t) => t.textContent);
+    const areas = () => qa(".fv-timeline .fv-area").map((a) => a.getAttribute("d"));
+    expect(ticks()).toEqual(["op 0", "op 6", "op 11"]);
+    const byOp = areas();
+    select.value = "time";
+    select.dispatchEvent(new Event("change"));
+    expect(model.get("x_axis")).toBe("time");
+    expect(model.saved.at(-1)).toEqual({ x_axis: "time" });
+    const end = Math.fround(END.at(-1));
+    expect(ticks()).toEqual(["0 s", fmtSeconds(end / 2), fmtSeconds(end)]);
+    expect(q(".fv-tl-title").textContent).toContain("x: estimated time on H100");
+    expect(q(".fv-peak-label").textContent).toBe(`peak 2.3 KiB at op 10, ${fmtSeconds(Math.fround(END[10]))}`);
+    // the same points, placed at each op's end: op 10 (the peak) at END[10] of the step
+    expect(areas().length).toBe(byOp.length);
+    expect(areas()).not.toEqual(byOp);
+    const peakX = Number(q(".fv-peak-line").getAttribute("x1"));
+    const span = Number(q(".fv-overlay").getAttribute("width"));
+    const left = Number(q(".fv-overlay").getAttribute("x"));
+    expect((peakX - left) / span).toBeCloseTo(Math.fround(END[10]) / end, 2);
+    // phases span their ops' time: the backward starts when op 7 ends
+    const backward = q(".fv-timeline rect.fv-phase-backward");
+    expect((Number(backward.getAttribute("x")) - left) / span).toBeCloseTo(Math.fround(END[7]) / end, 2);
+    // the kernel moves it back
+    model.kernelSet("x_axis", "op");
+    expect(ticks()).toEqual(["op 0", "op 6", "op 11"]);
+    expect(select.value).toBe("op");
+    expect(model.saved.length).toBe(1);
+  });
+
+  it("hovering an op shows its estimated time and bound", () => {
+    const overlay = q(".fv-timeline .fv-overlay");
+    const svg = q(".fv-timeline-svg");
+    svg.getBoundingClientRect = () => ({ left: 0, top: 0, width: Number(svg.getAttribute("width")), height: 240 });
+    const hoverOp = (seq) => {
+      // the middle of op `seq` on the op axis: its pixel is x(seq + 0.5)
+      const left = Number(overlay.getAttribute("x"));
+      const span = Number(overlay.getAttribute("width"));
+      overlay.dispatchEvent(new MouseEvent("mousemove", { clientX: left + ((seq + 0.5) / 12) * span, bubbles: true }));
+      return qa('[data-testid="fv-tooltip"] div').map((d) => d.textContent);
+    };
+    let lines = hoverOp(2);
+    expect(lines[0]).toBe("op 2 · forward");
+    expect(lines).toContain(`est 4.00 ms · compute bound · gemm, ends at ${fmtSeconds(Math.fround(END[2]))} on H100`);
+    lines = hoverOp(7);
+    expect(lines).toContain(`est 10.0 µs · latency bound · reduction, ends at ${fmtSeconds(Math.fround(END[7]))} on H100`);
+    lines = hoverOp(0);
+    expect(lines).toContain(`no kernel (view or metadata): takes no time, ends at 12.0 µs on H100`);
+  });
+
+  it("redraws the time axis when the kernel estimates on another GPU, and has no switch without times", async () => {
+    model.kernelSet("x_axis", "time");
+    const slower = END.map((t) => t * 3);
+    model.kernelSet("time", toDataView(timePack({ gpu: "A100", end: slower, est: EST.map((t) => t * 3) })));
+    const select = q('[data-testid="fv-x-axis"]');
+    expect([...select.options].map((o) => o.textContent)).toContain("x: estimated time on A100");
+    expect(select.value).toBe("time");
+    expect(qa(".fv-timeline .fv-tick").at(-1).textContent).toBe(fmtSeconds(Math.fround(slower.at(-1))));
+    expect(q('[data-testid="fv-step-time"]').textContent).toContain("on A100");
+    // no times (gpu=False in Python): no switch, and the op axis even when x_axis says time
+    model.kernelSet("time", new DataView(new ArrayBuffer(0)));
+    expect(select.hidden).toBe(true);
+    expect(q('[data-testid="fv-step-time"]').hidden).toBe(true);
+    expect(qa(".fv-timeline .fv-tick").map((t) => t.textContent)).toEqual(["op 0", "op 6", "op 11"]);
   });
 
   it("cleans up: listeners off, DOM gone", () => {

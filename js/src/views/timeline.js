@@ -1,11 +1,12 @@
-// The memory timeline of each device: stacked areas by category over the op sequence, phases
-// shaded, the peak marked, the caching allocator's allocated/reserved curves, the capacity line,
-// the selected module's op spans highlighted; hover shows the op, module and line.
+// The memory timeline of each device: stacked areas by category over the op sequence or the estimated time
+// (the x-axis control; data.time, fakeviz._views.payload.time_pack), phases shaded, the peak marked, the caching
+// allocator's allocated/reserved curves, the capacity line, the selected module's op spans highlighted; hover
+// shows the op, module, line and the op's estimated time and bound.
 import { minmaxByColumn } from "../decimate.js";
 import { h, s, tip, toggle, watchWidth, widthOf } from "../dom.js";
 import { moduleSpans, nearest, rowOfSeq } from "../filter.js";
-import { capacityOf, fmtBytes, fmtInt, shortLine } from "../format.js";
-import { linePath, linear, stackedAreas } from "../layout.js";
+import { capacityOf, fmtBytes, fmtInt, fmtSeconds, shortLine } from "../format.js";
+import { linePath, linear, stackedAreas, timeAxis } from "../layout.js";
 
 const DEFAULT_W = 1000;
 const H = 240;
@@ -15,6 +16,10 @@ export function timelineView(ctx) {
   const { data, store } = ctx;
   const { summary, memory, ops } = data;
   const body = h("div", { class: "fv-timeline-body" });
+  // the x axis: op index, or each op at its estimated end on the time pack's GPU (only with a time pack)
+  const xAxis = h("select", { class: "fv-x-axis", "data-testid": "fv-x-axis", "aria-label": "timeline x axis" });
+  xAxis.addEventListener("change", () => store.set({ xAxis: xAxis.value }));
+  const stepNote = h("span", { class: "fv-hint fv-step-time", "data-testid": "fv-step-time" });
   const legend = h(
     "ul",
     { class: "fv-legend fv-phase-legend" },
@@ -23,17 +28,36 @@ export function timelineView(ctx) {
   const el = h(
     "section",
     { class: "fv-panel fv-timeline", "data-testid": "fv-timeline" },
-    h("div", { class: "fv-panel-head" }, h("h3", { text: "Memory over the run" }), h("span", { class: "fv-hint", text: "hover for the op, click to find it in the table" })),
+    h("div", { class: "fv-panel-head" }, h("h3", { text: "Memory over the run" }), h("span", { class: "fv-hint", text: "hover for the op, click to find it in the table" }), xAxis, stepNote),
     legend,
     body,
   );
   let charts = [];
   let W = DEFAULT_W; // drawn at the body's real width: text is never scaled
 
+  const timed = () => (store.get().xAxis === "time" && ctx.data.time && ctx.data.time.n === memory.nOps ? ctx.data.time : null);
+
+  function renderHead() {
+    const time = ctx.data.time;
+    xAxis.hidden = !time;
+    stepNote.hidden = !time;
+    if (!time) return;
+    xAxis.replaceChildren(
+      h("option", { value: "op", text: "x: op index" }),
+      h("option", { value: "time", text: `x: estimated time on ${time.gpu}` }),
+    );
+    xAxis.value = timed() ? "time" : "op";
+    stepNote.textContent = `estimated step ${fmtSeconds(time.stepS)} on ${time.gpu} (${time.bound} bound)`;
+    stepNote.title = "fakeviz's time model (Trace.step_time): an estimate from the record's FLOPs and bytes, not a measurement";
+  }
+
   function chart(dev) {
     const pk = summary.peaks[dev.device];
     const nOps = Math.max(1, memory.nOps);
-    const x = linear(0, nOps, PAD.l, W - PAD.r);
+    const time = timed();
+    // x(v): a fractional op index (an op's boundaries) to a pixel; at(seq): where the op's point is drawn
+    const x = time ? timeAxis(time.edge, PAD.l, W - PAD.r) : linear(0, nOps, PAD.l, W - PAD.r);
+    const at = time ? (q) => x(q + 1) : (q) => x(q + 0.5);
     let top = 0;
     for (let i = 0; i < dev.total.length; i++) top = Math.max(top, dev.total[i], dev.reserved ? dev.reserved[i] : 0);
     // the capacity sets the scale unless it would flatten the curve (3x above the highest point)
@@ -43,8 +67,10 @@ export function timelineView(ctx) {
     top = top * 1.05 || 1;
     const y = linear(0, top, H - PAD.b, PAD.t);
     const peakIdx = nearest(dev.seq, dev.peakSeq);
-    const idx = minmaxByColumn(dev.seq, dev.total, 0, nOps, W - PAD.l - PAD.r, [peakIdx]);
-    const xs = Array.from(idx, (i) => x(dev.seq[i] + 0.5));
+    const idx = time
+      ? minmaxByColumn(Float64Array.from(dev.seq, at), dev.total, PAD.l, W - PAD.r, W - PAD.l - PAD.r, [peakIdx])
+      : minmaxByColumn(dev.seq, dev.total, 0, nOps, W - PAD.l - PAD.r, [peakIdx]);
+    const xs = Array.from(idx, (i) => at(dev.seq[i]));
 
     const svg = s("svg", { class: "fv-timeline-svg", width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `memory of ${dev.device} over the run` });
     const phases = s("g", { class: "fv-phases" });
@@ -59,7 +85,8 @@ export function timelineView(ctx) {
         width: Math.max(0.5, x(runs.stop[k]) - x(runs.start[k])),
         height: H - PAD.t - PAD.b,
       });
-      r.appendChild(tip(`${name}: ops ${fmtInt(runs.start[k])}–${fmtInt(runs.stop[k] - 1)}`));
+      const when = time ? `, ${fmtSeconds(time.edge[runs.start[k]])}–${fmtSeconds(time.edge[runs.stop[k]])}` : "";
+      r.appendChild(tip(`${name}: ops ${fmtInt(runs.start[k])}–${fmtInt(runs.stop[k] - 1)}${when}`));
       phases.appendChild(r);
     }
     const spans = s("g", { class: "fv-spans" });
@@ -84,13 +111,13 @@ export function timelineView(ctx) {
       }
     }
     if (pk) {
-      const xp = x(pk.seq + 0.5);
+      const xp = at(pk.seq);
       const yp = y(pk.bytes);
       const g = s("g", { class: "fv-peak", "data-testid": "fv-peak" });
       g.appendChild(s("line", { class: "fv-peak-line", x1: xp, x2: xp, y1: PAD.t, y2: H - PAD.b }));
       g.appendChild(s("circle", { class: "fv-peak-dot", cx: xp, cy: yp, r: 4 }));
       const anchor = xp > W * 0.6 ? "end" : "start";
-      g.appendChild(s("text", { class: "fv-peak-label", x: anchor === "end" ? xp - 6 : xp + 6, y: Math.max(PAD.t + 10, yp - 6), "text-anchor": anchor, text: `peak ${fmtBytes(pk.bytes)} at op ${fmtInt(pk.seq)}` }));
+      g.appendChild(s("text", { class: "fv-peak-label", x: anchor === "end" ? xp - 6 : xp + 6, y: Math.max(PAD.t + 10, yp - 6), "text-anchor": anchor, text: `peak ${fmtBytes(pk.bytes)} at op ${fmtInt(pk.seq)}${time ? `, ${fmtSeconds(time.end[pk.seq])}` : ""}` }));
       g.appendChild(tip(`peak ${fmtBytes(pk.bytes)} at op ${pk.seq}: ${pk.op} (${pk.module || "top level"})`));
       marks.appendChild(g);
     }
@@ -100,9 +127,16 @@ export function timelineView(ctx) {
       axis.appendChild(s("text", { x: PAD.l - 6, y: y(v) + 4, "text-anchor": "end", text: fmtBytes(v) }));
       axis.appendChild(s("line", { class: "fv-grid-line", x1: PAD.l, x2: W - PAD.r, y1: y(v), y2: y(v) }));
     }
-    // first, middle and last op, each named once (a one-op run has one tick, "op 0", under its op)
+    // first, middle and last op, each named once (a one-op run has one tick, "op 0", under its op); on the time
+    // axis the start, the middle and the end of the step
     const last = Math.max(0, memory.nOps - 1);
-    const ticks = [...new Set([0, Math.round(last / 2), last])];
+    const ticks = time ? [] : [...new Set([0, Math.round(last / 2), last])];
+    if (time) {
+      const end = time.edge[time.n];
+      for (const [t, anchor] of [[0, "start"], [end / 2, "middle"], [end, "end"]]) {
+        axis.appendChild(s("text", { class: "fv-tick", x: x.time(t), y: H - 6, "text-anchor": anchor, text: fmtSeconds(t) }));
+      }
+    }
     for (const v of ticks) {
       const alone = ticks.length === 1;
       const anchor = alone ? "middle" : v === 0 ? "start" : v === last ? "end" : "middle";
@@ -120,7 +154,7 @@ export function timelineView(ctx) {
     const wrap = h(
       "div",
       { class: "fv-tl-device", "data-device": dev.device },
-      h("div", { class: "fv-tl-title", text: `${dev.device}${dev.reserved ? " — dashed: allocated / reserved (caching allocator model)" : ""}` }),
+      h("div", { class: "fv-tl-title", text: `${dev.device}${dev.reserved ? " — dashed: allocated / reserved (caching allocator model)" : ""}${time ? ` — x: estimated time on ${time.gpu}` : ""}` }),
       svg,
       tooltip,
     );
@@ -132,7 +166,7 @@ export function timelineView(ctx) {
     };
     const showHover = (ev) => {
       const seq = seqAt(ev);
-      const xv = x(seq + 0.5);
+      const xv = at(seq);
       hover.setAttribute("x1", xv);
       hover.setAttribute("x2", xv);
       hover.setAttribute("visibility", "visible");
@@ -147,6 +181,8 @@ export function timelineView(ctx) {
       } else {
         lines.push([`op ${fmtInt(seq)}`, "fv-tt-head"]);
       }
+      const tm = ctx.data.time;
+      if (tm && seq < tm.n) lines.push([opTime(tm, seq), "fv-tt-time"]);
       if (p >= 0) {
         const at = dev.seq[p] === seq ? "" : ` (nearest point: op ${fmtInt(dev.seq[p])})`;
         lines.push([`live ${fmtBytes(dev.total[p])}${at}`, "fv-tt-mem"]);
@@ -188,8 +224,8 @@ export function timelineView(ctx) {
       },
       cursor(seq) {
         if (seq < 0) return cursor.setAttribute("visibility", "hidden");
-        cursor.setAttribute("x1", x(seq + 0.5));
-        cursor.setAttribute("x2", x(seq + 0.5));
+        cursor.setAttribute("x1", at(seq));
+        cursor.setAttribute("x2", at(seq));
         cursor.setAttribute("visibility", "visible");
       },
     };
@@ -217,10 +253,12 @@ export function timelineView(ctx) {
   function update(changed) {
     const all = !changed;
     const st = store.get();
-    if (all || changed.has("device")) renderCharts();
-    if (all || changed.has("device") || changed.has("selected")) renderSpans();
-    if (all || changed.has("device") || changed.has("phase")) for (const c of charts) c.phase(st.phase);
-    if (all || changed.has("device") || changed.has("cursor")) for (const c of charts) c.cursor(st.cursor);
+    const redraw = all || changed.has("device") || changed.has("xAxis") || changed.has("time");
+    if (all || changed.has("xAxis") || changed.has("time")) renderHead();
+    if (redraw) renderCharts();
+    if (redraw || changed.has("selected")) renderSpans();
+    if (redraw || changed.has("phase")) for (const c of charts) c.phase(st.phase);
+    if (redraw || changed.has("cursor")) for (const c of charts) c.cursor(st.cursor);
   }
   // a new width draws everything again
   const unwatch = watchWidth(body, (w) => {
@@ -228,4 +266,13 @@ export function timelineView(ctx) {
   });
 
   return { el, destroy: unwatch, update };
+}
+
+/** The hover's line on an op's estimated time: its own time, kernel class and bound, and its end on the step. */
+export function opTime(time, seq) {
+  const cls = time.cls(seq);
+  const end = `ends at ${fmtSeconds(time.end[seq])} on ${time.gpu}`;
+  if (cls === "none") return `no kernel (view or metadata): takes no time, ${end}`;
+  if (cls === "collective") return `collective: ${fmtSeconds(time.est[seq])} on its own stream, ${end}`;
+  return `est ${fmtSeconds(time.est[seq])} · ${time.boundOf(seq)} bound · ${cls}, ${end}`;
 }
