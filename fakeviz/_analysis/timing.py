@@ -31,7 +31,7 @@ import numpy as np
 
 from .._core.gpu_specs import GPUSpec, gpu_spec
 from .._core.record import Record
-from .._core.schema import FLAG_DATA_DEPENDENT, FLAG_VIEW, PHASES
+from .._core.schema import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES
 from .collectives import KINDS as _COLLECTIVE_KINDS
 from .collectives import NAMESPACES as _COLLECTIVE_NAMESPACES
 
@@ -192,6 +192,10 @@ class OpFeatures:
     coll_wire: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     coll_ranks: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float64))
     coll_kind: list[str] = field(default_factory=list)
+    # collectives and comm-stream ops: what the op waits for before it starts (Note: [collective streams]):
+    # AFTER_COMPUTE everything issued before it on the compute stream, AFTER_NOTHING nothing there, >= 0 that op
+    coll_after: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    on_comm: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # a copy FSDP2 runs on its comm streams
 
     def __len__(self) -> int:
         return len(self.cls)
@@ -372,47 +376,115 @@ def _features(rec: Record) -> OpFeatures:
     return feats
 
 
+# Note: [collective streams]
+# NCCL runs a collective on a stream of its own that first waits for the stream it was issued from. One issued from
+# the compute stream (tensor parallel's all-reduce, DDP's buckets) starts once everything issued before it there is
+# done (AFTER_COMPUTE). FSDP2 issues its collectives from side streams (torch/distributed/fsdp/_fully_shard/
+# _fsdp_param_group.py ``_get_all_gather_streams``, _fsdp_collectives.py ``foreach_all_gather`` / ``foreach_reduce``):
+# * in forward and in backward prefetching the all-gather's copy-in (``fsdp.all_gather_copy_in``) runs on the
+#   all-gather copy-in stream, which waits only for what wrote the sharded parameters it reads (the optimizer step,
+#   awaited once per step at the root), and the all-gather follows it on the all-gather stream: the all-gather of
+#   block i+1 overlaps block i's compute whenever it is issued before that compute is done (the host running ahead:
+#   FSDP2's implicit forward prefetch; its explicit backward prefetch);
+# * the reduce-scatter's copy-in (``fsdp.chunk_cat``) runs on the reduce-scatter stream after
+#   ``wait_stream(current_stream)``: after the compute issued before it (the block's gradients), then the
+#   reduce-scatter, which overlaps the next block's backward.
+# Both copy-ins are put on the one communication stream of the model (``on_comm``), before their collective.
+# The compute stream waits for a collective at the first op *with a kernel* that reads a storage the collective (or
+# its copy-in) wrote: a view of its output reads nothing (FSDP2 makes the sharded gradients as ``as_strided`` views
+# of the reduce-scatter's output right after issuing it, and waits for it only at the end of backward, when the
+# optimizer reads them); FSDP2's copy-out (``fsdp.split_with_sizes_copy``) is where the all-gather is awaited.
+AFTER_COMPUTE, AFTER_NOTHING = -1, -2
+_COMM_COPIES = {"fsdp.all_gather_copy_in": AFTER_NOTHING, "fsdp.chunk_cat": AFTER_COMPUTE}
+
+
+def _storages(c: dict[str, np.ndarray], tensors: np.ndarray) -> np.ndarray:
+    """The storage of each tensor id (its last output row, else its parameter row, else its first-seen row; -1)."""
+    ids = np.concatenate([c["out_tensor"][::-1], c["p_tensor"], c["t_tensor"]]).astype(np.int64)
+    sts = np.concatenate([c["out_storage"][::-1], c["p_storage"], c["t_storage"]]).astype(np.int64)
+    if not len(ids) or not len(tensors):
+        return np.full(len(tensors), -1, np.int64)
+    uniq, first = np.unique(ids, return_index=True)
+    pos = np.clip(np.searchsorted(uniq, tensors), 0, len(uniq) - 1)
+    return np.where(uniq[pos] == tensors, sts[first][pos], -1)
+
+
+def _last_before(w_st: np.ndarray, w_seq: np.ndarray, q_st: np.ndarray, q_seq: np.ndarray, n: int) -> np.ndarray:
+    """For each query (storage, seq): the last writer seq of that storage before seq, or -1."""
+    if not len(w_st) or not len(q_st):
+        return np.full(len(q_st), -1, np.int64)
+    key = w_st * (n + 1) + w_seq
+    order = np.argsort(key, kind="stable")
+    key, seqs, sts = key[order], w_seq[order], w_st[order]
+    i = np.searchsorted(key, q_st * (n + 1) + q_seq, side="left") - 1
+    ok = (i >= 0) & (sts[np.maximum(i, 0)] == q_st)
+    return np.where(ok, seqs[np.maximum(i, 0)], -1)
+
+
 def _collective_features(
     rec: Record, f: OpFeatures, in_t: np.ndarray, in_start: np.ndarray, in_end: np.ndarray,
     out_start: np.ndarray, out_end: np.ndarray,
 ) -> None:  # fmt: skip
-    """Wire bytes and group size of each collective, and for every op the collective whose output it first reads."""
+    """Wire bytes and group size of each collective, what each collective and comm-stream copy waits for before it
+    starts, and for every op the collective (or copy) whose writes it first reads (Note: [collective streams])."""
     n = len(f)
     f.waits_on = np.full(n, -1, np.int64)
     f.coll_wire = np.zeros(n, np.float64)
     f.coll_ranks = np.ones(n, np.float64)
     f.coll_kind = [""] * n
+    f.coll_after = np.full(n, AFTER_COMPUTE, np.int64)
+    f.on_comm = np.zeros(n, bool)
     seqs = np.flatnonzero(f.cls == _CODE["collective"])
     if not len(seqs):
         return
     from .collectives import collectives
 
-    table = collectives(rec)
-    c = rec.columns()
-    for row in table.itertuples(index=False):
+    for row in collectives(rec).itertuples(index=False):
         seq = int(row.seq)
-        sent = float(row.sent) if row.sent == row.sent else 0.0  # NaN: unknown (a broadcast's root)
-        f.coll_wire[seq] = sent
+        f.coll_wire[seq] = float(row.sent) if row.sent == row.sent else 0.0  # NaN: unknown (a broadcast's root)
         f.coll_ranks[seq] = float(row.group_size) if row.group_size == row.group_size else 1.0
         f.coll_kind[seq] = str(row.kind)
-    # what each collective writes: its outputs, and in place its inputs (c10d ops write their tensor arguments)
-    written: dict[int, int] = {}
-    out_t = c["out_tensor"]
-    for seq in seqs.tolist():
-        for t in out_t[out_start[seq] : out_end[seq]].tolist():
-            written[int(t)] = seq
-        for t in in_t[in_start[seq] : in_end[seq]].tolist():
-            written.setdefault(int(t), seq)
-    if not written:
-        return
-    keys = np.fromiter(written, np.int64)
-    hit = np.isin(in_t, keys)
-    op_of_input = np.repeat(np.arange(n), in_end - in_start)
-    for i in np.flatnonzero(hit).tolist():
-        seq = int(op_of_input[i])
-        src = written[int(in_t[i])]
-        if src < seq and f.waits_on[seq] < src:
-            f.waits_on[seq] = src
+    c = rec.columns()
+    op_codes = c["op"].astype(np.int64)
+    for code, name in enumerate(rec.strings("ops")):
+        wait = _COMM_COPIES.get(name.rsplit(".", 1)[0])
+        if wait is not None:
+            at = op_codes == code
+            f.on_comm[at] = True
+            f.coll_after[at] = wait
+    # c10d's own ops (``allreduce_``, ``_allgather_base_``) write their tensor arguments; functional ones return new
+    c10d_inplace = np.isin(op_codes, [i for i, name in enumerate(rec.strings("ops"))
+                                      if name.startswith("c10d.") and _base(name)[1].endswith("_")])  # fmt: skip
+    in_st = _storages(c, in_t)
+    out_st = c["out_storage"].astype(np.int64)
+    op_in = np.repeat(np.arange(n), in_end - in_start)
+    op_out = np.repeat(np.arange(n), out_end - out_start)
+    kernel = f.cls != _CODE["none"]
+    inplace = (rec.col("flags").astype(np.int64) & FLAG_INPLACE) != 0
+    comm = f.on_comm | (f.cls == _CODE["collective"])
+    # what each op writes: its outputs' storages, and an in-place / out= op's inputs (c10d ops write their arguments)
+    w_in = (kernel & (inplace | c10d_inplace))[op_in] & (in_st >= 0)
+    w_out = kernel[op_out] & (out_st >= 0)
+    w_st = np.concatenate([out_st[w_out], in_st[w_in]])
+    w_seq = np.concatenate([op_out[w_out], op_in[w_in]])
+    # an FSDP2 copy-in that waits for nothing on the compute stream waits for what wrote the storages it reads; a
+    # collective whose inputs an FSDP2 copy-in wrote starts after it (on FSDP2's stream), else after the compute
+    q = comm[op_in] & (in_st >= 0)
+    last = _last_before(w_st, w_seq, in_st[q], op_in[q], n)
+    writer = np.full(n, -1, np.int64)
+    np.maximum.at(writer, op_in[q], last)
+    gather_in = f.on_comm & (f.coll_after == AFTER_NOTHING) & (writer >= 0)
+    f.coll_after[gather_in] = writer[gather_in]
+    fed = (f.cls == _CODE["collective"]) & (writer >= 0)
+    fed_by_copy = np.zeros(n, bool)
+    fed_by_copy[fed] = f.on_comm[writer[fed]]
+    f.coll_after[fed_by_copy] = writer[fed_by_copy]
+    # the compute stream waits at the first op with a kernel reading what a collective or copy-in wrote
+    cw = comm[w_seq]
+    c_st, c_seq = w_st[cw], w_seq[cw]
+    reads = (kernel & ~comm)[op_in] & np.isin(in_st, c_st)
+    src = _last_before(c_st, c_seq, in_st[reads], op_in[reads], n)
+    np.maximum.at(f.waits_on, op_in[reads], src)
 
 
 # ---------------------------------------------------------------------------------------------------- the model
@@ -492,7 +564,9 @@ def simulate(f: OpFeatures, est: np.ndarray, host: np.ndarray, coll_s: np.ndarra
 
     The host issues op ``i`` at ``H_i = sum(host[:i+1])``; the compute stream runs it at
     ``max(end of the previous compute op, H_i, end of the collective it reads)``; a collective runs on the
-    communication stream from ``max(previous collective's end, its inputs' time on the compute stream, H_i)``;
+    communication stream from ``max(previous collective's end, H_i, what it waits for)``: the compute stream's
+    work issued before it, or only the FSDP2 copy-in that fed it (Note: [collective streams]), as do FSDP2's
+    copy-ins (``on_comm``);
     a sync op makes the host wait for the compute stream. Between breakpoints (syncs, collectives and their
     readers) the recurrence is the running maximum ``E_i + max_{j<=i}(H_j - E_{j-1})``, computed without a loop.
     """
@@ -500,7 +574,9 @@ def simulate(f: OpFeatures, est: np.ndarray, host: np.ndarray, coll_s: np.ndarra
     end = np.zeros(n)
     if n == 0:
         return 0.0, end, 0.0
-    breaks = np.flatnonzero((f.cls == _CODE["sync"]) | (f.cls == _CODE["collective"]) | (f.waits_on >= 0))
+    on_comm = f.on_comm if len(f.on_comm) == n else np.zeros(n, bool)
+    after = f.coll_after if len(f.coll_after) == n else np.full(n, AFTER_COMPUTE, np.int64)
+    breaks = np.flatnonzero((f.cls == _CODE["sync"]) | (f.cls == _CODE["collective"]) | (f.waits_on >= 0) | on_comm)
     host_now = 0.0  # host clock before the next op
     gpu_now = 0.0  # compute stream free at
     comm_now = 0.0  # communication stream free at
@@ -521,9 +597,11 @@ def simulate(f: OpFeatures, est: np.ndarray, host: np.ndarray, coll_s: np.ndarra
             break
         host_now += float(host[b])
         cls = CLASSES[int(f.cls[b])]
-        if cls == "collective":
-            s = max(comm_now, gpu_now, host_now)
-            comm_now = s + float(coll_s[b])
+        if cls == "collective" or on_comm[b]:  # on the communication stream (Note: [collective streams])
+            wait = int(after[b])
+            ready = gpu_now if wait == AFTER_COMPUTE else 0.0 if wait < 0 else float(end[wait])
+            s = max(comm_now, ready, host_now)
+            comm_now = s + float(coll_s[b] if cls == "collective" else est[b])
             coll_end[b] = comm_now
             end[b] = comm_now
         else:

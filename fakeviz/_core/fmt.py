@@ -18,7 +18,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["esc", "format_bytes", "format_count", "format_flops", "html_table", "html_text", "plain_name"]
+__all__ = [
+    "esc", "format_bytes", "format_count", "format_flops", "format_seconds", "html_table", "html_text", "plain_name",
+]  # fmt: skip
 
 # Note: [bidi controls in names]
 # Marks (U+200E, U+200F, U+061C), embeddings and overrides (U+202A-U+202E) and isolates (U+2066-U+2069)
@@ -109,3 +111,17 @@ def format_flops(n: float | None) -> str:
 def format_count(n: float | None) -> str:
     """Readable count: ``512``, ``8.3 K``, ``7.0 M``, ``1.2 B`` (parameters, ops)."""
     return _format_si(n, ("", "K", "M", "B", "T", "Q"))
+
+
+def format_seconds(s: float | None) -> str:
+    """Readable duration, three significant digits in s, ms or µs: ``1.69 s``, ``512 ms``, ``12.3 µs``, ``0 s``;
+    ``?`` for None or NaN (the explorer's ``fmtSeconds`` in ``js/src/format.js`` writes the same)."""
+    if _missing(s):
+        return "?"
+    if float(s) == 0:
+        return "0 s"
+    v = float(f"{float(s):.3g}")  # rounded first: 9.99999e-6 is "10.0 µs", 0.9996 is "1.00 s"
+    a = abs(v)
+    x, unit = (v, "s") if a >= 1 else (v * 1e3, "ms") if a >= 1e-3 else (v * 1e6, "µs")
+    m = abs(x)
+    return f"{x:.{0 if m >= 100 else 1 if m >= 10 else 2}f} {unit}"

@@ -271,6 +271,14 @@ def _report_saved(args: argparse.Namespace, path: Path) -> int:
     if args.capacity or args.gpus:
         trace.meta["capacity"] = args.capacity or args.gpus_parsed[1]
     print(summary(trace))
+    if args.gpus:
+        from .._core.gpus import Capacity
+        from . import steps as _steps
+
+        kind = Capacity.parse(args.gpus_parsed[1]).gpu
+        note = "" if kind else f"--gpus {args.gpus} gives memory only, no GPU kind; name the GPU (e.g. --gpus H100)"
+        sp = _steps.speed([(trace, 1)], gpu=kind, gpus=1, tokens=None, note=note)
+        print(_speed_line({"gpus": 1}, sp.as_dict()))
     if args.oplog:
         print(trace.oplog(limit=args.oplog))
     _write_outputs(args, trace, None)
@@ -322,6 +330,7 @@ def _report_model(args: argparse.Namespace) -> int:
         raise error if error is not None else RuntimeError("nothing was recorded")
     trace.meta["capacity"] = capacity
     trace.meta["capacity_spec"] = f"{n_gpus}x{capacity}" if n_gpus > 1 else capacity
+    info["speed"] = _speed(trace, args, capacity, on_cuda).as_dict()
     data = report_data(trace, info)
     print(report_table(data))
     if error is not None:
@@ -330,6 +339,24 @@ def _report_model(args: argparse.Namespace) -> int:
         print(trace.oplog(limit=args.oplog))
     _write_outputs(args, trace, data)
     return 1 if error is not None else 0
+
+
+def _speed(trace: Any, args: argparse.Namespace, capacity: Any, on_cuda: bool) -> Any:
+    """How long the recorded run's step takes on the GPU given (``--gpus``, default H100): the last step of
+    ``--train`` (the steady state), the whole generation of ``--generate``, the forward (:func:`.steps.speed`)."""
+    from .._core.gpus import Capacity
+    from . import steps as _steps
+
+    kind = Capacity.parse(capacity).gpu
+    note = ""
+    if args.capacity is not None:
+        note = f"--capacity {args.capacity} gives memory only; --gpus names the GPU kind (e.g. --gpus H100)"
+    elif kind is None:
+        note = f"--gpus {args.gpus} gives memory only, no GPU kind; name the GPU (e.g. --gpus 8xH100)"
+    elif not on_cuda:
+        note = f"the run is on {args.device}, and the time model covers GPUs (run on --device cuda:0)"
+    tokens = args.batch * (args.generate or args.seq)
+    return _steps.speed([(trace, 1)], gpu=None if note else kind, gpus=1, tokens=tokens, note=note)
 
 
 def _build(models: Any, args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
@@ -475,6 +502,9 @@ def report_table(data: dict[str, Any]) -> str:
         lines.append(f"verdict: FITS {cap_text} per device (peak {format_bytes(worst['peak'])})")
     else:
         lines.append(f"verdict: DOES NOT FIT {cap_text} per device")
+    sp = data.get("speed")
+    if sp is not None:
+        lines.append(_speed_line(data, sp))
     for dev, d in devs.items():
         if d["fits"] is False:
             over = d["peak"] - v["capacity"]
@@ -487,6 +517,27 @@ def report_table(data: dict[str, Any]) -> str:
         e = data["error"]
         lines.append(f"  the run stopped at {e.get('op')}: {e.get('type')} (the figures are up to there)")
     return "\n".join(lines)
+
+
+def _speed_line(data: dict[str, Any], sp: dict[str, Any]) -> str:
+    """``time: step 1.23 s on H100 (...), 6.7 K tokens/s, MFU 41.2% (bound by gpu)`` or why there is none."""
+    from .._views.text import speed_text
+
+    text = speed_text(sp["step_s"], sp["tokens_per_s"], sp["mfu"], gpus=sp["gpus"], gpu=sp["gpu"], note=sp["note"])
+    if sp["step_s"] is None:
+        return f"time: {text}"
+    run = str(data.get("run") or "")
+    which = (
+        "its last step"
+        if run.startswith("train")
+        else "the whole generation"
+        if run.startswith("generate")
+        else "the forward"
+    )
+    extra = f" (estimated for {which}; {sp['bound']} bound)"
+    if data.get("gpus", 1) > 1:
+        extra += f"; the run is one GPU's, not {data['gpus']} GPUs together"
+    return f"time: {text}{extra}"
 
 
 def _write_outputs(args: argparse.Namespace, trace: Any, data: dict[str, Any] | None) -> None:

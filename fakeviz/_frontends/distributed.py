@@ -42,6 +42,7 @@ from .._analysis.collectives import ranks_text as _ranks_text
 from .._core.errors import FakeVizError, SimulationError
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
+from . import steps
 
 __all__ = ["Simulation", "simulate"]
 
@@ -132,7 +133,8 @@ class Simulation:
     def classes(self) -> pd.DataFrame:
         """One row per class of ranks whose records are the same up to rank numbering: ``class`` (0, 1, ...
         in order of the first rank), ``ranks``, ``count``, ``recorded`` (its ranks that were recorded; the
-        others stood in for), ``ops``, ``peak`` (of its first recorded rank), ``fits``."""
+        others stood in for), ``ops``, ``peak`` (of its first recorded rank), ``fits``, ``step_s`` (its first
+        recorded rank's estimated step time on this GPU kind; NaN without a kind or when a rank failed)."""
         members: dict[int, list[int]] = {}
         for r, k in self._class_index.items():
             members.setdefault(k, []).append(r)
@@ -140,10 +142,12 @@ class Simulation:
         rows = []
         for k, rs in sorted(members.items()):
             done = [r for r in rs if r in self.traces]
+            st = self._rank_times.get(done[0])
             rows.append({"class": k, "ranks": _ranks_text(rs), "count": len(rs), "recorded": _ranks_text(done),
                          "ops": self.traces[done[0]].num_ops, "peak": int(pk.loc[done[0], "peak"]),
-                         "fits": bool(pk.loc[rs, "fits"].all())})  # fmt: skip
-        return pd.DataFrame(rows, columns=["class", "ranks", "count", "recorded", "ops", "peak", "fits"])
+                         "fits": bool(pk.loc[rs, "fits"].all()),
+                         "step_s": st.step_s if st is not None else float("nan")})  # fmt: skip
+        return pd.DataFrame(rows, columns=["class", "ranks", "count", "recorded", "ops", "peak", "fits", "step_s"])
 
     @functools.cached_property
     def peaks(self) -> pd.DataFrame:
@@ -179,6 +183,61 @@ class Simulation:
 
         return collectives(self.trace(self.ranks[0] if rank is None else rank))
 
+    # ---------------------------------------------------------------------------------------- how long
+    @functools.cached_property
+    def _rank_times(self) -> dict[int, Any]:
+        """Recorded rank -> the estimated time of its step (:func:`.steps.window_time`) on this GPU kind, with this
+        machine's ``gpus_per_node`` (a group within a node talks over NVLink, across nodes over the network)."""
+        gpu, note = steps.gpu_kind([self.gpu], written="gpu")
+        if note or any(self.traces[r].error for r in self.ranks):
+            return {}
+        return {r: steps.window_time(self.traces[r], gpu, steps.step_start(self.traces[r]),
+                                     gpus_per_node=self.gpus_per_node) for r in self.ranks}  # fmt: skip
+
+    @functools.cached_property
+    def speed(self) -> steps.Speed:
+        """How long a step takes on this GPU kind (:class:`~fakeviz._frontends.steps.Speed`): the slowest recorded
+        rank's step (each rank's collectives timed by the time model, NVLink within ``gpus_per_node``), the model
+        FLOPs of every rank (a stand-in counts as its recorded rank; ranks neither recorded nor stood in for count
+        as the mean of those that were), tokens over all data-parallel replicas for ``fv.plan(parallel=...)``
+        (None for a step of your own: fakeviz does not know its batch)."""
+        gpu, note = steps.gpu_kind([self.gpu], written="gpu")
+        count = {r: 1 for r in self.ranks}
+        for s in self.stand_ins.values():
+            count[s] = count.get(s, 0) + 1
+        scale = self.world_size / max(1, len(self.covered))
+        s = self.settings
+        tokens = None
+        tp, replicated = 1, ()
+        if {"batch", "seq", "parallel"} <= set(s):
+            par = s["parallel"]
+            tokens = steps.tokens_per_step(s, par.get("dp_replicate", 1) * par.get("dp_shard", 1))
+            tp, replicated = par.get("tp", 1), tuple(s.get("tp_replicated") or ())
+        times = [self._rank_times[r] for r in self.ranks] if self._rank_times else None
+        return steps.speed([(self.traces[r], count[r] * scale) for r in self.ranks], gpu=gpu, gpus=self.world_size,
+                           tokens=tokens, note=note, replicated=replicated, tp=tp, times=times,
+                           gpus_per_node=self.gpus_per_node)  # fmt: skip
+
+    @property
+    def step_s(self) -> float | None:
+        """Estimated seconds per step: the slowest rank's (None: no GPU kind, ``speed.note`` says why)."""
+        return self.speed.step_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second over all ranks (``fv.plan(parallel=...)``: ``batch x seq`` per data-parallel replica)."""
+        return self.speed.tokens_per_s
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization over all ranks (Note: [model FLOPs] in :mod:`fakeviz._frontends.steps`)."""
+        return self.speed.mfu
+
+    @property
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilization over all ranks (every matrix FLOP run, recomputation included)."""
+        return self.speed.hfu
+
     @property
     def text(self) -> str:
         n = len(self.ranks)
@@ -193,7 +252,7 @@ class Simulation:
             head += f"; highest peak rank {int(worst['rank'])} {format_bytes(int(worst['peak']))} of {self.gpu.label}"
         if self.error is not None:
             head += f"; rank {self.error.rank} failed"
-        return head
+        return f"{head}; {self.speed.text()}" if n else head
 
     def __repr__(self) -> str:
         mesh = "x".join(map(str, self.mesh_shape))

@@ -94,23 +94,26 @@ def check_tp(cfg: Any, size: int) -> dict[str, str]:
     return tp_plan
 
 
-def tensor_parallel(model: torch.nn.Module, tp_mesh: Any) -> int:
-    """``parallelize_module`` of the base model by its config's ``base_model_tp_plan``; returns the modules split."""
+def tensor_parallel(model: torch.nn.Module, tp_mesh: Any, replicated: list[str] | None = None) -> int:
+    """``parallelize_module`` of the base model by its config's ``base_model_tp_plan``; returns the modules split,
+    and appends to ``replicated`` the names of those every ``tp`` rank runs whole (:func:`_replicate_the_rest`)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     base = getattr(model, getattr(model, "base_model_prefix", ""), model)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {k: styles[v]() for k, v in check_tp(model.config, tp_mesh.size()).items()}
     parallelize_module(base, tp_mesh, plan)
-    _replicate_the_rest(model, tp_mesh)
+    names = _replicate_the_rest(model, tp_mesh)
+    if replicated is not None:
+        replicated.extend(names)
     return len(plan)
 
 
-def _replicate_the_rest(model: torch.nn.Module, mesh: Any) -> None:
+def _replicate_the_rest(model: torch.nn.Module, mesh: Any) -> list[str]:
     """Every module the TP plan left with plain parameters (embeddings, norms, the output head) gets them as
     ``Replicate()`` DTensors over ``mesh`` (``distribute_module``), its inputs made DTensors and its outputs local
     again, so that every parameter is a DTensor: AdamW's foreach ops refuse a mix (as in torchtitan, where
-    no parameter stays plain)."""
+    no parameter stays plain). Returns their names (the model's own: ``"lm_head"``, ``"model.norm"``)."""
     from torch.distributed.tensor import DTensor, Replicate, distribute_module
 
     def inputs(mod: Any, args: Any, mesh: Any) -> Any:
@@ -120,16 +123,20 @@ def _replicate_the_rest(model: torch.nn.Module, mesh: Any) -> None:
     def outputs(mod: Any, out: Any, mesh: Any) -> Any:
         return out.to_local() if isinstance(out, DTensor) else out
 
-    for mod in list(model.modules()):
+    names = []
+    for name, mod in list(model.named_modules()):
         own = list(mod.parameters(recurse=False))
         if own and not all(isinstance(q, DTensor) for q in own):
             distribute_module(mod, mesh, input_fn=inputs, output_fn=outputs)
+            names.append(name)
+    return names
 
 
 def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
                   layouts: list[tuple[tuple[int, ...], tuple[str, ...] | None, tuple[int, ...], tuple[Any, ...]]],
-                  ) -> Callable[[int, Any], None]:  # fmt: skip
-    """The step of Note: [parallel plans]; the first rank's sharded parameters' layouts go to ``layouts``."""
+                  replicated: list[str] | None = None) -> Callable[[int, Any], None]:  # fmt: skip
+    """The step of Note: [parallel plans]; the first rank's sharded parameters' layouts go to ``layouts``, the
+    modules every ``tp`` rank runs whole to ``replicated`` (for the model FLOPs: Note: [model FLOPs])."""
     from .. import models
     from .steps import checkpointing, init_state, make_optimizer, run
 
@@ -137,7 +144,7 @@ def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
         with torch.device("meta"):
             m = models.build(model, dtype=settings["dtype"])
         if "tp" in names:
-            tensor_parallel(m, mesh["tp"])
+            tensor_parallel(m, mesh["tp"], replicated if replicated is not None and not replicated else None)
         dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
         if dp:
             fully_shard = torch_compat.require("torch.distributed.fsdp.fully_shard")
@@ -212,8 +219,10 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
                 "dtype": as_dtype(dtype), "parallel": dict(parallel)}  # fmt: skip
     layouts: list[Any] = []
-    step = parallel_step(model, names, settings, layouts)
+    replicated: list[str] = []
+    step = parallel_step(model, names, settings, layouts, replicated)
     sim = simulate(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
                    _rank_keys=lambda: rank_keys(layouts, shape, names))  # fmt: skip
-    sim.settings = {**settings, "dtype": str(settings["dtype"]) if settings["dtype"] else None, "model": str(model)}
+    sim.settings = {**settings, "dtype": str(settings["dtype"]) if settings["dtype"] else None, "model": str(model),
+                    "tp_replicated": replicated}  # fmt: skip
     return sim

@@ -32,9 +32,10 @@ from .. import models
 from .._analysis import placement as _placement
 from .._core.errors import ArgumentError
 from .._core.gpus import Capacity, parse_gpus
+from .._views.compare import Comparison
 from . import steps
 
-__all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
+__all__ = ["Plan", "Ranked", "compare", "max_batch", "max_seq", "plan", "sweep"]
 
 MAPS = ("balanced", "auto", "sequential")
 
@@ -98,12 +99,52 @@ class Plan:
         return None
 
     @property
-    def text(self) -> str:
-        """One line: the verdict, with what the map offloaded."""
+    def fit_text(self) -> str:
+        """The verdict, with what the map offloaded."""
         t = self.verdict["text"]
         if self.offloaded:
             t = f"does not fit on the GPUs: the map offloads {len(self.offloaded)} modules to cpu/disk; " + t
         return t
+
+    @property
+    def text(self) -> str:
+        """One line: the verdict, with what the map offloaded, then the step time, tokens/s and MFU (or why not)."""
+        return f"{self.fit_text}; {self.speed.text()}"
+
+    # ---------------------------------------------------------------------------------------- how long
+    @functools.cached_property
+    def speed(self) -> steps.Speed:
+        """How long the recorded step takes on the plan's GPU kind (:class:`~fakeviz._frontends.steps.Speed`):
+        the time model (:meth:`fakeviz.Trace.step_time`) on the step's ops, tokens over the whole machine, model
+        FLOPs (Note: [model FLOPs] in :mod:`fakeviz._frontends.steps`). A capacity without a GPU kind (``"80GB"``),
+        GPUs of several kinds, or a map that offloads to the cpu give no time; ``speed.note`` says which."""
+        gpu, note = steps.gpu_kind(self.gpus)
+        if not note and self.offloaded:
+            note = f"the map offloads {len(self.offloaded)} modules to cpu/disk, and the time model covers GPUs only"
+        return steps.speed([(self.trace, 1)], gpu=gpu, gpus=len(self.gpus), tokens=steps.tokens_per_step(self.settings),
+                           note=note)  # fmt: skip
+
+    @property
+    def step_s(self) -> float | None:
+        """Estimated seconds per step on the plan's GPUs (None: no GPU kind, ``speed.note`` says why)."""
+        return self.speed.step_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second over all the plan's GPUs: ``batch x seq`` per step (a generation: ``batch x
+        new_tokens``, the tokens it generates) over :attr:`step_s`."""
+        return self.speed.tokens_per_s
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: 3 x the forward's FLOPs for training (the forward's for inference) over
+        ``step_s x GPUs x`` the GPU's dense peak in the model's dtype; recomputation not counted."""
+        return self.speed.mfu
+
+    @property
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilization: every matrix FLOP the step ran (recomputation included), as :attr:`mfu`."""
+        return self.speed.hfu
 
     def explore(self, **kw: Any) -> Any:
         """The explorer of this plan's record, with its GPUs' capacity."""
@@ -401,12 +442,21 @@ _EXAMPLE = {"batch": [1, 2, 4], "seq": [2048, 8192], "dtype": ["bf16", "fp32"], 
 
 
 def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced", progress: bool = True,
-          **axes: Any) -> pd.DataFrame:  # fmt: skip
+          rank_by: str | None = "auto", **axes: Any) -> pd.DataFrame:  # fmt: skip
     """One :func:`plan` per combination of ``axes`` (``batch=[1, 2, 4]``, ``seq=[2048, 8192]``,
     ``dtype=[...]``, ``checkpointing=[False, True]``, ``train=[...]``, ``new_tokens=[...]``; a scalar is one
     value): a DataFrame, one row per combination, with the peak of every GPU and its bytes per kind, the
-    verdict and where it first fails. The fake model is built once per dtype; each later point re-runs the
-    step. The plans are on ``df.attrs["plans"]``."""
+    verdict and where it first fails, and the estimated ``step_s``, ``tokens_per_s`` (all GPUs) and ``mfu``
+    (NaN without a GPU kind: ``gpus="80GB"``). The fake model is built once per dtype; each later point re-runs
+    the step. The plans are on ``df.attrs["plans"]``, in the rows' order.
+
+    Ranking (``rank_by``): the configurations that fit come first, fastest first, numbered in a ``rank`` column;
+    those that do not fit follow in the grid's order. ``"auto"`` (the default) ranks by estimated step time where
+    the GPU kind is known: ``step_s`` when every point runs the same tokens per step, else time per token
+    (``tokens_per_s``, highest first: a step of batch 1 is shorter than one of batch 8 but does less); without a GPU
+    kind the grid's order is kept. ``"step_s"``, ``"tokens_per_s"`` or ``"mfu"`` rank by that figure;
+    ``None`` keeps the grid's order."""
+    _check_rank_by(rank_by)
     known = set(_EXAMPLE)
     bad = set(axes) - known
     if bad:
@@ -439,9 +489,58 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         rows.append(_row(p, c))
         if bar is not None:
             bar(i + 1, p)
+    order, by = _ranking([p.speed for p in plans], [p.fits for p in plans], rank_by)
     df = pd.DataFrame(rows)
+    if by is not None:
+        ranks = pd.array([pd.NA] * len(df), dtype="Int64")
+        for k, i in enumerate(order[: _ranked_count(plans, order, by)]):
+            ranks[i] = k + 1
+        df["rank"] = ranks
+        df = df.iloc[order].reset_index(drop=True)
+        plans = [plans[i] for i in order]
     df.attrs["plans"] = _Plans(plans)
+    df.attrs["rank_by"] = by
     return df
+
+
+# ------------------------------------------------------------------------------------------- ranking
+_RANK_BY = {"step_s": False, "tokens_per_s": True, "mfu": True}  # figure -> higher is better
+
+
+def _check_rank_by(rank_by: Any) -> None:
+    if rank_by is not None and rank_by != "auto" and rank_by not in _RANK_BY:
+        raise ArgumentError("rank_by", rank_by, "not a figure to rank configurations by",
+                            "Give 'auto' (step time where a GPU kind is known), 'step_s', 'tokens_per_s', 'mfu', "
+                            "or None to keep the order.")  # fmt: skip
+
+
+def _ranking(speeds: list[steps.Speed | None], fits: list[bool], rank_by: str | None) -> tuple[list[int], str | None]:
+    """(the points in ranked order, the figure ranked by; None: the order kept): the points that fit with the
+    figure, best first (ties in their order), then the others in their order."""
+    _check_rank_by(rank_by)
+    n = len(speeds)
+    if rank_by is None or not n:
+        return list(range(n)), None
+    missing = [sp for sp in speeds if sp is None or sp.step_s is None]
+    if rank_by == "auto":
+        if missing:
+            return list(range(n)), None
+        toks = {sp.tokens for sp in speeds}  # type: ignore[union-attr]
+        rank_by = "step_s" if len(toks) == 1 or None in toks else "tokens_per_s"
+    elif missing:
+        why = next((sp.note for sp in missing if sp is not None and sp.note), "it is not a plan")
+        raise ArgumentError("rank_by", rank_by, f"a configuration has no step time ({why})",
+                            "Name the GPU kind (gpus='8xH100'), or give rank_by=None.")  # fmt: skip
+    values = [getattr(sp, rank_by) for sp in speeds]
+    sign = -1.0 if _RANK_BY[rank_by] else 1.0
+    ranked = sorted((i for i in range(n) if fits[i] and values[i] is not None), key=lambda i: sign * values[i])
+    chosen = set(ranked)
+    return ranked + [i for i in range(n) if i not in chosen], rank_by
+
+
+def _ranked_count(items: list[Any], order: list[int], by: str) -> int:
+    """How many of ``order`` (from :func:`_ranking`) are ranked: they fit and have the figure."""
+    return sum(1 for i in order if items[i].fits and getattr(items[i].speed, by) is not None)
 
 
 class _Plans(list):  # type: ignore[type-arg]
@@ -462,7 +561,11 @@ def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
     row["max peak"] = int(pk.peak.max()) if len(pk) else 0
     row["fits"] = p.fits
     oom = p.first_oom
-    row["first fails"] = f"{oom['device']}: {oom['where']}" if oom else ("" if p.fits else p.text)
+    row["first fails"] = f"{oom['device']}: {oom['where']}" if oom else ("" if p.fits else p.fit_text)
+    sp = p.speed
+    for k in ("step_s", "tokens_per_s", "mfu"):
+        v = getattr(sp, k)
+        row[k] = float(v) if v is not None else float("nan")
     return row
 
 
@@ -487,7 +590,7 @@ def _progress(total: int) -> Callable[[int, Plan], None]:
 
         def update(i: int, p: Plan) -> None:
             w.value = i
-            label.value = f"{i}/{total}, {time.perf_counter() - start:.0f} s: {p.text[:80]}"
+            label.value = f"{i}/{total}, {time.perf_counter() - start:.0f} s: {p.fit_text[:80]}"
 
         return update
 
@@ -575,9 +678,64 @@ def max_seq(model: Any, *, gpus: Any, batch: int = 1, train: bool = False, limit
 
 
 # -------------------------------------------------------------------------------------------- compare
-def compare(items: Any, *, labels: list[str] | None = None) -> Any:
-    """Plans or traces side by side on one scale: see :func:`fakeviz._views.compare.compare_figures`."""
-    from .._views.compare import Comparison
-
+def compare(items: Any, *, labels: list[str] | None = None, rank_by: str | None = "auto") -> Any:
+    """Plans or traces side by side on one scale (:class:`fakeviz._views.compare.Comparison`), ranked: the plans
+    that fit first, fastest first (``rank_by`` as in :func:`sweep`: ``"auto"`` ranks by estimated step time when
+    every item is a plan on a known GPU kind, by time per token when they run different tokens per step, and keeps
+    the order given otherwise), then the rest in the order given. ``.ranking`` is the table (run, fits, step_s,
+    tokens_per_s, mfu, rank)."""
     items = list(items.attrs["plans"]) if isinstance(items, pd.DataFrame) else list(items)
-    return Comparison(items, labels=labels)
+    if labels is not None and len(labels) != len(items):
+        raise ValueError(f"compare: {len(labels)} labels for {len(items)} runs")
+    speeds = [getattr(it, "speed", None) if hasattr(it, "fits") else None for it in items]
+    order, by = _ranking(speeds, [bool(getattr(it, "fits", False)) for it in items], rank_by)
+    items = [items[i] for i in order]
+    labels = [labels[i] for i in order] if labels is not None else None
+    return Ranked(items, labels=labels, rank_by=by)
+
+
+class Ranked(Comparison):
+    """A :class:`~fakeviz._views.compare.Comparison` of runs in ranked order, with the ranking as a table."""
+
+    def __init__(self, items: list[Any], labels: list[str] | None = None, rank_by: str | None = None) -> None:
+        super().__init__(items, labels=labels)
+        self.rank_by = rank_by
+
+    @property
+    def ranking(self) -> pd.DataFrame:
+        """One row per run, in the comparison's order: run, fits, step_s, tokens_per_s, mfu (NaN: no estimate),
+        rank (1 the best of those that fit; NA: not ranked)."""
+        from .._views.compare import compare_table
+
+        names = []
+        for i, item in enumerate(self.items):  # each run's label as the comparison's table writes it
+            runs = compare_table([item]).run if isinstance(item, Plan) and not self.labels else []
+            names.append(self.labels[i] if self.labels else str(runs.iat[0]) if len(runs) else f"run {i + 1}")
+        rows = []
+        k = 0
+        for i, item in enumerate(self.items):
+            sp = getattr(item, "speed", None) if hasattr(item, "fits") else None
+            fits = bool(getattr(item, "fits", False))
+            vals = {f: (getattr(sp, f) if sp is not None else None) for f in ("step_s", "tokens_per_s", "mfu")}
+            ranked = self.rank_by is not None and fits and vals[self.rank_by] is not None
+            k += ranked
+            rows.append({"run": names[i], "fits": fits,
+                         **{f: float(v) if v is not None else float("nan") for f, v in vals.items()},
+                         "rank": k if ranked else pd.NA})  # fmt: skip
+        df = pd.DataFrame(rows, columns=["run", "fits", "step_s", "tokens_per_s", "mfu", "rank"])
+        df["rank"] = df["rank"].astype("Int64")
+        return df
+
+    def __repr__(self) -> str:
+        from .._views.text import speed_text
+
+        lines = [super().__repr__()]
+        if self.rank_by is not None:
+            lines.append(f"ranked by {self.rank_by} (those that fit, best first):")
+            for r, item in zip(self.ranking.itertuples(index=False), self.items):
+                sp = item.speed
+                head = f"  {r.rank}." if r.rank is not pd.NA else "   -"
+                fit = "" if r.fits else "does not fit; "
+                lines.append(f"{head} {r.run}: {fit}"
+                             + speed_text(sp.step_s, sp.tokens_per_s, sp.mfu, gpus=sp.gpus, gpu=sp.gpu, note=sp.note))  # fmt: skip
+        return "\n".join(lines)

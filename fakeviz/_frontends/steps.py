@@ -1,16 +1,25 @@
 """The runs the front ends record: a training step, a forward, ``generate`` (the CLI's ``report`` and
-``fakeviz.plan`` both run these, so a plan and a report of the same settings record the same ops)."""
+``fakeviz.plan`` both run these, so a plan and a report of the same settings record the same ops), and how long
+such a recorded step takes on a GPU kind (:func:`speed`: step time, tokens/s, MFU; Note: [model FLOPs])."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-__all__ = ["checkpointing", "forward", "generate", "init_state", "make_optimizer", "run", "train"]
+from .._core.schema import PHASES
+
+__all__ = [
+    "Speed", "checkpointing", "forward", "generate", "gpu_kind", "init_state", "make_optimizer", "model_dtype", "run",
+    "MATRIX_CLASSES", "speed", "step_flops", "step_start", "tokens_per_step", "train", "window_time",
+]  # fmt: skip
 
 
 def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
@@ -134,3 +143,230 @@ def run(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens
         generate(model, kwargs, new_tokens)
     else:
         forward(model, kwargs)
+
+
+# ------------------------------------------------------------------------------------------- how long
+# Note: [model FLOPs]
+# MFU counts the FLOPs the model needs, not the FLOPs the GPUs ran. They are the record's FLOPs (fakeviz's per-op
+# formulas) of the matrix ops (GEMMs, attention, convolutions: the tensor-core work the dense peak is the peak of;
+# elementwise ops and the optimizer count none, as in the 6·N·T convention), and for a training step 3 x the forward
+# phase's: the backward of a matmul is two matmuls of the forward's size, so 6·N·T (PaLM's appendix B, Megatron-LM,
+# torchtitan) is 3 x the forward's 2·N·T. Inference (a forward, or ``generate``) counts the forward's once.
+# Activation checkpointing recomputes blocks' forwards *during backward*: the recorder puts those ops in the backward
+# phase, so they never reach the forward's FLOPs and MFU is the same with and without it; HFU (hardware FLOPs
+# utilization) counts every matrix FLOP the step ran, recomputation included. Ops a tensor-parallel group runs
+# whole on every rank (modules whose parameters are replicated across ``tp``: the head in fakeviz's recipe) count
+# once per group in the model FLOPs (each rank's copy / tp) and on every rank in HFU. Attention counts its full,
+# unmasked product (torch's formula; torchtitan's 12·L·H·Q·T counts the same).
+# ``mfu = model FLOPs / (step_s x GPUs x the GPU's dense peak in the model's dtype)`` (fakeviz._core.gpu_specs,
+# float32 without TF32), the step being the slowest rank's; ``hfu`` the same with the hardware FLOPs.
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How long a recorded step takes on a GPU kind, over the whole job (all its GPUs).
+
+    ``step`` the slowest rank's :class:`~fakeviz._analysis.timing.StepTime` (None: no estimate, ``note`` says
+    why); ``tokens`` per step over all GPUs (None: unknown); ``model_flops`` and ``flops`` per step over all GPUs
+    (Note: [model FLOPs]); ``peak_flops`` one GPU's dense peak in ``dtype``.
+    """
+
+    gpu: str | None
+    gpus: int
+    tokens: int | None
+    step: Any
+    model_flops: float
+    flops: float
+    peak_flops: float
+    dtype: str
+    note: str = ""
+
+    @property
+    def step_s(self) -> float | None:
+        return float(self.step.step_s) if self.step is not None else None
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Tokens per second over the whole job (all GPUs)."""
+        s = self.step_s
+        return self.tokens / s if s and self.tokens is not None else None
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: model FLOPs / (step_s x GPUs x dense peak)."""
+        s = self.step_s
+        return self.model_flops / (s * self.gpus * self.peak_flops) if s and self.peak_flops else None
+
+    @property
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilization: every matrix FLOP the step ran (recomputation included) / (step_s x GPUs x
+        peak)."""
+        s = self.step_s
+        return self.flops / (s * self.gpus * self.peak_flops) if s and self.peak_flops else None
+
+    def text(self) -> str:
+        from .._views.text import speed_text
+
+        return speed_text(self.step_s, self.tokens_per_s, self.mfu, gpus=self.gpus, gpu=self.gpu, note=self.note)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (the CLI's ``--json``): the figures, None where unknown, and the note."""
+        st = self.step
+        return {
+            "gpu": self.gpu, "gpus": self.gpus, "dtype": self.dtype, "step_s": self.step_s, "tokens": self.tokens,
+            "tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "hfu": self.hfu, "model_flops": self.model_flops,
+            "flops": self.flops, "peak_flops": self.peak_flops, "bound": st.bound if st is not None else None,
+            "gpu_s": st.gpu_s if st is not None else None, "host_s": st.host_s if st is not None else None,
+            "exposed_comm_s": st.exposed_comm_s if st is not None else None, "note": self.note,
+        }  # fmt: skip
+
+
+def tokens_per_step(settings: dict[str, Any], replicas: int = 1) -> int:
+    """Tokens one step of ``settings`` processes on ``replicas`` data-parallel replicas: ``batch x seq``, or for a
+    generation the tokens it generates, ``batch x new_tokens``."""
+    s = settings
+    per = s["batch"] * (s["new_tokens"] if s["new_tokens"] and not s["train"] else s["seq"])
+    return int(per * replicas)
+
+
+def gpu_kind(caps: list[Any], *, written: str = "gpus") -> tuple[str | None, str]:
+    """The one GPU kind of a machine's :class:`~fakeviz._core.gpus.Capacity` list, or None and why there is none."""
+    kinds = {c.gpu for c in caps}
+    if None in kinds:
+        bare = next(c for c in caps if c.gpu is None)
+        return None, (f"{written}: {bare.spec!r} is a capacity, not a GPU kind, so there is no speed to estimate "
+                      "with; name the GPU (e.g. 'H100') for step time, tokens/s and MFU")  # fmt: skip
+    if len(kinds) > 1:
+        return None, f"{written}: GPUs of different kinds ({', '.join(sorted(kinds))}): the time model takes one kind"
+    return next(iter(kinds)), ""
+
+
+def step_start(trace: Any) -> int:
+    """The first op of the step a record holds: what comes before is set-up (inputs, a model's sharding and
+    ``to_empty``, :func:`init_state`'s optimizer step) or, for several training steps, the earlier steps.
+
+    A training step (the record has a backward) starts at the first forward op after the last optimizer op before
+    its last backward op (so several microbatches' forwards and backwards are one step, and of ``--steps 2`` the
+    second, steady-state one is the step); anything else at its first forward op, else its first op after set-up.
+    """
+    phase = np.asarray(trace.col("phase"))
+    fwd, bwd, opt, init = (PHASES.index(p) for p in ("forward", "backward", "optimizer", "init"))
+    back = np.flatnonzero(phase == bwd)
+    after = 0
+    if len(back):
+        before = np.flatnonzero(phase[: back[-1]] == opt)
+        after = int(before[-1]) + 1 if len(before) else 0
+    fw = np.flatnonzero(phase[after:] == fwd)
+    if len(fw):
+        return after + int(fw[0])
+    rest = np.flatnonzero(phase[after:] != init)
+    return after + int(rest[0]) if len(rest) else 0
+
+
+# the OpFeatures fields that hold op indices (shifted by a window; one before it waits for nothing in the window)
+_INDEX_FIELDS = ("waits_on", "coll_after")
+
+
+def _window(f: Any, start: int) -> Any:
+    from .._analysis import timing
+
+    if start <= 0:
+        return f
+    n = len(f)
+    kw = {}
+    for fld in dataclasses.fields(f):
+        v = getattr(f, fld.name)
+        kw[fld.name] = v[start:] if len(v) == n else v
+    w = type(f)(**kw)
+    if len(f.waits_on) == n:
+        v = f.waits_on[start:]
+        w.waits_on = np.where(v >= start, v - start, -1)
+    if len(f.coll_after) == n:
+        v = f.coll_after[start:]
+        w.coll_after = np.where(v >= start, v - start, np.where(v >= 0, timing.AFTER_NOTHING, v))
+    return w
+
+
+def window_time(trace: Any, gpu: Any, start: int = 0, *, tf32: bool = False, host_scale: float = 1.0,
+                **links: Any) -> Any:  # fmt: skip
+    """:func:`fakeviz._analysis.timing.step_time` of the ops from ``start`` on (``start=0``: the same figures)."""
+    from .._analysis import timing
+    from .._core.gpu_specs import gpu_spec
+
+    spec = gpu_spec(gpu)
+    f = _window(timing.features(trace), start)
+    est, _ = timing.estimate(f, spec, tf32=tf32)
+    host = timing.host_times(f, host_scale)
+    coll = timing.collective_seconds(f, spec, **links)
+    step, _, exposed = timing.simulate(f, est, host, coll)
+    by_class = {
+        c: float(est[f.cls == i].sum()) for i, c in enumerate(timing.CLASSES) if c not in ("none", "collective")
+    }
+    phase = np.asarray(trace.col("phase"))[start:].astype(np.int64)
+    return timing.StepTime(
+        step_s=step, gpu_s=float(est.sum()), host_s=float(host.sum()), comm_s=float(coll.sum()), exposed_comm_s=exposed,
+        flops=int(np.maximum(f.flops, 0).sum()), gpu=spec.name, by_class={c: v for c, v in by_class.items() if v > 0},
+        by_phase={p: float(est[phase == i].sum()) for i, p in enumerate(PHASES) if (phase == i).any()},
+    )  # fmt: skip
+
+
+# the kernel classes whose FLOPs MFU counts: the tensor-core work the dense peak is the peak of (Note: [model FLOPs])
+MATRIX_CLASSES = ("gemm", "grouped_gemm", "attention", "attention_backward", "conv")
+
+
+def step_flops(trace: Any, start: int = 0, *, replicated: Any = (), tp: int = 1) -> tuple[float, float]:
+    """``(model FLOPs, hardware FLOPs)`` of the step from ``start`` on (Note: [model FLOPs]): matrix FLOPs only;
+    the model's are 3 x (training) or 1 x the forward's, ops in a module of ``replicated`` (paths below the root:
+    ``"lm_head"``) counted ``1 / tp``; the hardware's every one the step ran."""
+    from .._analysis import timing
+
+    f = timing.features(trace)
+    matrix = np.isin(f.cls[start:], [timing.CLASSES.index(c) for c in MATRIX_CLASSES])
+    flops = np.where(matrix, np.maximum(f.flops[start:], 0), 0).astype(np.float64)
+    phase = np.asarray(trace.col("phase"))[start:]
+    weight = np.ones(len(flops))
+    if tp > 1 and replicated:
+        names = tuple(replicated)
+        below = tuple(f"{r}." for r in names)
+        codes = [i for i, m in enumerate(trace.strings("modules"))
+                 if (tail := m.partition(".")[2]) in names or tail.startswith(below)]  # fmt: skip
+        weight[np.isin(np.asarray(trace.col("module"))[start:], codes)] = 1.0 / tp
+    fwd = float((flops * weight)[phase == PHASES.index("forward")].sum())
+    training = bool((phase == PHASES.index("backward")).any())
+    return (3.0 if training else 1.0) * fwd, float(flops.sum())
+
+
+def model_dtype(trace: Any) -> str:
+    """The parameters' dtype that holds the most bytes (``"torch.bfloat16"``); float32 when none was seen."""
+    c = trace.columns()
+    codes, nbytes = c["p_dtype"].astype(np.int64), np.maximum(c["p_nbytes"].astype(np.int64), 0)
+    if not len(codes):
+        return "torch.float32"
+    dtypes = trace.strings("dtypes")
+    total = np.bincount(codes[codes >= 0], weights=nbytes[codes >= 0], minlength=len(dtypes))
+    return dtypes[int(total.argmax())] if total.any() else "torch.float32"
+
+
+def speed(runs: list[tuple[Any, float]], *, gpu: str | None, gpus: int, tokens: int | None, note: str = "",
+          replicated: Any = (), tp: int = 1, times: list[Any] | None = None, **links: Any) -> Speed:  # fmt: skip
+    """The :class:`Speed` of a job of ``gpus`` GPUs that runs ``runs`` (``(trace, how many times the job runs it)``:
+    a plan's one record of the whole model, or each recorded rank with the ranks it stands for): the slowest run's
+    step (``times``: their :func:`window_time` if already made), the FLOPs summed."""
+    from .._core.gpu_specs import gpu_spec
+
+    first = runs[0][0] if runs else None
+    dtype = model_dtype(first) if first is not None else "torch.float32"
+    failed = next((t for t, _ in runs if t.error), None)
+    if failed is not None and not note:
+        note = f"the step stopped at {failed.error.get('op')} ({failed.error.get('type')}): no time for part of a step"
+    model = hw = 0.0
+    for t, count in runs:
+        start = step_start(t)
+        m, a = step_flops(t, start, replicated=replicated, tp=tp)
+        model, hw = model + m * count, hw + a * count
+    if gpu is None or note or not runs:
+        return Speed(gpu, gpus, tokens, None, model, hw, 0.0, dtype, note or "nothing was recorded")
+    if times is None:
+        times = [window_time(t, gpu, step_start(t), **links) for t, _ in runs]
+    slowest = max(times, key=lambda st: st.step_s)
+    return Speed(gpu, gpus, tokens, slowest, model, hw, gpu_spec(gpu).peak_flops(dtype), dtype)

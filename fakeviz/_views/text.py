@@ -1,4 +1,4 @@
-"""Text and compact HTML summaries of a record: its ``repr``, the notebook summary, the CLI report."""
+"""Text and compact HTML summaries of a record: its ``repr``, the notebook summary, the CLI report, a step's speed."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from .._analysis.memory import peak_bytes, peaks
 from .._analysis.tables import phase_counts
 from .._analysis.tree import folded_modules
 from .._analysis.verdict import verdict
-from .._core.fmt import format_bytes, html_text
+from .._core.fmt import format_bytes, format_count, format_seconds, html_text
 from .._core.record import Record
 
-__all__ = ["summary", "summary_html", "trace_repr"]
+__all__ = ["speed_text", "summary", "summary_html", "trace_repr"]
 
 # Above this many ops the repr skips what needs a pass over the whole record.
 _REPR_LIMIT = 2_000_000
@@ -95,3 +95,18 @@ def summary(trace: Record) -> str:
     if trace.error:
         lines.append(f"stopped by {trace.error.get('type')}: {trace.error.get('message', '')[:300]}")
     return "\n".join(lines)
+
+
+def speed_text(step_s: float | None, tokens_per_s: float | None, mfu: float | None, *, gpus: int, gpu: str | None,
+               note: str = "") -> str:  # fmt: skip
+    """``"step 1.23 s on 8x H100, 53.3 K tokens/s (6.7 K per GPU), MFU 41.2%"``; without a step time, why not."""
+    if step_s is None or step_s != step_s:
+        return f"no step time: {note}" if note else "no step time"
+    on = f"{gpus}x {gpu}" if gpus > 1 else str(gpu)
+    parts = [f"step {format_seconds(step_s)} on {on}"]
+    if tokens_per_s is not None and tokens_per_s == tokens_per_s:
+        per = f" ({format_count(tokens_per_s / gpus)} per GPU)" if gpus > 1 else ""
+        parts.append(f"{format_count(tokens_per_s)} tokens/s{per}")
+    if mfu is not None and mfu == mfu:
+        parts.append(f"MFU {mfu:.1%}")
+    return ", ".join(parts)
