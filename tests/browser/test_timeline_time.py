@@ -38,6 +38,7 @@ from browser_util import (  # tests/ is on sys.path under pytest
 from nbcells import write_notebook
 
 import fakeviz as fv
+from fakeviz._core.fmt import format_seconds as _seconds  # what js/src/format.js's fmtSeconds writes
 
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
@@ -60,15 +61,6 @@ def bundle() -> Path:
     if not out.is_file():
         pytest.skip("npm is not installed and fakeviz/static/explorer.js was never built")
     return out
-
-
-def _seconds(t: float) -> str:
-    """``js/src/format.js``'s fmtSeconds: three significant digits in s, ms or µs."""
-    if t == 0:
-        return "0 s"
-    v = float(f"{t:.3g}")
-    x, unit = (v, "s") if abs(v) >= 1 else (v * 1e3, "ms") if abs(v) >= 1e-3 else (v * 1e6, "µs")
-    return f"{x:.{0 if abs(x) >= 100 else 1 if abs(x) >= 10 else 2}f} {unit}"
 
 
 def _mlp_step() -> fv.Trace:

@@ -243,3 +243,20 @@ def test_time_pack_size_llama3_70b(bundle):
     meta, arrays, _ = w.decoded("time")
     assert np.array_equal(arrays["end_s"], trace.time("H100")["end_s"].to_numpy().astype(np.float32))
     assert meta["step_s"] == pytest.approx(trace.step_time("H100").step_s)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+def test_js_seconds_are_pythons(tmp_path):
+    """The panel's ``fmtSeconds`` (js/src/format.js) writes what ``fakeviz._core.fmt.format_seconds`` writes."""
+    from fakeviz._core.fmt import format_seconds
+
+    values = [0, 1.689, 0.512, 0.0123, 12.3e-6, 1.5e-7, 9.99999e-6, 0.9996, 999.6e-6, 1234.5, 0.125, 2.5e-3, -0.0042,
+              float(np.float32(1e-5)), 3e-9, 59.99]  # fmt: skip
+    script = tmp_path / "fmt.mjs"
+    script.write_text(
+        f"import {{ fmtSeconds }} from '{(JS / 'src' / 'format.js').as_uri()}';\n"
+        f"process.stdout.write(JSON.stringify({json.dumps(values)}.map(fmtSeconds)));\n"
+    )
+    proc = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [format_seconds(v) for v in values]
