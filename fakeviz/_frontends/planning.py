@@ -32,10 +32,9 @@ from .. import models
 from .._analysis import placement as _placement
 from .._core.errors import ArgumentError
 from .._core.gpus import Capacity, parse_gpus
-from .._views.compare import Comparison
-from . import steps
+from . import ranking, steps
 
-__all__ = ["Plan", "Ranked", "compare", "max_batch", "max_seq", "plan", "sweep"]
+__all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
 
 MAPS = ("balanced", "auto", "sequential")
 
@@ -456,7 +455,7 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     (``tokens_per_s``, highest first: a step of batch 1 is shorter than one of batch 8 but does less); without a GPU
     kind the grid's order is kept. ``"step_s"``, ``"tokens_per_s"`` or ``"mfu"`` rank by that figure;
     ``None`` keeps the grid's order."""
-    _check_rank_by(rank_by)
+    ranking.check_rank_by(rank_by)
     known = set(_EXAMPLE)
     bad = set(axes) - known
     if bad:
@@ -489,11 +488,11 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         rows.append(_row(p, c))
         if bar is not None:
             bar(i + 1, p)
-    order, by = _ranking([p.speed for p in plans], [p.fits for p in plans], rank_by)
+    order, by = ranking.ranking([p.speed for p in plans], [p.fits for p in plans], rank_by)
     df = pd.DataFrame(rows)
     if by is not None:
         ranks = pd.array([pd.NA] * len(df), dtype="Int64")
-        for k, i in enumerate(order[: _ranked_count(plans, order, by)]):
+        for k, i in enumerate(order[: ranking.ranked_count(plans, order, by)]):
             ranks[i] = k + 1
         df["rank"] = ranks
         df = df.iloc[order].reset_index(drop=True)
@@ -501,46 +500,6 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     df.attrs["plans"] = _Plans(plans)
     df.attrs["rank_by"] = by
     return df
-
-
-# ------------------------------------------------------------------------------------------- ranking
-_RANK_BY = {"step_s": False, "tokens_per_s": True, "mfu": True}  # figure -> higher is better
-
-
-def _check_rank_by(rank_by: Any) -> None:
-    if rank_by is not None and rank_by != "auto" and rank_by not in _RANK_BY:
-        raise ArgumentError("rank_by", rank_by, "not a figure to rank configurations by",
-                            "Give 'auto' (step time where a GPU kind is known), 'step_s', 'tokens_per_s', 'mfu', "
-                            "or None to keep the order.")  # fmt: skip
-
-
-def _ranking(speeds: list[steps.Speed | None], fits: list[bool], rank_by: str | None) -> tuple[list[int], str | None]:
-    """(the points in ranked order, the figure ranked by; None: the order kept): the points that fit with the
-    figure, best first (ties in their order), then the others in their order."""
-    _check_rank_by(rank_by)
-    n = len(speeds)
-    if rank_by is None or not n:
-        return list(range(n)), None
-    missing = [sp for sp in speeds if sp is None or sp.step_s is None]
-    if rank_by == "auto":
-        if missing:
-            return list(range(n)), None
-        toks = {sp.tokens for sp in speeds}  # type: ignore[union-attr]
-        rank_by = "step_s" if len(toks) == 1 or None in toks else "tokens_per_s"
-    elif missing:
-        why = next((sp.note for sp in missing if sp is not None and sp.note), "it is not a plan")
-        raise ArgumentError("rank_by", rank_by, f"a configuration has no step time ({why})",
-                            "Name the GPU kind (gpus='8xH100'), or give rank_by=None.")  # fmt: skip
-    values = [getattr(sp, rank_by) for sp in speeds]
-    sign = -1.0 if _RANK_BY[rank_by] else 1.0
-    ranked = sorted((i for i in range(n) if fits[i] and values[i] is not None), key=lambda i: sign * values[i])
-    chosen = set(ranked)
-    return ranked + [i for i in range(n) if i not in chosen], rank_by
-
-
-def _ranked_count(items: list[Any], order: list[int], by: str) -> int:
-    """How many of ``order`` (from :func:`_ranking`) are ranked: they fit and have the figure."""
-    return sum(1 for i in order if items[i].fits and getattr(items[i].speed, by) is not None)
 
 
 class _Plans(list):  # type: ignore[type-arg]
@@ -688,54 +647,7 @@ def compare(items: Any, *, labels: list[str] | None = None, rank_by: str | None 
     if labels is not None and len(labels) != len(items):
         raise ValueError(f"compare: {len(labels)} labels for {len(items)} runs")
     speeds = [getattr(it, "speed", None) if hasattr(it, "fits") else None for it in items]
-    order, by = _ranking(speeds, [bool(getattr(it, "fits", False)) for it in items], rank_by)
+    order, by = ranking.ranking(speeds, [bool(getattr(it, "fits", False)) for it in items], rank_by)
     items = [items[i] for i in order]
     labels = [labels[i] for i in order] if labels is not None else None
-    return Ranked(items, labels=labels, rank_by=by)
-
-
-class Ranked(Comparison):
-    """A :class:`~fakeviz._views.compare.Comparison` of runs in ranked order, with the ranking as a table."""
-
-    def __init__(self, items: list[Any], labels: list[str] | None = None, rank_by: str | None = None) -> None:
-        super().__init__(items, labels=labels)
-        self.rank_by = rank_by
-
-    @property
-    def ranking(self) -> pd.DataFrame:
-        """One row per run, in the comparison's order: run, fits, step_s, tokens_per_s, mfu (NaN: no estimate),
-        rank (1 the best of those that fit; NA: not ranked)."""
-        from .._views.compare import compare_table
-
-        names = []
-        for i, item in enumerate(self.items):  # each run's label as the comparison's table writes it
-            runs = compare_table([item]).run if isinstance(item, Plan) and not self.labels else []
-            names.append(self.labels[i] if self.labels else str(runs.iat[0]) if len(runs) else f"run {i + 1}")
-        rows = []
-        k = 0
-        for i, item in enumerate(self.items):
-            sp = getattr(item, "speed", None) if hasattr(item, "fits") else None
-            fits = bool(getattr(item, "fits", False))
-            vals = {f: (getattr(sp, f) if sp is not None else None) for f in ("step_s", "tokens_per_s", "mfu")}
-            ranked = self.rank_by is not None and fits and vals[self.rank_by] is not None
-            k += ranked
-            rows.append({"run": names[i], "fits": fits,
-                         **{f: float(v) if v is not None else float("nan") for f, v in vals.items()},
-                         "rank": k if ranked else pd.NA})  # fmt: skip
-        df = pd.DataFrame(rows, columns=["run", "fits", "step_s", "tokens_per_s", "mfu", "rank"])
-        df["rank"] = df["rank"].astype("Int64")
-        return df
-
-    def __repr__(self) -> str:
-        from .._views.text import speed_text
-
-        lines = [super().__repr__()]
-        if self.rank_by is not None:
-            lines.append(f"ranked by {self.rank_by} (those that fit, best first):")
-            for r, item in zip(self.ranking.itertuples(index=False), self.items):
-                sp = item.speed
-                head = f"  {r.rank}." if r.rank is not pd.NA else "   -"
-                fit = "" if r.fits else "does not fit; "
-                lines.append(f"{head} {r.run}: {fit}"
-                             + speed_text(sp.step_s, sp.tokens_per_s, sp.mfu, gpus=sp.gpus, gpu=sp.gpu, note=sp.note))  # fmt: skip
-        return "\n".join(lines)
+    return ranking.Ranked(items, labels=labels, rank_by=by)
