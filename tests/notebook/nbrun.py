@@ -136,10 +136,24 @@ def _workdir(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix="fakeviz-nb-" + name.split("_")[0] + "-"))
 
 
+def _outputs(cell) -> list[dict]:
+    """The cell's outputs with consecutive writes to one stream joined, as a notebook shows them: a loaded kernel
+    may flush ``print(a, b)`` as two stream messages ("a" and " b\n"), which must not read as two lines."""
+    outs: list[dict] = []
+    for out in cell.get("outputs", []):
+        prev = outs[-1] if outs else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):  # fmt: skip
+            outs[-1] = {**prev, "text": prev["text"] + out["text"]}
+        else:
+            outs.append(dict(out))
+    return outs
+
+
 def text(cell) -> str:
     """Everything a reader sees in a cell's outputs, as text (stdout, text/plain, text/html, errors)."""
     parts = []
-    for out in cell.get("outputs", []):
+    for out in _outputs(cell):
         if "text" in out:
             parts.append(out["text"])
         data = out.get("data", {})
@@ -152,7 +166,7 @@ def text(cell) -> str:
 def plain(cell) -> str:
     """The cell's printed text and plain-text results (no HTML, so each table row appears once)."""
     parts = []
-    for out in cell.get("outputs", []):
+    for out in _outputs(cell):
         parts.append(out.get("text", ""))
         parts.append(str(out.get("data", {}).get("text/plain", "")))
     return "\n".join(parts)
