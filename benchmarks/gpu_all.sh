@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything a session runs when a GPU is lent (one call, about 5 minutes on an H100):
-# the allocator accuracy benchmark, the time benchmark, and the fake-cuda tests on a CUDA build that sees a GPU.
+# Everything a session runs when a GPU is lent (one call, about 8 minutes on an H100):
+# the allocator accuracy benchmark, the time benchmark, and the fake-cuda tests on a CUDA build that sees a GPU
+# (benchmarks/gpu_native_check.sh, about 3 minutes: run it alone where only those are wanted).
 # Results go to $OUT (the device tool's folder) or benchmarks/results/gpu/ when OUT is unset.
 #   bash benchmarks/gpu_all.sh
 set -u
@@ -29,8 +30,8 @@ try:
 except Exception as e:
     print("cuda:1 ->", type(e).__name__, str(e)[:400])
 PYEOF
-  echo "== tests"
-  timeout 90 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda_builds.py tests/engine/test_cuda_api.py tests/engine/test_devices.py 2>&1 | tail -25
+  echo "== tests: benchmarks/gpu_native_check.sh (full logs: $OUT/gpu_native_*_$tag.log)"
+  bash benchmarks/gpu_native_check.sh
 } 2>&1 | tee "$OUT/gpu_checks_$tag.log"
 echo "== gpu_time"
 timeout 270 $PY benchmarks/gpu_time.py --out "$OUT/gpu_time_$tag.json" 2>&1 | grep -v USDT | tee "$OUT/gpu_time_$tag.log" | tail -60

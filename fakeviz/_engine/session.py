@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import linecache
+import os
+import sysconfig
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -25,7 +29,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from .._core.errors import FakeVizError
+from .._core.errors import FakeVizError, RecordError
 from . import ctc as _ctc  # the CTC fake rules and the ctc_loss patch (Note: [cuDNN CTC under fake tensors])
 from . import cuda_api as _cuda_api
 from . import cuda_shim as _cuda_shim
@@ -34,7 +38,8 @@ from . import moe as _moe
 from . import patches as _patches
 
 __all__ = [
-    "DATA_DEPENDENT_ERRORS", "check_device", "fake_mode", "fakeify", "is_fake", "meta_like", "session_patches",
+    "DATA_DEPENDENT_ERRORS", "GPUIndexError", "check_device", "fake_mode", "fakeify", "gpu_error_from",
+    "gpu_index_error", "is_fake", "meta_like", "past_the_gpus", "session_patches",
 ]  # fmt: skip
 
 #: What fake tensors raise when code needs a value they do not carry (``.item()``, ``nonzero``, a branch
@@ -315,7 +320,8 @@ def session_patches(on_backward: Any = None, mode: Any = None) -> Iterator[None]
 
 
 def check_device(device: str | torch.device | None) -> None:
-    """Reject devices fakeviz cannot fake (cuda index past the fake device count)."""
+    """Reject devices fakeviz cannot fake (cuda index past the fake device count; with real GPUs, past them:
+    :class:`GPUIndexError`, Note: [cuda indices past the GPUs])."""
     if device is None:
         return
     dev = torch.device(device)
@@ -323,8 +329,162 @@ def check_device(device: str | torch.device | None) -> None:
         st = _cuda_shim.status()
         count = st.device_count or 64
         if st.cuda_ok and not 0 <= dev.index < count:
-            where = f" (torch's own CUDA guard serves this machine's {count} GPU(s))" if st.mode == "native" else ""
-            raise ValueError(f"fake cuda devices are cuda:0 .. cuda:{count - 1}{where}; got {dev}")
+            if st.mode == "native":
+                raise GPUIndexError(
+                    f"{dev} is past this machine's {_gpus(count)}: fake cuda devices here are cuda:0 .. "
+                    f"cuda:{count - 1} (torch's own CUDA guard serves them)\n{_gpu_advice(count)}",
+                    device=dev,
+                )
+            raise ValueError(f"fake cuda devices are cuda:0 .. cuda:{count - 1}; got {dev}")
+
+
+# Note: [cuda indices past the GPUs]
+# On a CUDA build that sees GPUs (mode "native" in cuda_shim) torch's own CUDA guard serves fake cuda tensors, so
+# a fake tensor can live on this machine's indices only: FakeTensor's constructor initialises its device
+# (``init_gpu_context``: a real ``torch.empty(1, device=...)``), and FakeTensorMode folds a constant onto a device
+# by running the op for real. An index past the GPUs made torch raise ``AcceleratorError: CUDA error: invalid
+# device ordinal`` from deep inside FakeTensorMode, naming neither the index nor the user's line. fakeviz raises one
+# short GPUIndexError instead (the user's line and "cuda:7 is past this machine's 1 GPU", then what to do):
+#   * record(device=), fake_mode(device=) and fakeify(device=) refuse such a device up front (check_device);
+#   * fake_mode() turns torch's refusal into it where it leaves the block (its mode is torch's own FakeTensorMode:
+#     a subclass would lose the FakeTensorMode rules of higher-order ops, ``torch.cond``, ``flex_attention``, which
+#     torch looks up by the mode's exact type), naming the user's innermost line and the failing op;
+#   * a record's recorder turns torch's refusal, and its own (an op's output on such an index, which it checks
+#     when it first sees a device), into it (``OpsMixin.on_error``, with the op, phase and module).
+# torch's message does not say which index it refused: it is read from the failing frames' locals (the
+# ``device`` argument of ``init_gpu_context``, an op's ``kwargs``), innermost first; "a cuda index" where none is
+# found. Any cuda index past the GPUs there is one torch refused, as no tensor can exist on one. In "shim" mode
+# nothing changes (cuda:0 .. cuda:63 exist; check_device's ValueError past them).
+class GPUIndexError(RecordError, ValueError):
+    """A fake cuda tensor asked for on an index past this machine's GPUs where torch's own CUDA guard serves fake
+    cuda (Note: [cuda indices past the GPUs]). ``device`` is that device (None where torch did not say which)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: torch.device | None,
+        op: str | None = None,
+        module: str | None = None,
+        user_line: str | None = None,
+    ) -> None:
+        super().__init__(message, op=op, module=module, user_line=user_line)
+        self.device = device
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" + ("" if count == 1 else "s")
+
+
+def _gpu_advice(count: int) -> str:
+    return (
+        f"Fake cuda tensors here can use cuda:0 .. cuda:{count - 1} only (a CUDA build of torch that sees GPUs serves "
+        "them with its own CUDA guard): use one of those. To plan for more GPUs (fv.simulate, fv.plan(parallel=...)) "
+        "or any cuda:N, run where fakeviz fakes cuda:0 .. cuda:63: a machine or a torch build without GPUs (the CPU "
+        "wheel), or this machine with CUDA_VISIBLE_DEVICES= set before torch starts."
+    )
+
+
+def gpu_index_error(
+    device: torch.device | None,
+    count: int,
+    *,
+    op: str | None,
+    user_line: str | None,
+    context: str = "",
+    phase: str | None = None,
+    module: str | None = None,
+) -> GPUIndexError:
+    """The short error of Note: [cuda indices past the GPUs]: ``user_line`` and the index on its first line (with
+    the op, and in a record its ``phase`` and ``module``), then ``context`` (lines ending in a newline: the source
+    of that line) and what to do."""
+    what = str(device) if device is not None else "a cuda index"
+    first = f"{user_line}: " if user_line else ""
+    label = f" (op {op}" + (f", phase {phase}, module {module or '<top level>'})" if phase is not None else ")")
+    return GPUIndexError(
+        f"{first}{what} is past this machine's {_gpus(count)}{label if op else ''}\n{context}{_gpu_advice(count)}",
+        device=device, op=op, module=module, user_line=user_line,
+    )  # fmt: skip
+
+
+def past_the_gpus(exc: BaseException) -> tuple[torch.device | None, int] | None:
+    """``(device, GPU count)`` when ``exc`` refused a cuda index past this machine's GPUs in mode "native" (Note:
+    [cuda indices past the GPUs]): torch's ``invalid device ordinal``, or fakeviz's own check wrapped in another
+    fakeviz error (the recorder's); ``device`` is None where it cannot be found. None for any other error."""
+    st = _cuda_shim.status()
+    if st.mode != "native" or isinstance(exc, GPUIndexError) or not isinstance(exc, RuntimeError | ValueError):
+        return None
+    if isinstance(exc, FakeVizError):
+        inner = exc.__context__  # the recorder's range error is raised "from None" on check_device's
+        return (inner.device, st.device_count) if isinstance(inner, GPUIndexError) else None
+    if "invalid device ordinal" not in str(exc):
+        return None
+    for f in reversed(_tb_frames(exc)):  # innermost first
+        device = _device_past(f.f_locals.values(), st.device_count)
+        if device is not None:
+            return device, st.device_count
+    return None, st.device_count
+
+
+def _tb_frames(exc: BaseException) -> list[FrameType]:
+    """The frames ``exc`` went through, outermost first."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _device_past(values: Iterable[Any], count: int) -> torch.device | None:
+    """The first cuda device with an index >= ``count`` among ``values`` and the items of their dicts, tuples, lists."""
+    for v in values:
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, tuple | list) else (v,)
+        for x in items:
+            if isinstance(x, torch.device) and x.type == "cuda" and x.index is not None and x.index >= count:
+                return x
+    return None
+
+
+def _real_dir(path: str) -> tuple[str, ...]:
+    return tuple({path + os.sep, os.path.realpath(path) + os.sep})
+
+
+# what is not the user's code, as the recorder's user lines count it (recorder/modules.py): torch, fakeviz, the
+# standard library (but not what is installed below it)
+_NOT_USER = (*_real_dir(os.path.dirname(torch.__file__)), *_real_dir(os.path.dirname(os.path.dirname(__file__))),
+             "<frozen ")  # fmt: skip
+_STDLIB = (*_real_dir(sysconfig.get_paths()["stdlib"]), *_real_dir(os.path.dirname(os.__file__)))
+
+
+def _is_user(code: CodeType) -> bool:
+    fn = code.co_filename
+    real = os.path.realpath(fn) if not fn.startswith("<") else fn
+    if fn.startswith(_NOT_USER) or real.startswith(_NOT_USER):
+        return False
+    return not real.startswith(_STDLIB) or "site-packages" in real or "dist-packages" in real
+
+
+def _user_line(frames: Iterable[FrameType]) -> tuple[str | None, str]:
+    """``file:line in function`` of the first of ``frames`` that is the user's code, and its source line (as a
+    context line: indented, ending in a newline; empty if none)."""
+    for f in frames:
+        if _is_user(f.f_code):
+            src = linecache.getline(f.f_code.co_filename, f.f_lineno).strip()
+            return f"{f.f_code.co_filename}:{f.f_lineno} in {f.f_code.co_name}", f"    {src}\n" if src else ""
+    return None, ""
+
+
+def gpu_error_from(exc: BaseException) -> GPUIndexError | None:
+    """Note: [cuda indices past the GPUs]: torch's refusal, out of a fake_mode() block, as the short error (naming the
+    innermost user line in its traceback); None for any other error."""
+    past = past_the_gpus(exc)
+    if past is None:
+        return None
+    frames = _tb_frames(exc)[::-1]  # innermost first
+    line, context = _user_line(frames)  # the innermost line of the user's
+    op = next((f.f_locals["func"] for f in frames if isinstance(f.f_locals.get("func"), torch._ops.OpOverload)), None)
+    return gpu_index_error(*past, op=str(op) if op is not None else None, user_line=line, context=context)
 
 
 def new_fake_mode(
@@ -369,7 +529,13 @@ def fake_mode(*, device: str | torch.device | None = None, symbolic: bool = Fals
         stack.enter_context(mode)
         if device is not None:
             stack.enter_context(torch.device(device))
-        yield mode
+        try:
+            yield mode
+        except RuntimeError as exc:
+            new = gpu_error_from(exc)  # Note: [cuda indices past the GPUs]
+            if new is None:
+                raise
+            raise new from exc
 
 
 def fakeify(

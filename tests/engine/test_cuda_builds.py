@@ -6,15 +6,17 @@ each test checks what holds on the build it runs on, and the status must name th
 
 from __future__ import annotations
 
+import linecache
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
 
 import fakeviz as fv
-from fakeviz._engine import cuda_shim, session
+from fakeviz._engine import cuda_shim, patches, session
 
 CUDA_BUILD = torch.backends.cuda.is_built()
 REAL_GPUS = torch.cuda.device_count() if CUDA_BUILD else 0
@@ -86,11 +88,166 @@ def test_native_attention_is_the_math_path_where_the_build_cannot_choose() -> No
     assert not {o for o in ops if "flash" in o or "efficient" in o or "cudnn" in o}
 
 
-def test_with_real_gpus_indices_past_them_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a CUDA build with 2 GPUs torch's own guard serves cuda:0 and cuda:1 only: a larger index is a one-line
-    error before anything runs (a machine with GPUs is simulated by the status alone: nothing else reads it)."""
-    native = cuda_shim.ShimStatus(mode="native", device_count=2, backward_max_index=1, build="cuda", real_gpus=2)
+def _gpus_here(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
+    """A CUDA build that sees ``count`` GPUs, simulated by the status alone (nothing else reads it); the fake cuda
+    devices themselves stay the shim's (loaded first), so only fakeviz's own checks can refuse an index."""
+    fv.fake_cuda_status()
+    native = cuda_shim.ShimStatus(mode="native", device_count=count, backward_max_index=count - 1, build="cuda",
+                                  real_gpus=count)  # fmt: skip
     monkeypatch.setattr(cuda_shim, "_status", native)
+
+
+def test_with_real_gpus_indices_past_them_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA build with 2 GPUs torch's own guard serves cuda:0 and cuda:1 only: a larger index is a short
+    error before anything runs."""
+    _gpus_here(monkeypatch, 2)
     session.check_device("cuda:1")
-    with pytest.raises(ValueError, match=r"cuda:0 \.\. cuda:1 \(torch's own CUDA guard serves this machine's 2 GPU"):
+    with pytest.raises(session.GPUIndexError, match=r"^cuda:2 is past this machine's 2 GPUs: .* cuda:0 \.\. cuda:1"):
         session.check_device("cuda:2")
+    with pytest.raises(ValueError, match=r"^cuda:63 is past this machine's 2 GPUs") as info:
+        with fv.record(device="cuda:63"):
+            pass
+    assert info.value.device == torch.device("cuda:63") and "fv.simulate" in str(info.value)
+
+
+# Note: [cuda indices past the GPUs]: every way a user names a device, each on the user's line below
+def _factory() -> None:
+    torch.ones(2, device="cuda:7")
+
+
+def _to() -> None:
+    torch.ones(2).to("cuda:7")
+
+
+def _module_cuda() -> None:
+    torch.nn.Linear(3, 4).cuda(7)
+
+
+def _device_context() -> None:
+    with torch.device("cuda:7"):
+        torch.nn.Linear(3, 4)
+
+
+def _to_empty() -> None:
+    torch.nn.Linear(3, 4, device="meta").to_empty(device="cuda:7")
+
+
+def _tensor() -> None:
+    torch.tensor([1.0, 2.0], device="cuda:7")
+
+
+_WAYS = {f.__name__[1:]: f for f in (_factory, _to, _module_cuda, _device_context, _to_empty, _tensor)}
+# On a machine with GPUs torch.tensor(data, device=) moves its real tensor to the device before any dispatch (where
+# FakeTensorMode lets it: a build that sees a GPU), so torch's refusal reaches a record's __exit__, which passes it on
+_OUTSIDE_DISPATCH = pytest.mark.xfail(
+    REAL_GPUS > 0, strict=True, raises=torch.AcceleratorError,
+    reason="torch.tensor(data, device=) fails outside dispatch; the record's __exit__ does not translate it yet",
+)  # fmt: skip
+
+
+def _first_line_of(fn: Any) -> tuple[str, str]:
+    """The user line a fakeviz error names for the last line of ``fn``, and that line's source."""
+    code = fn.__code__
+    last = max(line for _, _, line in code.co_lines() if line is not None)
+    src = linecache.getline(code.co_filename, last).strip()
+    return f"{code.co_filename}:{last} in {code.co_name}", src
+
+
+def _assert_short(err: BaseException, fn: Any, device: str, count: int) -> None:
+    line, src = _first_line_of(fn)
+    lines = str(err).splitlines()
+    assert isinstance(err, session.GPUIndexError) and isinstance(err, fv.FakeVizError) and isinstance(err, ValueError)
+    assert lines[0].startswith(f"{line}: {device} is past this machine's {count} GPU"), lines[0]
+    assert lines[1].strip() == src and len(lines) == 3, lines
+    assert f"cuda:0 .. cuda:{count - 1} only" in lines[2] and "fv.simulate" in lines[2]
+    assert "CUDA_VISIBLE_DEVICES=" in lines[2] and "cuda:0 .. cuda:63" in lines[2]
+    assert err.device == torch.device(device) and err.user_line == line
+
+
+@pytest.mark.parametrize("way", [pytest.param(w, marks=_OUTSIDE_DISPATCH) if w == "tensor" else w for w in _WAYS])
+def test_with_real_gpus_a_tensor_past_them_is_one_short_error(
+    monkeypatch: pytest.MonkeyPatch, recorder: str, way: str
+) -> None:
+    """In a record an op that puts a tensor on cuda:7 of a 1-GPU machine raises fakeviz's short error (the user's
+    line first; here the recorder's check of each new output device refuses it, on a GPU machine torch's own guard
+    refuses it first: the next tests), and leaves nothing patched."""
+    before = patches.active()
+    _gpus_here(monkeypatch, 1)
+    with pytest.raises(session.GPUIndexError) as info:
+        with fv.record() as trace:
+            _WAYS[way]()
+    _assert_short(info.value, _WAYS[way], "cuda:7", 1)
+    assert "(op aten." in str(info.value).splitlines()[0] and ", phase init, module <top level>)" in str(info.value)
+    assert info.value.trace is trace and trace.error["type"] == "GPUIndexError"
+    assert trace.meta["recorder_core"] == recorder
+    assert patches.active() == before and torch._guards.detect_fake_mode() is None
+    assert not fv.is_fake(torch.ones(1))
+    with fv.record() as trace:  # the GPU the machine has still works
+        torch.ones(2, device="cuda:0")
+    assert trace.error is None and "cuda:0" in set(map(str, trace.ops.device))
+
+
+# torch's own refusal, as its CUDA guard gives it on a machine with fewer GPUs (FakeTensor's ``init_gpu_context``
+# runs ``torch.empty(1, device=device)`` for real): an op whose kernels raise torch's error with the device in their
+# locals. Compiled under a "<frozen ...>" name: like torch's guard, they are not the user's code.
+_LIB = torch.library.Library("fvgpus_test", "FRAGMENT")
+_LIB.define("place(Tensor x, Device device) -> Tensor")
+_GUARD: dict[str, Any] = {"torch": torch}
+exec(  # noqa: S102 - our own two lines
+    compile(
+        "def refused(x, device):\n"
+        "    raise torch.AcceleratorError('CUDA error: invalid device ordinal\\nGPU device may be out of range, do you"
+        " have enough GPUs?\\n')\n",
+        "<frozen torch's CUDA guard, played by test_cuda_builds>",
+        "exec",
+    ),
+    _GUARD,
+)
+_LIB.impl("place", _GUARD["refused"], "Meta")
+_LIB.impl("place", _GUARD["refused"], "CPU")  # a record runs an op on small known values for real (values.py)
+
+
+def _place() -> None:
+    torch.ops.fvgpus_test.place(torch.ones(2), torch.device("cuda:7"))
+
+
+def _raised_outside_dispatch() -> None:
+    raise torch.AcceleratorError("CUDA error: invalid device ordinal")  # torch.tensor(data, device=) on a GPU
+
+
+def test_with_real_gpus_torchs_refusal_becomes_the_short_error_in_fake_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    if fv.fake_cuda_status().mode != "native":
+        with pytest.raises(torch.AcceleratorError):  # where fakeviz fakes every index, torch's error is left alone
+            with fv.fake_mode():
+                _place()
+    before = patches.active()
+    _gpus_here(monkeypatch, 1)
+    with pytest.raises(session.GPUIndexError) as info:
+        with fv.fake_mode():
+            _place()
+    _assert_short(info.value, _place, "cuda:7", 1)
+    assert "(op fvgpus_test.place.default)" in str(info.value).splitlines()[0]
+    assert isinstance(info.value.__cause__, torch.AcceleratorError)
+    with pytest.raises(session.GPUIndexError, match=r"in _raised_outside_dispatch: a cuda index is past this machine"):
+        with fv.fake_mode():
+            _raised_outside_dispatch()
+    assert patches.active() == before and torch._guards.detect_fake_mode() is None
+
+
+def test_with_real_gpus_torchs_refusal_becomes_the_short_error_in_a_record(
+    monkeypatch: pytest.MonkeyPatch, recorder: str
+) -> None:
+    if fv.fake_cuda_status().mode != "native":
+        with pytest.raises(torch.AcceleratorError):  # where fakeviz fakes every index, torch's error is left alone
+            with fv.record():
+                _place()
+    before = patches.active()
+    _gpus_here(monkeypatch, 1)
+    with pytest.raises(session.GPUIndexError) as info:
+        with fv.record() as trace:
+            _place()
+    _assert_short(info.value, _place, "cuda:7", 1)
+    assert "(op fvgpus_test.place.default, phase init, module <top level>)" in str(info.value).splitlines()[0]
+    assert isinstance(info.value.__cause__, torch.AcceleratorError) and trace.meta["recorder_core"] == recorder
+    assert trace.error["op"] == "fvgpus_test.place.default" and trace.error["type"] == "GPUIndexError"
+    assert patches.active() == before and torch._guards.detect_fake_mode() is None

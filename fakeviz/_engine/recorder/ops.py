@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from ..._core.errors import DataDependentError, FakeVizError
 from ..._core.schema import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES
 from ..flops import op_flops as _op_flops
-from ..session import DATA_DEPENDENT_ERRORS, check_device
+from ..session import DATA_DEPENDENT_ERRORS, check_device, gpu_index_error, past_the_gpus
 from ..values import advice as _values_advice
 from .common import (
     _DETACH,
@@ -605,6 +605,14 @@ class OpsMixin:
             "type": type(exc).__name__, "message": str(exc)[:2000],
             "call": site["call"] if site else None, "called_at": site["user"] if site else None,
         }  # fmt: skip
+        past = past_the_gpus(exc)  # a cuda index past this machine's GPUs: Note: [cuda indices past the GPUs]
+        if past is not None:
+            err = gpu_index_error(*past, op=op, phase=phase, module=module, user_line=site["user"] if site else line,
+                                  context=context)  # fmt: skip
+            err.call, err.called_at = (site["call"], site["user"]) if site else (None, None)
+            self.trace.error.update(type=type(err).__name__, message=str(err)[:2000])
+            self.error_seen.add(id(err))
+            return err
         if isinstance(exc, DATA_DEPENDENT_ERRORS):
             first = str(exc).splitlines()[0] if str(exc) else ""
             msg = (
