@@ -137,12 +137,6 @@ def _tensor() -> None:
 
 
 _WAYS = {f.__name__[1:]: f for f in (_factory, _to, _module_cuda, _device_context, _to_empty, _tensor)}
-# On a machine with GPUs torch.tensor(data, device=) moves its real tensor to the device before any dispatch (where
-# FakeTensorMode lets it: a build that sees a GPU), so torch's refusal reaches a record's __exit__, which passes it on
-_OUTSIDE_DISPATCH = pytest.mark.xfail(
-    REAL_GPUS > 0, strict=True, raises=torch.AcceleratorError,
-    reason="torch.tensor(data, device=) fails outside dispatch; the record's __exit__ does not translate it yet",
-)  # fmt: skip
 
 
 def _first_line_of(fn: Any) -> tuple[str, str]:
@@ -164,7 +158,7 @@ def _assert_short(err: BaseException, fn: Any, device: str, count: int) -> None:
     assert err.device == torch.device(device) and err.user_line == line
 
 
-@pytest.mark.parametrize("way", [pytest.param(w, marks=_OUTSIDE_DISPATCH) if w == "tensor" else w for w in _WAYS])
+@pytest.mark.parametrize("way", list(_WAYS))
 def test_with_real_gpus_a_tensor_past_them_is_one_short_error(
     monkeypatch: pytest.MonkeyPatch, recorder: str, way: str
 ) -> None:
@@ -250,4 +244,18 @@ def test_with_real_gpus_torchs_refusal_becomes_the_short_error_in_a_record(
     assert "(op fvgpus_test.place.default, phase init, module <top level>)" in str(info.value).splitlines()[0]
     assert isinstance(info.value.__cause__, torch.AcceleratorError) and trace.meta["recorder_core"] == recorder
     assert trace.error["op"] == "fvgpus_test.place.default" and trace.error["type"] == "GPUIndexError"
+    assert patches.active() == before and torch._guards.detect_fake_mode() is None
+
+
+def test_with_real_gpus_a_refusal_outside_dispatch_leaves_a_record_as_the_short_error(
+    monkeypatch: pytest.MonkeyPatch, recorder: str
+) -> None:
+    """On a machine with GPUs torch.tensor(data, device=) moves its real tensor to the device before any dispatch, so
+    torch's refusal reaches the record's __exit__, which gives the short error (the user's innermost line)."""
+    before = patches.active()
+    _gpus_here(monkeypatch, 1)
+    with pytest.raises(session.GPUIndexError, match=r"in _raised_outside_dispatch: a cuda index is past this machine"):
+        with fv.record() as trace:
+            _raised_outside_dispatch()
+    assert trace.error["type"] == "GPUIndexError" and "_raised_outside_dispatch" in trace.error["user_line"]
     assert patches.active() == before and torch._guards.detect_fake_mode() is None

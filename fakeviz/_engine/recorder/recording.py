@@ -18,7 +18,7 @@ from .. import cuda_shim as _cuda_shim
 from .. import distributed as _distributed
 from .. import patches as _patches
 from .. import values as _values
-from ..session import check_device, new_fake_mode, session_patches
+from ..session import check_device, gpu_error_from, new_fake_mode, session_patches
 from ..tracing_checks import tracing_checks
 from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks, deepcopy_patch
 from .state import _State
@@ -269,6 +269,12 @@ class Recording:
                 self.trace.error = {"op": new.op, "module": new.module, "user_line": new.user_line,
                                     "type": type(exc).__name__, "message": str(exc)[:2000]}  # fmt: skip
                 raise new from exc
+            gpu = gpu_error_from(exc) if exc is not None and not isinstance(exc, RecordError) else None
+            if gpu is not None:  # Note: [cuda indices past the GPUs]: torch.tensor(..., device=) moved before dispatch
+                gpu.trace = self.trace
+                self.trace.error = {"op": gpu.op, "module": None, "user_line": gpu.user_line,
+                                    "type": "GPUIndexError", "message": str(gpu)[:2000]}  # fmt: skip
+                raise gpu from exc
             if exc is not None:
                 if isinstance(exc, RecordError):
                     exc.trace = self.trace
