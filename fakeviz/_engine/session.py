@@ -380,8 +380,9 @@ def _gpu_advice(count: int) -> str:
     return (
         f"Fake cuda tensors here can use cuda:0 .. cuda:{count - 1} only (a CUDA build of torch that sees GPUs serves "
         "them with its own CUDA guard): use one of those. To plan for more GPUs (fv.simulate, fv.plan(parallel=...)) "
-        "or any cuda:N, run where fakeviz fakes cuda:0 .. cuda:63: a machine or a torch build without GPUs (the CPU "
-        "wheel), or this machine with CUDA_VISIBLE_DEVICES= set before torch starts."
+        "or any cuda:N, run where fakeviz fakes cuda:0 .. cuda:63: a machine without GPUs, or here a virtual "
+        "environment with torch's CPU wheel (hiding the GPUs with CUDA_VISIBLE_DEVICES= is not enough: measured on an "
+        "H100, torch still initialises CUDA for fake tensors and fails)."
     )
 
 
