@@ -39,7 +39,7 @@ import torch
 
 from .._analysis import placement as _placement
 from .._analysis.collectives import ranks_text as _ranks_text
-from .._core.errors import FakeVizError, SimulationError
+from .._core.errors import ArgumentError, FakeVizError, SimulationError
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
 from . import steps
@@ -334,7 +334,18 @@ def simulate(
     bad = [r for r in todo if not 0 <= r < world_size]
     if bad:
         raise ValueError(f"ranks {bad} are outside 0..{world_size - 1}")
-    cap = parse_gpus(gpu if gpu is not None else "H100")
+    if (
+        isinstance(gpu, (int, float))
+        and not isinstance(gpu, bool)
+        or (isinstance(gpu, str) and gpu.strip().replace(".", "", 1).isdigit())
+    ):  # a count: the number of ranks is world_size
+        raise ArgumentError("gpu", gpu, "a number is not a GPU kind",
+                            "simulate(gpu=) names each rank's GPU ('H100', '80GB'); the number of ranks is world_size.")  # fmt: skip
+    try:
+        cap = parse_gpus(gpu if gpu is not None else "H100")
+    except ArgumentError as err:
+        raise ArgumentError("gpu", gpu, err.problem, err.advice.replace("gpus=", "gpu="),
+                            suggestions=err.suggestions) from None  # fmt: skip
     if len(cap) != 1:
         raise ValueError(f"gpu={gpu!r}: one GPU kind per rank (e.g. 'H100'), not {len(cap)}")
     if dist.is_initialized():

@@ -18,6 +18,7 @@ capacities as ``max_memory``, and ``"balanced"``: Note: [balanced placement] in
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import itertools
 import time
@@ -457,9 +458,11 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     ``None`` keeps the grid's order."""
     ranking.check_rank_by(rank_by)
     known = set(_EXAMPLE)
-    bad = set(axes) - known
-    if bad:
-        raise ValueError(f"sweep: unknown axes {sorted(bad)}; use {sorted(known)}")
+    for k in sorted(set(axes) - known):
+        near = tuple(difflib.get_close_matches(k, sorted(known), n=3))
+        raise ArgumentError(k, axes[k], "sweep has no such axis",
+                            (f"Did you mean {near[0]!r}? " if near else "") + f"The axes are {', '.join(sorted(known))}.",
+                            suggestions=near)  # fmt: skip
     grid = {k: (list(v) if isinstance(v, (list, tuple, range)) else [v]) for k, v in axes.items()}
     for k, v in grid.items():
         if not v:  # an empty axis makes no point at all: an empty frame would read as "nothing fits"

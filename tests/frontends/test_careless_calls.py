@@ -272,3 +272,22 @@ def test_save_into_a_missing_folder_names_the_users_path(tmp_path) -> None:
     assert not list(tmp_path.rglob("*.tmp"))
     trace.save(tmp_path / "x.fvz")  # the working call
     assert fv.load(tmp_path / "x.fvz").num_ops == trace.num_ops
+
+
+def test_sweep_names_the_near_axis_of_a_typo() -> None:
+    with pytest.raises(ArgumentError) as err:
+        fv.sweep("gpt2", gpus="H100", batchs=[1, 2])
+    first, second = str(err.value).splitlines()
+    assert first == "batchs=[1, 2]: sweep has no such axis"
+    assert second.startswith("Did you mean 'batch'? The axes are ") and err.value.suggestions[0] == "batch"
+
+
+@pytest.mark.parametrize("gpu", [8, "8", 1.5])
+def test_simulate_gpu_is_a_kind_not_a_count(gpu) -> None:
+    with pytest.raises(ArgumentError) as err:
+        fv.simulate(lambda rank, mesh: None, 2, gpu=gpu)
+    assert str(err.value).splitlines()[0] == f"gpu={gpu!r}: a number is not a GPU kind"
+    assert "the number of ranks is world_size" in str(err.value)
+    with pytest.raises(ArgumentError) as err:
+        fv.simulate(lambda rank, mesh: None, 2, gpu="H1000")
+    assert str(err.value).startswith("gpu='H1000': ") and "gpus=" not in str(err.value)

@@ -228,7 +228,7 @@ def test_bad_inputs_are_clear(llama: torch.nn.Module) -> None:
         fv.plan(llama, gpus="H100", device_map="even")
     with pytest.raises(ValueError, match="unknown GPU or capacity"):
         fv.plan(llama, gpus="4xH900")
-    with pytest.raises(ValueError, match="unknown axes"):
+    with pytest.raises(ValueError, match="batchsize=\\[1\\]: sweep has no such axis\nDid you mean 'batch'"):
         fv.sweep(llama, gpus="H100", batchsize=[1])
 
 
