@@ -24,8 +24,6 @@ saying why, only where Chromium, playwright or JupyterLab are missing
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,9 +33,9 @@ import explorer_tour
 import pytest
 import torch
 from browser_util import (  # tests/ is on sys.path under pytest
-    ROOT,
     PageProblems,
     browser_missing,
+    built_bundle,
     jupyter_missing,
     jupyter_server,
     local_only,
@@ -65,20 +63,9 @@ CLICKED = "LlamaForCausalLM.model.layers.0-3.self_attn"
 # ----------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    """The explorer's ES module, built from js/ when npm is here (as tests/views/test_explorer.py does)."""
-    js = ROOT / "js"
-    out = ROOT / "fakeviz" / "static" / "explorer.js"
-    npm = shutil.which("npm")
-
-    def run(*args: str) -> None:
-        proc = subprocess.run([npm, *args], cwd=js, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"npm {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-
-    if npm is not None:
-        if not (js / "node_modules" / ".bin" / "esbuild").exists():
-            run("ci", "--no-audit", "--no-fund")
-        run("run", "build")
-    if not out.is_file():
+    """The explorer's ES module (browser_util.built_bundle: rebuilt from js/ when npm is here)."""
+    out = built_bundle()
+    if out is None:
         pytest.skip("npm is not installed and fakeviz/static/explorer.js was never built")
     return out
 

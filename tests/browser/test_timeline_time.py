@@ -15,8 +15,6 @@ or JupyterLab.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,9 +23,9 @@ import nbformat as nbf
 import pytest
 import torch
 from browser_util import (  # tests/ is on sys.path under pytest
-    ROOT,
     PageProblems,
     browser_missing,
+    built_bundle,
     jupyter_missing,
     jupyter_server,
     local_only,
@@ -47,18 +45,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.skipif(bool(browser_missing()), r
 
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    """The explorer's ES module, built from js/ when npm is here (as tests/browser/test_browser.py does)."""
-    js = ROOT / "js"
-    out = ROOT / "fakeviz" / "static" / "explorer.js"
-    npm = shutil.which("npm")
-    if npm is not None:
-        steps = [["run", "build"]]
-        if not (js / "node_modules" / ".bin" / "esbuild").exists():
-            steps.insert(0, ["ci", "--no-audit", "--no-fund"])
-        for args in steps:
-            proc = subprocess.run([npm, *args], cwd=js, capture_output=True, text=True, timeout=600)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    if not out.is_file():
+    """The explorer's ES module (browser_util.built_bundle: rebuilt from js/ when npm is here)."""
+    out = built_bundle()
+    if out is None:
         pytest.skip("npm is not installed and fakeviz/static/explorer.js was never built")
     return out
 
