@@ -229,7 +229,10 @@ def _lift_rows(trace: Record) -> list[tuple[int, str, str, int, Any, Any]]:
     device tensor: a GPU's log has ``$5: f32[] cuda:0 = aten.lift_fresh.default($5)``. Where torch cannot make a
     cuda tensor (a CPU-only build, a CUDA build without a GPU: ``FakeTensorMode.avoid_device_init``), torch lifts
     on cpu and then copies (``torch._C._set_only_lift_cpu_tensors``): ``$5: f32[] cpu = aten.lift_fresh($5)``,
-    ``$6: f32[] cuda:0 = aten._to_copy($5, device=cuda:0)``. One row, at the first such pair, counts them: a
+    ``$6: f32[] cuda:0 = aten._to_copy($5, device=cuda:0)``. A fake record on fakeviz's shim lifts on the device as
+    a GPU does for ``torch.tensor``, ``torch.as_tensor`` and ``Tensor.new_tensor`` of Python data (patch
+    ``tensor-lift``, ``recorder/modes.py``); what is left is torch's way (data holding tensors, torch's builtin
+    bound before the record). One row, at the first such pair, counts them: a
     ``lift_fresh`` on cpu whose output the next op, a ``_to_copy``, copies to a cuda device, in a fake record on
     fakeviz's shim (a user's own ``torch.tensor(x).cuda()`` on one line reads the same, and is counted too)."""
     if not trace.meta.get("fake", True) or trace.meta.get("fake_cuda") != "shim":

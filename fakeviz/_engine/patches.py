@@ -532,6 +532,15 @@ declare(
     why="Note: [deepcopy of recorded tensors]",
 )
 declare(
+    "tensor-lift",
+    "torch, torch.Tensor",
+    ("tensor", "as_tensor", "new_tensor"),
+    scope="record",
+    by="fakeviz._engine.recorder.modes",
+    why="Note: [torch.tensor on fake cuda without a GPU] (a fake record on the shim: the data lifted on the cuda "
+    "device, as on a GPU)",
+)
+declare(
     "global-hooks",
     "torch.nn.modules.module, torch.optim.optimizer",
     ("module forward pre/post", "parameter/buffer/module registration", "optimizer step pre/post"),

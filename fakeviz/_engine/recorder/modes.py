@@ -16,6 +16,8 @@ recording core sits in a plain private TorchDispatchMode.
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 import types
 import warnings
 from collections.abc import Iterator
@@ -24,6 +26,10 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorMode, _BypassDispatchCache
+from torch.overrides import _get_current_function_mode_stack as _function_modes
+from torch.utils._device import DeviceContext as _DeviceContext
+from torch.utils._device import _device_constructors
+from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import patches as _patches
@@ -262,3 +268,106 @@ def deepcopy_patch(state: _State) -> Iterator[None]:
         yield
     finally:
         _patches.pop(token)
+
+
+# Note: [torch.tensor on fake cuda without a GPU]
+# ``torch.tensor(data, device="cuda")`` (and ``torch.as_tensor``, ``Tensor.new_tensor`` of Python data) builds
+# the data on cpu with every mode off, and on a GPU copies it to the device there, before any dispatch: the
+# only op a mode sees is ``aten.lift_fresh`` of the new cuda tensor (``$5: f32[] cuda:0 =
+# aten.lift_fresh.default($5)``). Where torch cannot make a cuda tensor (a CPU-only build, a CUDA build without
+# a GPU: ``FakeTensorMode.avoid_device_init``, which sets ``torch._C._only_lift_cpu_tensors``), it lifts the cpu
+# tensor and copies it afterwards through the modes: ``lift_fresh`` on cpu, then ``_to_copy`` to cuda, one op,
+# one small cpu tensor and one ``$N`` more per call. So while a fake record runs on fakeviz's shim, these three
+# answer as on a GPU (:func:`lift_patch`, patch ``tensor-lift``): the cpu data made with every mode off, a fake
+# tensor on the target device for it (the GPU's copy, made outside any op), ``aten.lift_fresh`` of that through
+# the modes, and the data kept as its values (Note: [values under fake tensors]). Data that is not plain
+# Python numbers, sequences of them or a numpy array (fake tensors, symbolic sizes in a list) is left to torch,
+# and so is a call made while this mode is not the current fake mode; ``fidelity()["assumptions"]`` still names
+# the lift + copy pairs that are left (``fakeviz._analysis.fidelity``).
+_SCALARS = (bool, int, float, complex)
+_FAKE_KEY = torch._C._TorchDispatchModeKey.FAKE
+_PYTHON_KEY = torch._C.DispatchKey.Python
+
+
+def _default_device() -> torch.device:
+    """The device ``torch.tensor`` makes a tensor on when none is given: ``torch.get_default_device()`` without its
+    index lookup, which makes a tensor (``torch.tensor([])``; a fake tensor's device fills the index in)."""
+    for m in reversed(_function_modes()):
+        if isinstance(m, _DeviceContext):
+            return m.device
+    ctx = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return torch.device("cpu") if ctx is None else ctx.device
+
+
+def _plain(data: Any) -> bool:
+    """Whether ``data`` is what ``torch.tensor`` makes a tensor of without reading a tensor: Python numbers,
+    lists and tuples of them, numpy arrays and scalars of numbers."""
+    if type(data) in _SCALARS:
+        return True
+    if type(data) in (list, tuple):
+        return all(type(x) in _SCALARS or _plain(x) for x in data)
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(data, (np.ndarray, np.generic)) and data.dtype.kind in "biufc"
+
+
+@contextlib.contextmanager
+def lift_patch(mode: _FakeRecordingMode) -> Iterator[None]:
+    """``torch.tensor``, ``torch.as_tensor`` and ``Tensor.new_tensor`` of data for a cuda device lift on that
+    device while ``mode`` records (Note: [torch.tensor on fake cuda without a GPU]); restored on exit."""
+    tensor = _patches.original(torch, "tensor")
+    as_tensor = _patches.original(torch, "as_tensor")
+    new_tensor = _patches.original(torch.Tensor, "new_tensor")
+
+    def lifted(data: Any, dtype: Any, device: Any, requires_grad: bool) -> Any:
+        """The tensor a GPU's torch would return, or None where torch's own path is to run."""
+        if (
+            not torch._C._only_lift_cpu_tensors()
+            or torch._C._get_dispatch_mode(_FAKE_KEY) is not mode
+            or torch._C._dispatch_tls_is_dispatch_key_excluded(_PYTHON_KEY)
+            or not _plain(data)
+        ):
+            return None
+        dev = _default_device() if device is None else torch.device(device)
+        if dev.type != "cuda":
+            return None
+        with torch._C.DisableTorchFunction(), no_dispatch():
+            real = tensor(data, dtype=dtype, device="cpu")
+            meta = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device="meta")
+        with torch._C._AutoDispatchBelowADInplaceOrView():  # lift_fresh has no autograd kernel (as torch.tensor)
+            out = torch.ops.aten.lift_fresh.default(_FakeTensor(mode, meta, dev))
+        if real.numel() <= _values.VALUE_LIMIT and real.layout == torch.strided:
+            mode._fv_values.give(out, real)
+        if requires_grad:
+            out.requires_grad_(True)
+        return out
+
+    def tensor_(data: Any, *, dtype: Any = None, device: Any = None, requires_grad: bool = False,
+                pin_memory: bool = False) -> Any:  # fmt: skip
+        out = None if pin_memory else lifted(data, dtype, device, requires_grad)
+        if out is None:
+            return tensor(data, dtype=dtype, device=device, requires_grad=requires_grad, pin_memory=pin_memory)
+        return out
+
+    def as_tensor_(data: Any, dtype: Any = None, device: Any = None) -> Any:
+        out = lifted(data, dtype, device, False)
+        return as_tensor(data, dtype=dtype, device=device) if out is None else out
+
+    def new_tensor_(self: torch.Tensor, data: Any, *args: Any, **kwargs: Any) -> Any:
+        out = None
+        if not args and set(kwargs) <= {"dtype", "device", "requires_grad"}:
+            dtype, device = kwargs.get("dtype"), kwargs.get("device")
+            out = lifted(data, self.dtype if dtype is None else dtype, self.device if device is None else device,
+                         bool(kwargs.get("requires_grad", False)))  # fmt: skip
+        return new_tensor(self, data, *args, **kwargs) if out is None else out
+
+    functools.update_wrapper(tensor_, tensor)
+    functools.update_wrapper(as_tensor_, as_tensor)
+    functools.update_wrapper(new_tensor_, new_tensor)
+    _device_constructors()  # torch.device(...)'s set of constructors (cached once): torch's, never these
+    tokens = [_patches.push(owner, name, fn, entry="tensor-lift") for owner, name, fn in
+              ((torch, "tensor", tensor_), (torch, "as_tensor", as_tensor_), (torch.Tensor, "new_tensor", new_tensor_))]  # fmt: skip
+    try:
+        yield
+    finally:
+        for token in tokens:
+            _patches.pop(token)

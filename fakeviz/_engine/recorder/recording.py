@@ -20,7 +20,14 @@ from .. import patches as _patches
 from .. import values as _values
 from ..session import check_device, gpu_error_from, new_fake_mode, session_patches
 from ..tracing_checks import tracing_checks
-from .modes import _FakeRecordingMode, _install_core_hooks, _RealRecordingMode, _remove_core_hooks, deepcopy_patch
+from .modes import (
+    _FakeRecordingMode,
+    _install_core_hooks,
+    _RealRecordingMode,
+    _remove_core_hooks,
+    deepcopy_patch,
+    lift_patch,
+)
 from .state import _State
 
 if TYPE_CHECKING:
@@ -178,6 +185,8 @@ class Recording:
                 stack.callback(setattr, mode._fv_values, "routing", mode._fv_values.routing)
                 mode._fv_values.routing = self.routing
                 stack.enter_context(tracing_checks(mode, state))  # Note: [tracing checks under fake tensors]
+                if shim.mode == "shim":
+                    stack.enter_context(lift_patch(mode))  # Note: [torch.tensor on fake cuda without a GPU]
             else:
                 # Note: [view replay in real runs]
                 # Autograd rebuilds the grad_fn of a view after an in-place op by replaying
