@@ -327,6 +327,11 @@ def _no_dialog(page: Any, timeout: float = 60_000) -> None:
     if dialog.count() == 0:
         return
     try:
+        title = " ".join(dialog.first.inner_text(timeout=1_000).split())
+        if title.startswith("Select Kernel"):
+            # on a loaded machine JupyterLab may ask which kernel before its sessions answer (fresh-clone CI saw it
+            # stay 60 s): accept its preselected kernel, as a person would
+            dialog.first.locator(".jp-Dialog-button.jp-mod-accept").click(timeout=10_000)
         dialog.first.wait_for(state="detached", timeout=timeout)
     except Exception as exc:  # playwright's TimeoutError
         text = " ".join(dialog.first.inner_text(timeout=1_000).split())
