@@ -34,7 +34,10 @@ from .sparse import stand_in
 from .value_args import flat
 from .value_reads import known_value
 
-__all__ = ["has_kernel", "kernel_keys", "retry"]
+__all__ = ["NOT_RETRIED", "has_kernel", "kernel_keys", "retry"]
+
+#: What :func:`retry` returns for a failure it does not handle: the caller re-raises it.
+NOT_RETRIED = object()
 
 # dispatch keys whose kernel serves every device
 _COMPOSITE = {"CompositeImplicitAutograd", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional"}
@@ -42,12 +45,14 @@ _YAML = Path(torch.__file__).resolve().parent.parent / "torchgen" / "packaged" /
 _YAML = _YAML / "native_functions.yaml"
 
 
-def retry(values: Any, func: Any, types: Any, args: Any, kwargs: Any, exc: BaseException) -> Any:
-    """``func`` on a fake accelerator after FakeTensorMode's fallback kernel failed there (``exc``): Note: [fallback
-    kernels on fake devices]. Re-raises ``exc`` for any other failure."""
+def retry(values: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    """``func`` on a fake accelerator after FakeTensorMode's fallback kernel failed there: Note: [fallback kernels on
+    fake devices]. :data:`NOT_RETRIED` for any other failure, which the caller re-raises (raising the caller's
+    exception here would make a reference cycle, exception -> traceback -> this frame -> exception, that keeps every
+    frame up the stack, and the tensors in them, alive until the garbage collector runs)."""
     device = _accelerator(args, kwargs)
     if device is None or not isinstance(func, torch._ops.OpOverload) or not _fallback_failed(values, func):
-        raise exc
+        return NOT_RETRIED
     has = has_kernel(func, device.type)
     if has is False:
         keys = ", ".join(kernel_keys(func) or ())
@@ -65,12 +70,10 @@ def retry(values: Any, func: Any, types: Any, args: Any, kwargs: Any, exc: BaseE
     if any(isinstance(t, FakeTensor) and t.layout != torch.strided for t in flat(args, [])):
         # a sparse input: the op runs on cpu stand-ins (Note: [sparse results under fake tensors])
         out = stand_in(values, func, args, kwargs, None, device)
-        if out is None:
-            raise exc
-        return out
+        return NOT_RETRIED if out is None else out
     cpu_args, cpu_kwargs = _on_cpu(values, args), {k: _on_cpu(values, v) for k, v in (kwargs or {}).items()}
     if _accelerator(cpu_args, cpu_kwargs) is not None:
-        raise exc  # a fake tensor with no cpu twin
+        return NOT_RETRIED  # a fake tensor with no cpu twin
     out = values.dispatch(func, types, cpu_args, cpu_kwargs)
     if seen is not None:
         del seen[n:]  # one fallback run for the op (the cpu one repeats the failed one's entry)

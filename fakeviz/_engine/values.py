@@ -169,10 +169,19 @@ def never_cached(func: Any) -> bool:
 def forget_cached_constructors() -> None:
     """Drop FakeTensorMode's cache entries of tensor constructors, random ops and ``fill_``/``zero_``/``copy_``
     (Note: [values under fake tensors]): a recording mode must see the ops that give their outputs values."""
+    from .recorder.fastpath import _FAST  # (the recorder imports this module)
+
     cache = FakeTensorMode.cache
     op = torch._ops.OpOverload
     kinds = (K_FACTORY, K_OVERWRITE, K_RANDOM)
-    for key in [k for k in cache if isinstance(k.key[0], op) and _kind(k.key[0]) in kinds]:
+    drop = []
+    for k in cache:
+        # torch's key starts with the op, a fast key (Note: [fast dispatch-cache key]) with _FAST, then the op:
+        # an entry of either kind, made by an earlier mode, would give this one's constructors no value
+        func = k.key[1] if k.key[0] is _FAST and len(k.key) > 1 else k.key[0]
+        if isinstance(func, op) and _kind(func) in kinds:
+            drop.append(k)
+    for key in drop:
         cache.pop(key, None)
 
 
@@ -205,8 +214,14 @@ class Values:
         kernels on fake devices])."""
         try:
             out = self._dispatch(func, types, args, kwargs)
-        except (NotImplementedError, RuntimeError, AssertionError) as exc:  # what torch raises without a GPU
-            return _device_fallback.retry(self, func, types, args, kwargs, exc)  # or raises exc; sparse: stand-ins
+        except (NotImplementedError, RuntimeError, AssertionError):  # what torch raises without a GPU
+            out = _device_fallback.retry(self, func, types, args, kwargs)  # sparse: stand-ins
+            if out is _device_fallback.NOT_RETRIED:
+                # re-raised here, not in retry: a frame that holds the exception it raises is a reference cycle
+                # (exception -> traceback -> frame -> exception), which kept every frame up the stack, and the
+                # user's tensors in them, alive until the garbage collector ran, where the real run freed them
+                raise
+            return out
         if type(out) is FakeTensor and out.layout is not torch.strided:  # (no sparse input: out as it is)
             return _sparse.stand_in(self, func, args, kwargs, out)
         return out

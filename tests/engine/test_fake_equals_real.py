@@ -296,3 +296,59 @@ def test_regression_copyslices_backward_view():
     real, fake = ([op for op, ph in zip(t.ops["op"], t.ops["phase"]) if ph == "backward"] for t in traces)
     # real: [..., 'aten.as_strided.default', ...]; fake: [..., 'aten.select.int', ...]
     assert fake == real
+
+
+def test_regression_constructor_cache_of_an_earlier_recording():
+    # A fill_ whose tensor is aliased keeps no value, so its output is cached, under the recorder's fast key
+    # (Note: [fast dispatch-cache key]). forget_cached_constructors dropped torch's keys only: a later recording's
+    # fill_ of the same metadata hit that entry and its tensor got no value (after tiny Llama, Wav2Vec2's layer
+    # norm weights, then its CTC loss's log_probs, had none: the loss took another path than when run alone).
+    def aliased_fill() -> None:
+        a = torch.empty(7, 3)
+        v = a.view(21)  # noqa: F841 - the alias that keeps fill_ from giving `a` a value
+        a.fill_(1.5)
+
+    def fill_then_read() -> float:
+        c = torch.empty(7, 3)
+        c.fill_(2.0)
+        return c.sum().item()
+
+    with fv.record() as first:
+        aliased_fill()
+    assert first.error is None, first.error
+    with fv.record() as second:
+        got = fill_then_read()  # raised DataDependentError: the value of c was not known
+    assert second.error is None, second.error
+    assert got == 42.0
+
+
+def test_regression_handled_op_error_keeps_no_frames_alive():
+    # masked_select of a tensor with no value and a mask with one: the values layer runs the fake rule with the
+    # mask's value hidden, which raises DynamicOutputShapeException through Values.dispatch, and then answers with
+    # the all-selected assumption. The device fallback re-raised the exception from a frame that held it: a
+    # reference cycle that kept every frame up the stack alive, so `tmp` (and everything the caller's frames held)
+    # was never freed while the garbage collector is off (as in a real run, a storage is freed when its last
+    # reference goes; the zoo tests record with gc disabled).
+    def inner(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        tmp = x * 2
+        return torch.masked_select(tmp, mask).sum()
+
+    def step() -> torch.Tensor:
+        x = torch.randn(300, 300)  # more than VALUE_LIMIT elements: no value
+        mask = torch.ones(300, dtype=torch.bool)  # a value
+        return inner(x, mask) + 1
+
+    lifetimes = {}
+    for fake in (False, True):
+        gc.collect()
+        gc.disable()
+        try:
+            with fv.record(fake=fake) as trace:
+                step()
+        finally:
+            gc.enable()
+        assert trace.error is None, trace.error
+        st = trace.storages
+        lifetimes[fake] = st[st.op == "aten.mul.Tensor"][["alloc_seq", "free_seq"]].values.tolist()
+    assert lifetimes[False][0][1] >= 0  # freed when inner returns
+    assert lifetimes[True] == lifetimes[False]  # fake: never freed (free_seq -1)

@@ -173,3 +173,54 @@ def test_full_size_fwd_bwd_on_fake_cuda(name: str) -> None:
     assert trace.peak_bytes()["cuda:0"]["bytes"] > param_bytes
     flops = trace.flops()
     assert flops["backward"] > flops["forward"] > 0, flops
+
+
+# ------------------------------------------------------------------ independent of what ran before
+_AFTER_LLAMA = """
+import gc, json, sys
+sys.path.insert(0, sys.argv[1])
+import arch_zoo
+import fakeviz as fv
+
+def record(name, fake):
+    gc.collect()
+    gc.disable()
+    try:
+        with fv.record(fake=fake) as trace:
+            arch_zoo.run(name, "tiny", attn="eager")
+    finally:
+        gc.enable()
+    assert trace.error is None, trace.error
+    return trace
+
+record("llama", False)
+record("llama", True)
+real, fake = record("wav2vec2", False), record("wav2vec2", True)
+cols = list(fv.CATEGORIES)
+print(json.dumps({
+    "peak": [{d: v["bytes"] for d, v in t.peak_bytes().items()} for t in (real, fake)],
+    "memory": [t.memory(allocator=False)[cols].values.tolist() for t in (real, fake)],
+    "oplog": real.oplog_lines() == fake.oplog_lines(),
+}))
+"""
+
+
+def test_tiny_wav2vec2_after_llama_in_one_process() -> None:
+    # test_tiny_peak_equal[wav2vec2-*] failed after the Llama cases and passed alone: tiny Llama's fake run left
+    # fast-keyed constructor entries in FakeTensorMode's process-wide cache (Wav2Vec2's fill_ then kept no value)
+    # and the CTC loss's handled DynamicOutputShapeException kept the loss's frames alive (32,148 bytes more at the
+    # peak). A fresh process, so that the order is the one that failed whatever ran before in this one.
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", _AFTER_LLAMA, tests], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["oplog"]
+    assert got["peak"][1] == got["peak"][0]
+    assert got["memory"][1] == got["memory"][0]
