@@ -95,7 +95,7 @@ from .routing import ROUTING_LIMIT, ROUTINGS, routing_indices
 from .value_reads import NORMAL_BOUND, guard_error, known_value
 
 __all__ = [
-    "DRAW_LIMIT", "NORMAL_BOUND", "ROUTINGS", "ROUTING_LIMIT", "VALUE_LIMIT", "Values", "advice",
+    "DRAW_LIMIT", "FAST_KEY", "NORMAL_BOUND", "ROUTINGS", "ROUTING_LIMIT", "VALUE_LIMIT", "Values", "advice",
     "forget_cached_constructors", "guard_error", "known_value", "never_cached", "routing_indices",
 ]  # fmt: skip
 
@@ -166,11 +166,14 @@ def never_cached(func: Any) -> bool:
     return isinstance(func, torch._ops.OpOverload) and _kind(func) in (K_RANDOM, K_ROUTE)
 
 
+# The first element of the recorder's own dispatch-cache keys (Note: [fast dispatch-cache key] in
+# recorder/fastpath.py, which takes it from here: the values layer must tell those keys from torch's)
+FAST_KEY = ("fakeviz-fast-key", 1)
+
+
 def forget_cached_constructors() -> None:
     """Drop FakeTensorMode's cache entries of tensor constructors, random ops and ``fill_``/``zero_``/``copy_``
     (Note: [values under fake tensors]): a recording mode must see the ops that give their outputs values."""
-    from .recorder.fastpath import _FAST  # (the recorder imports this module)
-
     cache = FakeTensorMode.cache
     op = torch._ops.OpOverload
     kinds = (K_FACTORY, K_OVERWRITE, K_RANDOM)
@@ -178,7 +181,7 @@ def forget_cached_constructors() -> None:
     for k in cache:
         # torch's key starts with the op, a fast key (Note: [fast dispatch-cache key]) with _FAST, then the op:
         # an entry of either kind, made by an earlier mode, would give this one's constructors no value
-        func = k.key[1] if k.key[0] is _FAST and len(k.key) > 1 else k.key[0]
+        func = k.key[1] if k.key[0] is FAST_KEY and len(k.key) > 1 else k.key[0]
         if isinstance(func, op) and _kind(func) in kinds:
             drop.append(k)
     for key in drop:

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch._subclasses.fake_tensor import FakeTensorConfig as _FakeTensorConfig
 from torch._subclasses.fake_tensor import FakeTensorMode, _DispatchCacheKey
 
+from .. import values as _values
 from .common import _DETACH, _Tensor, float_blind
 
 # FakeTensorMode's own methods, called where the fast path does not apply (and handed to the C core)
@@ -192,7 +193,7 @@ _LIGHT_OUTPUTS = True  # Note: [light cache-hit outputs]; tests switch it off to
 # function, a GraphModule, ...) takes torch's own key, which decides to key or to bypass. The fast keys start
 # with ``_FAST`` and so never equal a key of torch's (both live in FakeTensorMode's process-wide cache).
 # ``tests/engine/test_native_core.py`` checks that a recording with and without it gives the same trace.
-_FAST = ("fakeviz-fast-key", 1)
+_FAST = _values.FAST_KEY
 _SCALARS = frozenset({int, float, bool, str, type(None), complex, torch.dtype, torch.device, torch.layout,
                       torch.memory_format})  # fmt: skip
 _STRIDED = torch.strided
