@@ -150,8 +150,11 @@ def main() -> int:
     ap.add_argument("--skip-rss", action="store_true")
     ap.add_argument("--skip-memtracker", action="store_true")
     ap.add_argument("--memtracker-runs", type=int, default=1, help="MemTracker is ~30x slower: fewer runs")
-    ap.add_argument("--out", default="record_overhead.json",
-                    help="file name under benchmarks/results (record_overhead_newest_torch.json for another torch)")
+    ap.add_argument(
+        "--out",
+        default="record_overhead.json",
+        help="file name under benchmarks/results (record_overhead_newest_torch.json for another torch)",
+    )
     args = ap.parse_args()
     pinned = None
     if not args.no_pin and hasattr(os, "sched_setaffinity"):

@@ -111,8 +111,7 @@ _NO_KERNEL = frozenset(
     """.split()
 )
 _GEMM = frozenset(
-    "mm addmm bmm baddbmm addbmm _scaled_mm _int_mm addmv mv dot vdot "
-    "_addmm_activation addr matmul linear".split()
+    "mm addmm bmm baddbmm addbmm _scaled_mm _int_mm addmv mv dot vdot _addmm_activation addr matmul linear".split()
 )
 _GROUPED_GEMM = frozenset("_grouped_mm _scaled_grouped_mm".split())
 _CONV = re.compile(r"^(_?convolution|cudnn_convolution|conv\w*|miopen_convolution\w*|_convolution_double_backward)")
