@@ -129,26 +129,12 @@ _MATRIX = {timing.CLASSES.index(c) for c in ("gemm", "grouped_gemm", "attention"
 
 def predict(f: timing.OpFeatures, table: dict[str, timing.Achieved]) -> np.ndarray:
     """Each op's modelled kernel time (without the idle gap between kernels, which the measured kernels lack)."""
-    saved, gap = dict(timing.ACHIEVED), timing.KERNEL_GAP_S
-    timing.ACHIEVED.update(table)
-    timing.KERNEL_GAP_S = 0.0
-    try:
-        return timing.estimate(f, GPU)[0]
-    finally:
-        timing.ACHIEVED.clear()
-        timing.ACHIEVED.update(saved)
-        timing.KERNEL_GAP_S = gap
+    return timing.estimate(f, GPU, table=table, gap_s=0.0)[0]
 
 
 def step_pred(f: timing.OpFeatures, table: dict[str, timing.Achieved]) -> float:
-    saved = dict(timing.ACHIEVED)
-    timing.ACHIEVED.update(table)
-    try:
-        est = timing.estimate(f, GPU)[0]
-        return timing.simulate(f, est, timing.host_times(f), np.zeros(len(f)))[0]
-    finally:
-        timing.ACHIEVED.clear()
-        timing.ACHIEVED.update(saved)
+    est = timing.estimate(f, GPU, table=table)[0]
+    return timing.simulate(f, est, timing.host_times(f, table=table), np.zeros(len(f)))[0]
 
 
 COMPUTE_GRID = np.round(np.arange(0.05, 1.001, 0.025), 3)
@@ -255,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     gaps = [(rows[i]["median_s"] - rows[i]["busy_us"] * 1e-6) / sum(1 for o in rows[i]["op_rows"] if o["kernels"])
             for i in gpu_bound]  # fmt: skip
     print(f"KERNEL_GAP_S = {statistics.median(gaps):.2e}  (in the code: {timing.KERNEL_GAP_S:.2e})")
-    saved_gap, timing.KERNEL_GAP_S = timing.KERNEL_GAP_S, 0.0  # per-op kernels are fitted without the gaps
     fitted = dict(timing.ACHIEVED)
     for cls in timing.CLASSES:
         if cls in ("none", "collective", "sync", "attention", "attention_backward"):
@@ -263,7 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         got = fit_class(cls, [feats[i] for i in gpu_bound], [meas[i] for i in gpu_bound])
         if got is not None:
             fitted[cls] = got
-    timing.KERNEL_GAP_S = saved_gap
     small = [(f, r["median_s"]) for f, r in zip(feats, rows) if r["busy_us"] * 1e-6 < 0.2 * r["median_s"]]
     if small:
         fitted = fit_host([f for f, _ in small], [s for _, s in small], fitted)

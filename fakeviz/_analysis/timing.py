@@ -490,12 +490,18 @@ def _collective_features(
 _BOUNDS = ("none", "compute", "memory", "latency")
 
 
-def estimate(f: OpFeatures, gpu: GPUSpec | str, *, tf32: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def estimate(
+    f: OpFeatures, gpu: GPUSpec | str, *, tf32: bool = False, table: dict[str, Achieved] | None = None,
+    gap_s: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """GPU seconds of every op (collectives excluded: their time is the link's, see :func:`simulate`) and its bound
-    (codes into ``("none", "compute", "memory", "latency")``)."""
+    (codes into ``("none", "compute", "memory", "latency")``). ``table`` and ``gap_s`` replace :data:`ACHIEVED` and
+    :data:`KERNEL_GAP_S` (``benchmarks/fit_time.py`` tries its fitted table and kernel times without the gap)."""
     spec = gpu_spec(gpu)
+    table = ACHIEVED if table is None else table
+    gap = KERNEL_GAP_S if gap_s is None else gap_s
     n = len(f)
-    comp = np.array([ACHIEVED[c].compute for c in CLASSES])[f.cls]
+    comp = np.array([table[c].compute for c in CLASSES])[f.cls]
     if len(f.align) == n:
         factor = np.array([MISALIGNED.get(int(a), 1.0) for a in f.align]) if (f.align < 16).any() else 1.0
         comp = np.where(f.cls == _CODE["gemm"], comp * factor, comp)
@@ -505,17 +511,17 @@ def estimate(f: OpFeatures, gpu: GPUSpec | str, *, tf32: bool = False) -> tuple[
         comp[seq] = ATTENTION[backend][1 if f.cls[seq] == _CODE["attention_backward"] else 0]
         if len(f.causal) == n and f.causal[seq]:
             comp[seq] /= ATTENTION_CAUSAL_TIME
-    mem = np.array([ACHIEVED[c].memory for c in CLASSES])[f.cls]
-    launch = np.array([ACHIEVED[c].launch_s for c in CLASSES])[f.cls]
+    mem = np.array([table[c].memory for c in CLASSES])[f.cls]
+    launch = np.array([table[c].launch_s for c in CLASSES])[f.cls]
     peak = _peaks(spec, f.dtype, tf32)
     flops = np.maximum(f.flops, 0).astype(np.float64)
     t_c = flops / (peak * comp)
     t_m = (f.bytes_in + f.bytes_out).astype(np.float64) / (spec.hbm_bytes_per_s * mem)
     body = np.maximum(t_c, t_m)
-    est = body + launch + KERNEL_GAP_S
+    est = body + launch + gap
     silent = np.isin(f.cls, [_CODE["none"], _CODE["collective"]])
     est[silent] = 0.0
-    bound = np.where(launch + KERNEL_GAP_S > body, 3, np.where(t_c >= t_m, 1, 2)).astype(np.int8)
+    bound = np.where(launch + gap > body, 3, np.where(t_c >= t_m, 1, 2)).astype(np.int8)
     bound[silent] = 0
     return est if n else np.zeros(0), bound
 
@@ -525,10 +531,11 @@ def _peaks(spec: GPUSpec, dtypes: list[str], tf32: bool) -> np.ndarray:
     return np.array([table[d] for d in dtypes], np.float64) if dtypes else np.zeros(0)
 
 
-def host_times(f: OpFeatures, host_scale: float = 1.0) -> np.ndarray:
+def host_times(f: OpFeatures, host_scale: float = 1.0, table: dict[str, Achieved] | None = None) -> np.ndarray:
     """Seconds the host spends issuing each op (``ACHIEVED[cls].host_s``, times ``host_scale`` for a faster or
-    slower host than the one the constants were fitted on)."""
-    return np.array([ACHIEVED[c].host_s for c in CLASSES])[f.cls] * host_scale
+    slower host than the one the constants were fitted on; ``table`` replaces :data:`ACHIEVED`)."""
+    table = ACHIEVED if table is None else table
+    return np.array([table[c].host_s for c in CLASSES])[f.cls] * host_scale
 
 
 @dataclass
