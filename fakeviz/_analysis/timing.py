@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -198,6 +198,21 @@ class OpFeatures:
 
     def __len__(self) -> int:
         return len(self.cls)
+
+    def tail(self, start: int) -> OpFeatures:
+        """The features of the ops from ``start`` on, their references to earlier ops (a collective read, what a
+        collective comes after) renumbered, and those before ``start`` dropped (``AFTER_NOTHING``: done already)."""
+        if start <= 0:
+            return self
+        n = len(self)
+        w = OpFeatures(**{fl.name: v[start:] if len(v := getattr(self, fl.name)) == n else v for fl in fields(self)})
+        if len(self.waits_on) == n:
+            v = self.waits_on[start:]
+            w.waits_on = np.where(v >= start, v - start, -1)
+        if len(self.coll_after) == n:
+            v = self.coll_after[start:]
+            w.coll_after = np.where(v >= start, v - start, np.where(v >= 0, AFTER_NOTHING, v))
+        return w
 
 
 def _tensor_table(c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -675,18 +690,19 @@ def op_times(rec: Record, gpu: GPUSpec | str, *, tf32: bool = False, host_scale:
 
 
 def step_time(
-    rec: Record, gpu: GPUSpec | str, *, tf32: bool = False, host_scale: float = 1.0, **links: Any
+    rec: Record, gpu: GPUSpec | str, *, start: int = 0, tf32: bool = False, host_scale: float = 1.0, **links: Any
 ) -> StepTime:
-    """The estimated time of the recorded step on ``gpu`` (see :class:`StepTime`)."""
+    """The estimated time of the recorded step on ``gpu`` (see :class:`StepTime`); ``start``: of the ops from there on
+    (a plan's step without its set-up, ``fakeviz._frontends.steps.step_start``)."""
     spec = gpu_spec(gpu)
-    f = features(rec)
+    f = features(rec).tail(start)
     est, _ = estimate(f, spec, tf32=tf32)
     host = host_times(f, host_scale)
     coll = collective_seconds(f, spec, **links)
     step, _, exposed = simulate(f, est, host, coll)
     by_class = {c: float(est[f.cls == i].sum()) for i, c in enumerate(CLASSES) if c not in ("none", "collective")}
     by_class = {c: v for c, v in by_class.items() if v > 0}
-    phase = rec.col("phase").astype(np.int64)
+    phase = rec.col("phase")[max(start, 0) :].astype(np.int64)
     by_phase = {p: float(est[phase == i].sum()) for i, p in enumerate(PHASES) if (phase == i).any()}
     return StepTime(
         step_s=step, gpu_s=float(est.sum()), host_s=float(host.sum()), comm_s=float(coll.sum()),

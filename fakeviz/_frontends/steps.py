@@ -5,7 +5,6 @@ such a recorded step takes on a GPU kind (:func:`speed`: step time, tokens/s, MF
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -267,47 +266,12 @@ def step_start(trace: Any) -> int:
 _INDEX_FIELDS = ("waits_on", "coll_after")
 
 
-def _window(f: Any, start: int) -> Any:
-    from .._analysis import timing
-
-    if start <= 0:
-        return f
-    n = len(f)
-    kw = {}
-    for fld in dataclasses.fields(f):
-        v = getattr(f, fld.name)
-        kw[fld.name] = v[start:] if len(v) == n else v
-    w = type(f)(**kw)
-    if len(f.waits_on) == n:
-        v = f.waits_on[start:]
-        w.waits_on = np.where(v >= start, v - start, -1)
-    if len(f.coll_after) == n:
-        v = f.coll_after[start:]
-        w.coll_after = np.where(v >= start, v - start, np.where(v >= 0, timing.AFTER_NOTHING, v))
-    return w
-
-
 def window_time(trace: Any, gpu: Any, start: int = 0, *, tf32: bool = False, host_scale: float = 1.0,
                 **links: Any) -> Any:  # fmt: skip
     """:func:`fakeviz._analysis.timing.step_time` of the ops from ``start`` on (``start=0``: the same figures)."""
     from .._analysis import timing
-    from .._core.gpu_specs import gpu_spec
 
-    spec = gpu_spec(gpu)
-    f = _window(timing.features(trace), start)
-    est, _ = timing.estimate(f, spec, tf32=tf32)
-    host = timing.host_times(f, host_scale)
-    coll = timing.collective_seconds(f, spec, **links)
-    step, _, exposed = timing.simulate(f, est, host, coll)
-    by_class = {
-        c: float(est[f.cls == i].sum()) for i, c in enumerate(timing.CLASSES) if c not in ("none", "collective")
-    }
-    phase = np.asarray(trace.col("phase"))[start:].astype(np.int64)
-    return timing.StepTime(
-        step_s=step, gpu_s=float(est.sum()), host_s=float(host.sum()), comm_s=float(coll.sum()), exposed_comm_s=exposed,
-        flops=int(np.maximum(f.flops, 0).sum()), gpu=spec.name, by_class={c: v for c, v in by_class.items() if v > 0},
-        by_phase={p: float(est[phase == i].sum()) for i, p in enumerate(PHASES) if (phase == i).any()},
-    )  # fmt: skip
+    return timing.step_time(trace, gpu, start=start, tf32=tf32, host_scale=host_scale, **links)
 
 
 # the kernel classes whose FLOPs MFU counts: the tensor-core work the dense peak is the peak of (Note: [model FLOPs])

@@ -285,7 +285,7 @@ def test_collective_streams_by_hand() -> None:
     assert end[6] == pytest.approx(end[5] + 1e-5) and exposed == pytest.approx(1e-3)
     assert step == pytest.approx(end[6])
     # the window of a step: indices shift, a wait on an op before the window waits for nothing
-    w = steps._window(f, 2)
+    w = f.tail(2)
     assert w.waits_on.tolist() == [-1, -1, 0, -1, 3]
     assert w.coll_after.tolist() == [timing.AFTER_NOTHING, -1, -1, timing.AFTER_COMPUTE, -1]
 
