@@ -66,9 +66,14 @@ __all__ = [
     "TensorInfo",
     "checkpoint_file",
     "find_weights",
+    "gather",
+    "index_shards",
+    "parse_index",
+    "parse_safetensors_header",
     "read_checkpoint",
     "read_safetensors_header",
     "read_torch_meta",
+    "safetensors_header_length",
 ]
 
 #: safetensors dtype codes (the format's spec) -> torch dtypes (those this torch build has).
@@ -169,38 +174,67 @@ def read_safetensors_header(path: str | os.PathLike[str]) -> tuple[dict[str, Ten
             Note: [hostile checkpoints].
     """
     path = Path(path)
-    fix = "Re-download the file, or check that it is a safetensors file."
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
-        if size < 8:
-            raise _bad(path, f"{size} bytes: too short for a safetensors file (8-byte header length missing)", fix)
-        (n,) = struct.unpack("<Q", f.read(8))
-        if n > size - 8:
-            raise _bad(
-                path, f"header length {n:,} does not fit in a file of {size:,} bytes: not a safetensors file", fix
-            )
-        if n > SAFETENSORS_MAX_HEADER:
-            raise _bad(path, f"header length {n:,} is over safetensors' own limit of {SAFETENSORS_MAX_HEADER:,} "
-                       "bytes: not a safetensors file (safetensors refuses it too)", fix)  # fmt: skip
-        if n > MAX_HEADER_BYTES:
-            raise _bad(path, f"a header of {n / 2**20:,.1f} MiB is larger than fakeviz reads ({_size(MAX_HEADER_BYTES)}, "
-                       "about 300,000 tensors; published shards have headers under 1 MiB)",
-                       "Save the checkpoint in smaller shards (save_pretrained(max_shard_size=...)), or build the "
-                       "model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
+        n = safetensors_header_length(f.read(8), size, path)
         raw = f.read(n)
     if len(raw) != n:
-        raise _bad(path, f"the file ended inside its {n:,}-byte header: the file is truncated", fix)
+        raise _bad(path, f"the file ended inside its {n:,}-byte header: the file is truncated", _REFETCH)
+    return parse_safetensors_header(raw, size, path)
+
+
+def safetensors_header_length(first: bytes, size: int, where: Path | str) -> int:
+    """The header length the first 8 bytes of a safetensors file of ``size`` bytes give, checked against the file's
+    size, safetensors' own limit and :data:`MAX_HEADER_BYTES` before any byte of the header is read.
+
+    ``where`` names the file in errors (a path, or a hub file as ``owner/name@revision:file``).
+    """
+    if size < 8 or len(first) < 8:
+        raise _bad(where, f"{size} bytes: too short for a safetensors file (8-byte header length missing)", _REFETCH)
+    (n,) = struct.unpack("<Q", first[:8])
+    if n > size - 8:
+        raise _bad(
+            where, f"header length {n:,} does not fit in a file of {size:,} bytes: not a safetensors file", _REFETCH
+        )
+    if n > SAFETENSORS_MAX_HEADER:
+        raise _bad(where, f"header length {n:,} is over safetensors' own limit of {SAFETENSORS_MAX_HEADER:,} "
+                   "bytes: not a safetensors file (safetensors refuses it too)", _REFETCH)  # fmt: skip
+    if n > MAX_HEADER_BYTES:
+        raise _bad(where, f"a header of {n / 2**20:,.1f} MiB is larger than fakeviz reads ({_size(MAX_HEADER_BYTES)}, "
+                   "about 300,000 tensors; published shards have headers under 1 MiB)",
+                   "Save the checkpoint in smaller shards (save_pretrained(max_shard_size=...)), or build the "
+                   "model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
+    return n
+
+
+def parse_safetensors_header(
+    raw: bytes, size: int, where: Path | str, file: str | None = None
+) -> tuple[dict[str, TensorInfo], dict[str, str], int]:
+    """The checked tensors of a safetensors header ``raw`` (the bytes after its 8-byte length) of a file of ``size``
+    bytes: the one parser of local files and of headers read over HTTP (Note: [hostile checkpoints]).
+
+    ``file`` is the name each :class:`TensorInfo` records (default: ``where``'s last part). Returns ``(tensors,
+    metadata, 8 + len(raw))``, as :func:`read_safetensors_header`.
+    """
+    fix = _REFETCH
+    n = len(raw)
+    file = file if file is not None else PurePosixPath(str(where).replace("\\", "/")).name
+    if 8 + n > size:
+        raise _bad(where, f"the file ended inside its {n:,}-byte header: the file is truncated", fix)
     try:
         header = _strict_json(raw)
     except RecursionError as e:
-        raise _bad(path, "the header nests JSON too deeply to be a safetensors header", fix) from e
+        raise _bad(where, "the header nests JSON too deeply to be a safetensors header", fix) from e
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
-        raise _bad(path, f"the header is not JSON ({str(e)[:200]})", fix) from e
+        raise _bad(where, f"the header is not JSON ({str(e)[:200]})", fix) from e
     if not isinstance(header, dict):
-        raise _bad(path, f"the header is a JSON {_json_type(header)}, not an object", fix)
-    meta = _metadata(path, header.pop("__metadata__", None), fix)
-    tensors = _entries(path, header, size - 8 - n, fix)
+        raise _bad(where, f"the header is a JSON {_json_type(header)}, not an object", fix)
+    meta = _metadata(where, header.pop("__metadata__", None), fix)
+    tensors = _entries(where, file, header, size - 8 - n, fix)
     return tensors, meta, 8 + n
+
+
+_REFETCH = "Re-download the file, or check that it is a safetensors file."
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -228,12 +262,12 @@ def _json_type(value: Any) -> str:
             type(None): "null"}.get(type(value), type(value).__name__)  # fmt: skip
 
 
-def _field(path: Path, name: str, field: str, value: Any, want: str, fix: str) -> CheckpointError:
+def _field(path: Path | str, name: str, field: str, value: Any, want: str, fix: str) -> CheckpointError:
     return _bad(path, f"tensor {_short.repr(name)}: field {field!r} is {_short.repr(value)} (a JSON "
                 f"{_json_type(value)}), where safetensors has {want}", fix)  # fmt: skip
 
 
-def _metadata(path: Path, meta: Any, fix: str) -> dict[str, str]:
+def _metadata(path: Path | str, meta: Any, fix: str) -> dict[str, str]:
     if meta is None:
         return {}
     if not isinstance(meta, dict):
@@ -250,7 +284,7 @@ def _uint(value: Any, limit: int) -> bool:
     return type(value) is int and 0 <= value <= limit
 
 
-def _entries(path: Path, header: dict[str, Any], data_size: int, fix: str) -> dict[str, TensorInfo]:
+def _entries(path: Path | str, file: str, header: dict[str, Any], data_size: int, fix: str) -> dict[str, TensorInfo]:
     """Each entry of a parsed header checked field by field, then the byte ranges as safetensors checks them."""
     tensors: dict[str, TensorInfo] = {}
     ranges: list[tuple[int, int, str]] = []
@@ -286,7 +320,7 @@ def _entries(path: Path, header: dict[str, Any], data_size: int, fix: str) -> di
         if end > data_size:
             raise _bad(path, f"tensor {_short.repr(name)} ends at byte {end:,} of the data, but the file holds "
                        f"{data_size:,} bytes of data: the file is truncated", fix)  # fmt: skip
-        tensors[name] = TensorInfo(dtype, tuple(shape), path.name)
+        tensors[name] = TensorInfo(dtype, tuple(shape), file)
         ranges.append((begin, end, name))
     ranges.sort()
     at, before = 0, ""
@@ -404,13 +438,9 @@ def _outside(folder: Path, name: Any, root: Path | None = None) -> str | None:
 
     Note: [hostile checkpoints].
     """
-    if not isinstance(name, str) or not name or "\x00" in name:
-        return "is not a file name"
-    posix, windows = PurePosixPath(name), PureWindowsPath(name)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive or name.startswith(("/", "\\")):
-        return "is an absolute path, outside the checkpoint folder"
-    if ".." in posix.parts or ".." in windows.parts:
-        return "climbs out of the checkpoint folder ('..')"
+    why = _textual(name)
+    if why is not None:
+        return why
     try:  # only now the file system: the symlinks on the way, inside the folder
         root = root or folder.resolve()
         target = (root / name).resolve()
@@ -419,6 +449,18 @@ def _outside(folder: Path, name: Any, root: Path | None = None) -> str | None:
     if _within(target, root):
         return None
     return "resolves outside the checkpoint folder (a symlink?)"
+
+
+def _textual(name: Any) -> str | None:
+    """Why ``name``, as text, is not a relative file name inside a checkpoint (before any file system call)."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return "is not a file name"
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if posix.is_absolute() or windows.is_absolute() or windows.drive or name.startswith(("/", "\\")):
+        return "is an absolute path, outside the checkpoint folder"
+    if ".." in posix.parts or ".." in windows.parts:
+        return "climbs out of the checkpoint folder ('..')"
+    return None
 
 
 def checkpoint_file(folder: str | os.PathLike[str], name: str, *, what: str = "file") -> Path:
@@ -445,40 +487,15 @@ def _read_index(index: Path) -> tuple[list[Path], dict[str, str]]:
 
     Every shard must be inside the index's folder (:func:`checkpoint_file`), checked before any is opened.
     """
-    fix = "An index is JSON with a 'weight_map' of tensor name -> shard file; re-download it."
     if not _is_file(index):
-        raise _bad(index, "not a file", fix)
+        raise _bad(index, "not a file", _INDEX_FIX)
     try:
         with open(index, "rb") as f:
             data = f.read(MAX_INDEX_BYTES + 1)
     except OSError as e:
         raise _bad(index, f"cannot be read ({type(e).__name__}: {e.strerror or e})") from e
-    if len(data) > MAX_INDEX_BYTES:
-        raise _bad(index, f"longer than the {_size(MAX_INDEX_BYTES)} fakeviz reads from an index (about "
-                   "150,000 tensors)", "Build the model from its config alone with "
-                   "fakeviz.models.build(folder).")  # fmt: skip
-    try:
-        raw = _strict_json(data)
-    except RecursionError as e:
-        raise _bad(index, "nests JSON too deeply to be a checkpoint index", fix) from e
-    except ValueError as e:
-        raise _bad(index, f"not a checkpoint index (not JSON: {str(e)[:200]})", fix) from e
-    if not isinstance(raw, dict):
-        raise _bad(index, f"not a checkpoint index (a JSON {_json_type(raw)}, not an object)", fix)
-    if "weight_map" not in raw:
-        raise _bad(index, "not a checkpoint index (no 'weight_map')", fix)
-    weight_map = raw["weight_map"]
-    if not isinstance(weight_map, dict):
-        raise _bad(index, f"field 'weight_map' is a JSON {_json_type(weight_map)}, where an index has an object", fix)
-    if len(weight_map) > MAX_TENSORS:
-        raise _bad(index, f"names {len(weight_map):,} tensors, more than the {MAX_TENSORS:,} fakeviz reads",
-                   "Build the model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
-    shards: dict[str, str] = {}
-    for tensor, shard in weight_map.items():
-        if not isinstance(shard, str):
-            raise _bad(index, f"weight_map entry {_short.repr(tensor)} is {_short.repr(shard)} (a JSON "
-                       f"{_json_type(shard)}), where an index has a shard file name", fix)  # fmt: skip
-        shards.setdefault(shard, tensor)
+    weight_map = parse_index(data, index)
+    shards = _shards(weight_map, index)
     root = index.parent.resolve()
     for shard, tensor in shards.items():  # every name confined before any shard is looked at
         why = _outside(index.parent, shard, root)
@@ -490,6 +507,85 @@ def _read_index(index: Path) -> tuple[list[Path], dict[str, str]]:
         raise _bad(index, f"{len(missing)} shard(s) named in the index are missing: {_names(missing)}",
                    "Download the missing shards (or all of the checkpoint) into the same folder.")  # fmt: skip
     return files, weight_map
+
+
+_INDEX_FIX = "An index is JSON with a 'weight_map' of tensor name -> shard file; re-download it."
+
+
+def parse_index(data: bytes, where: Path | str) -> dict[str, str]:
+    """The weight map (tensor name -> shard file) of an index's bytes, checked (Note: [hostile checkpoints]).
+
+    ``data`` is at most ``MAX_INDEX_BYTES + 1`` bytes (a longer index is refused); ``where`` names it in errors.
+    """
+    fix = _INDEX_FIX
+    if len(data) > MAX_INDEX_BYTES:
+        raise _bad(where, f"longer than the {_size(MAX_INDEX_BYTES)} fakeviz reads from an index (about "
+                   "150,000 tensors)", "Build the model from its config alone with "
+                   "fakeviz.models.build(folder).")  # fmt: skip
+    try:
+        raw = _strict_json(data)
+    except RecursionError as e:
+        raise _bad(where, "nests JSON too deeply to be a checkpoint index", fix) from e
+    except ValueError as e:
+        raise _bad(where, f"not a checkpoint index (not JSON: {str(e)[:200]})", fix) from e
+    if not isinstance(raw, dict):
+        raise _bad(where, f"not a checkpoint index (a JSON {_json_type(raw)}, not an object)", fix)
+    if "weight_map" not in raw:
+        raise _bad(where, "not a checkpoint index (no 'weight_map')", fix)
+    weight_map = raw["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise _bad(where, f"field 'weight_map' is a JSON {_json_type(weight_map)}, where an index has an object", fix)
+    if len(weight_map) > MAX_TENSORS:
+        raise _bad(where, f"names {len(weight_map):,} tensors, more than the {MAX_TENSORS:,} fakeviz reads",
+                   "Build the model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise _bad(where, f"weight_map entry {_short.repr(tensor)} is {_short.repr(shard)} (a JSON "
+                       f"{_json_type(shard)}), where an index has a shard file name", fix)  # fmt: skip
+    return weight_map
+
+
+def _shards(weight_map: dict[str, str], where: Path | str) -> dict[str, str]:
+    """Each shard an index names, once, in order -> the first tensor naming it."""
+    shards: dict[str, str] = {}
+    for tensor, shard in weight_map.items():
+        shards.setdefault(shard, tensor)
+    return shards
+
+
+def index_shards(weight_map: dict[str, str], where: Path | str) -> list[str]:
+    """The shard names of a weight map, each once, in order, refused as text if one is not a relative file name
+    inside the checkpoint (absolute, ``..``, empty, NUL): for an index whose shards are not files here (the hub's)."""
+    shards = _shards(weight_map, where)
+    for shard, tensor in shards.items():
+        why = _textual(shard)
+        if why is not None:
+            raise _bad(where, f"weight_map entry {_short.repr(tensor)}: shard {_short.repr(shard)} {why}", _CONFINED)
+    return list(shards)
+
+
+def gather(
+    where: Path | str, headers: Iterable[tuple[dict[str, TensorInfo], int]], weight_map: dict[str, str] | None
+) -> tuple[dict[str, TensorInfo], int]:
+    """The tensors of a checkpoint's files, one header at a time, within :data:`MAX_TENSORS` and
+    :data:`MAX_TOTAL_HEADER_BYTES` (checked after each file), and agreeing with the index's ``weight_map``.
+
+    ``headers`` yields ``(tensors, header bytes)`` per file, lazily: reading stops at the file over a limit.
+    Returns ``(tensors, header bytes)``.
+    """
+    tensors: dict[str, TensorInfo] = {}
+    header_bytes = 0
+    for found, nbytes in headers:
+        header_bytes += nbytes
+        tensors.update(found)
+        if len(tensors) > MAX_TENSORS or header_bytes > MAX_TOTAL_HEADER_BYTES:
+            last = next(iter(found.values())).file if found else "a file"
+            raise _bad(where, f"more than {MAX_TENSORS:,} tensors or {_size(MAX_TOTAL_HEADER_BYTES)} of headers "
+                       f"(after {last}: {len(tensors):,} tensors, {header_bytes:,} bytes of headers): more than "
+                       "fakeviz reads", "Build the model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
+    if weight_map is not None:
+        _check_index(where, weight_map, tensors)
+    return tensors, header_bytes
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
@@ -523,26 +619,21 @@ def read_checkpoint(path: str | os.PathLike[str]) -> Checkpoint:
     weight_map: dict[str, str] | None = None
     if index is not None:
         files, weight_map = _read_index(index)
-    tensors: dict[str, TensorInfo] = {}
-    header_bytes = 0
     fmt = "safetensors" if all(f.suffix == ".safetensors" for f in files) else "torch"
-    for f in files:
-        if f.suffix == ".safetensors":
-            found, _, nbytes = read_safetensors_header(f)
-            header_bytes += nbytes
-        else:
-            found = read_torch_meta(f)
-        tensors.update(found)
-        if len(tensors) > MAX_TENSORS or header_bytes > MAX_TOTAL_HEADER_BYTES:
-            raise _bad(path, f"more than {MAX_TENSORS:,} tensors or {_size(MAX_TOTAL_HEADER_BYTES)} of headers "
-                       f"(after {f.name}: {len(tensors):,} tensors, {header_bytes:,} bytes of headers): more than "
-                       "fakeviz reads", "Build the model from its config alone with fakeviz.models.build(folder).")  # fmt: skip
-    if weight_map is not None:
-        _check_index(index, weight_map, tensors)  # type: ignore[arg-type]
+
+    def headers() -> Iterable[tuple[dict[str, TensorInfo], int]]:
+        for f in files:
+            if f.suffix == ".safetensors":
+                found, _, nbytes = read_safetensors_header(f)
+                yield found, nbytes
+            else:
+                yield read_torch_meta(f), 0
+
+    tensors, header_bytes = gather(index if index is not None else path, headers(), weight_map)
     return Checkpoint(tensors, files, fmt, header_bytes)
 
 
-def _check_index(index: Path, weight_map: dict[str, str], tensors: dict[str, TensorInfo]) -> None:
+def _check_index(index: Path | str, weight_map: dict[str, str], tensors: dict[str, TensorInfo]) -> None:
     wrong = [n for n, f in weight_map.items() if n not in tensors or tensors[n].file != Path(f).name]
     if wrong:
         raise _bad(index, f"{len(wrong)} tensor(s) are not in the shard the index names: {_names(wrong)}",
