@@ -433,6 +433,9 @@ declare("cuda-shim", "c10::impl::device_guard_impl_registry[CUDA], at::detail::g
         why="Note: [fake cuda on a CPU-only build] (the guard; the hooks' vtable); Note: [fake cuda on a CUDA "
             "build without a GPU] (the guard; one vtable slot: hasPrimaryContext); Note: [CUDA kernels a CPU-only "
             "build lacks] (a CPU-only build: CUDA kernels for two aten ops); nothing on a CUDA build that sees a GPU")  # fmt: skip
+declare("torchao-out-dtype", "torch._higher_order_ops.out_dtype.out_dtype.python_key_table", "fakeviz's mode classes",
+        scope="import", by="fakeviz._engine.torchao_patches", kind="table item",
+        why="Note: [out_dtype under the recording mode] (torchao's int8 matmul on CUDA)")  # fmt: skip
 # session scope (Note: [session patches])
 declare(
     "swap-tensors", "torch.utils", "swap_tensors", scope="session", by=_S, why="Note: [Module.to on fake parameters]"
@@ -493,6 +496,11 @@ declare(
     by="fakeviz._engine.cuda_api",
     why="Note: [session patches]: on the shim only",
 )
+declare("torchao-sm-checks", "torchao.utils and the torchao modules that import them by name",
+        ("is_sm_at_least_89", "is_sm_at_least_90", "is_sm_at_least_100"), scope="session",
+        by="fakeviz._engine.torchao_patches", torch="CPU-only builds (the shim)",
+        why="Note: [torchao on fake GPUs]: torchao's kernel choice by capability answers as the fake GPU; also a "
+            "sys.meta_path finder while torchao is not yet imported")  # fmt: skip
 # gpu-session scope (Note: [torch.cuda on fake GPUs]); the leaves are listed in cuda_api.patches._LEAVES
 declare("torch-cuda-leaves", "torch.cuda, torch.cuda.memory, torch.cuda.random, torch.cuda.graphs, "
         "torch.cuda.streams, torch.accelerator, torch.accelerator.memory", "cuda_api.patches._LEAVES",

@@ -36,6 +36,7 @@ from . import cuda_shim as _cuda_shim
 from . import distributed as _distributed
 from . import moe as _moe
 from . import patches as _patches
+from . import torchao_patches as _torchao_patches
 
 __all__ = [
     "DATA_DEPENDENT_ERRORS", "GPUIndexError", "check_device", "fake_mode", "fakeify", "gpu_error_from",
@@ -238,6 +239,7 @@ def _apply_patches(on: bool) -> None:
     _native_attention(on)
     _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
     _distributed.patch_sharding_prop(on)  # Note: [DTensor's shadow propagation]
+    _torchao_patches.session_patches(on)  # Note: [torchao on fake GPUs]
 
 
 _native_sdpa = contextlib.ExitStack()

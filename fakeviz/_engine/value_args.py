@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, _check_for_subclass_arg
 from torch.utils._mode_utils import no_dispatch
 
 __all__ = [
-    "FAILED", "Unknown", "arg_tensors", "device_of", "flat", "has_sym", "real_call", "sole", "storage_key", "to_real",
+    "FAILED", "Unknown", "arg_tensors", "device_of", "flat", "has_subclass", "has_sym", "is_subclass", "real_call", "sole", "storage_key", "to_real",
 ]  # fmt: skip
 
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 
 def flat(x: Any, into: list[Any]) -> list[Any]:
@@ -37,6 +38,21 @@ def arg_tensors(args: Any, kwargs: Any) -> list[Any]:
     if kwargs:
         flat(list(kwargs.values()), out)
     return out
+
+
+def is_subclass(x: Any) -> bool:
+    """A tensor of a subclass FakeTensorMode does not run (a torchao ``Int8Tensor``, a DTensor): torch's own test
+    (``fake_tensor._check_for_subclass_arg``), the plain types answered at once."""
+    tx = type(x)
+    if tx is FakeTensor or tx is _Tensor or tx is _Parameter or not isinstance(x, _Tensor):
+        return False
+    return _check_for_subclass_arg(x)
+
+
+def has_subclass(args: Any, kwargs: Any) -> bool:
+    """Whether an argument of an op is a tensor subclass FakeTensorMode does not run (Note: [tensor subclasses
+    under the values layer] in :mod:`fakeviz._engine.values`)."""
+    return any(is_subclass(t) for t in arg_tensors(args, kwargs))
 
 
 def has_sym(args: Any, kwargs: Any) -> bool:

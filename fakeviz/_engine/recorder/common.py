@@ -80,6 +80,28 @@ def is_wrapper(t: Any) -> bool:
     return type(t) not in _PLAIN and is_traceable_wrapper_subclass(t)
 
 
+def inner_tensors(t: Any) -> list[Any]:
+    """The tensors that hold a wrapper's memory, in ``__tensor_flatten__``'s order, wrappers within unwrapped (a
+    DTensor: its local tensor; a torchao ``Int8Tensor``: ``qdata`` and ``scale``; Note: [wrapper tensors hold no
+    memory] in ``storages.py``); ``[t]`` for any other tensor."""
+    if not is_wrapper(t):
+        return [t]
+    out: list[Any] = []
+    for name in t.__tensor_flatten__()[0]:
+        x = getattr(t, name, None)
+        if isinstance(x, torch.Tensor):
+            out.extend(inner_tensors(x))
+    return out
+
+
+def tensor_nbytes(t: Any) -> int:
+    """The bytes a tensor's elements take: a wrapper's are its inner tensors' (an int8 weight and its scales),
+    not its outer shape times its outer dtype."""
+    if is_wrapper(t):
+        return sum(tensor_nbytes(x) for x in inner_tensors(t))
+    return int(t.numel()) * t.element_size()
+
+
 def is_real_plain(t: Any) -> bool:
     """A plain real tensor or Parameter (no fake tensor, no subclass): Note: [real leaves in a fake record]."""
     return type(t) is torch.Tensor or type(t) is torch.nn.Parameter

@@ -33,6 +33,7 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import patches as _patches
+from .. import torchao_patches as _torchao_patches
 from .. import values as _values
 from .common import _DETACH, _get_ident, _Tensor
 from .fastpath import _fake_detach, _fake_dispatch, _fake_make_entry, _fast_key, _fast_output_from_entry
@@ -178,6 +179,8 @@ class _FakeRecordingMode(FakeTensorMode):
             if loc.get("depth") == 1 and loc.get("entry") is None:
                 loc["entry"] = (func, entry)
 
+
+_torchao_patches.install_hop_rules(_FakeRecordingMode)  # Note: [out_dtype under the recording mode]
 
 _HOOKS = ("__torch_dispatch__", "_output_from_cache_entry", "_make_cache_entry")
 _OWN_HOOKS = {name: _FakeRecordingMode.__dict__[name] for name in _HOOKS}

@@ -29,6 +29,7 @@ from .common import (
     _no_torch_function,
     _Tensor,
     is_real_plain,
+    tensor_nbytes,
 )
 
 _home = _patches.home  # the thread a hook runs for: the record's own is state.owner (Note: [threads] in patches.py)
@@ -141,6 +142,7 @@ class ModulesMixin:
         self.built: dict[int, Any] = {}  # id -> weakref of modules built in the block
         self.optimizers: dict[int, Any] = {}  # id -> weakref of optimizers that stepped
         self.p_rows: dict[int, tuple[int, ...]] = {}  # name id -> parameter table row
+        self.p_more: dict[int, list[int]] = {}  # name id -> a quantized weight's other storages (its scales)
 
     def _is_internal(self, code: CodeType) -> bool:
         v = self.internal_code.get(id(code))
@@ -296,10 +298,8 @@ class ModulesMixin:
                 if t is None:
                     continue
                 self.tensor_id(t)
-                sid = self.storage_id(t, -1, role)
-                if sid < 0:
-                    continue
-                names.setdefault(sid, []).append(f"{root}.{name}")
+                for sid in self.storage_ids(t, -1, role):  # a quantized weight's data and scales: one name
+                    names.setdefault(sid, []).append(f"{root}.{name}")
         for sid, ns in names.items():
             text = "|".join(dict.fromkeys(ns))
             b.std[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
@@ -365,21 +365,24 @@ class ModulesMixin:
         b = self.b
         strings = b.tables["names"].strings
         found: dict[int, list[str]] = {}
-        for row in self.p_rows.values():
-            sid = row[_P_STORAGE]
-            if 0 <= sid < b.num_storages() and b.std[sid * _N_ST + _ST_NAME] < 0:
-                found.setdefault(sid, []).append(strings[row[_P_NAME]])
+        for nid, row in self.p_rows.items():
+            for sid in (row[_P_STORAGE], *self.p_more.get(nid, ())):
+                if 0 <= sid < b.num_storages() and b.std[sid * _N_ST + _ST_NAME] < 0:
+                    found.setdefault(sid, []).append(strings[row[_P_NAME]])
         for sid, names in found.items():
             text = "|".join(dict.fromkeys(names))
             b.std[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
 
     def _param_row(self, t: Any, name_id: int, mid: int, kind: int) -> tuple[int, ...]:
         tid = self.tensor_id(t)
-        sid = self.storage_id(t, -1, ROLE_PARAM if kind == 0 else ROLE_BUFFER)
+        sids = self.storage_ids(t, -1, ROLE_PARAM if kind == 0 else ROLE_BUFFER)
+        sid = sids[0] if sids else -1
+        if len(sids) > 1:
+            self.p_more[name_id] = sids[1:]
         shape, dt, dev = t.shape, t.dtype, t.device
         try:
             numel = int(t.numel())
-            nb = numel * t.element_size()
+            nb = tensor_nbytes(t)  # a quantized weight: its data and scales
             off = int(t.storage_offset())
         except Exception:  # noqa: BLE001 - unbacked symbolic sizes
             numel, nb, off = -1, -1, -1

@@ -28,6 +28,7 @@ from .common import (
     _ST_OWNER,
     _ST_ROLES,
     P_INIT,
+    inner_tensors,
     is_real_plain,
     is_wrapper,
 )
@@ -133,9 +134,11 @@ class StoragesMixin:
     def storage_id(self, t: Any, seq: int, roles: int = 0) -> int:
         if is_wrapper(t):
             # Note: [wrapper tensors hold no memory]: a DTensor (an FSDP2 / tensor-parallel parameter) is a
-            # wrapper of the global shape; its memory is its local tensor's storage
-            attrs, _ = t.__tensor_flatten__()
-            return self.storage_id(getattr(t, attrs[0]), seq, roles) if attrs else -1
+            # wrapper of the global shape; its memory is its local tensor's storage. A torchao quantized weight
+            # (Int8Tensor, Int4Tensor, Float8Tensor) holds several (the packed data, its scales, zero points):
+            # each gets the roles; the id is the first's (the data)
+            sids = self.storage_ids(t, seq, roles)
+            return sids[0] if sids else -1
         try:
             st = t.untyped_storage()
         except (NotImplementedError, RuntimeError):  # sparse, nested, functional wrappers
@@ -151,6 +154,13 @@ class StoragesMixin:
         if devid is None:
             devid = self.t_devices.add(dev, str(dev))
         return self._new_storage(st, key, devid, seq, roles)
+
+    def storage_ids(self, t: Any, seq: int, roles: int = 0) -> list[int]:
+        """The storage ids of every tensor that holds ``t``'s memory (a wrapper's inner tensors: ``inner_tensors``),
+        each registered with ``roles``."""
+        if not is_wrapper(t):
+            return [self.storage_id(t, seq, roles)]
+        return [s for x in inner_tensors(t) if (s := self.storage_id(x, seq, roles)) >= 0]
 
     def sparse_storage(self, t: Any, seq: int, roles: int = 0) -> tuple[int, int]:
         """Sparse tensor ``t``'s bytes (its parts' together) and the storage id of its values, registering each
