@@ -228,6 +228,30 @@ _ROWS: dict[str, _Row] = {
          "nvlink_bytes_per_s": _NO_NVLINK,
          "pcie_bytes_per_s": f"A10 datasheet: {_PCIE_GEN4}"},
     ),
+    "A10": _Row(
+        {"fp64": 0.49, "fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0, "int8": 250.0}, 600, 0, 32,
+        {"flops": "NVIDIA A10 Tensor Core GPU datasheet: FP32 31.2, TF32 Tensor Core 62.5, BFLOAT16 / FP16 Tensor "
+                  "Core 125, INT8 Tensor Core 250 TOPS (the dense of each dense | sparse pair: 125 | 250*, ...); a "
+                  "data-centre GA102, whose FP16/BF16 tensor rate with FP32 accumulate is the full rate (unlike "
+                  "GeForce); GA10x has no FP8",
+         "flops.fp64": "not on the datasheet: FP32 / 64 (GA10x, 2 FP64 units per SM, NVIDIA Ampere GA102 whitepaper)",
+         "hbm_bytes_per_s": "NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s",
+         "nvlink_bytes_per_s": _NO_NVLINK,
+         "pcie_bytes_per_s": f"A10 datasheet: {_PCIE_GEN4}"},
+    ),
+    "RTX A6000": _Row(
+        {"fp64": 0.605, "fp32": 38.7, "tf32": 77.4, "bf16": 154.8, "fp16": 154.8, "int8": 309.7}, 768, 56.25, 32,
+        {"flops": "NVIDIA RTX A6000 datasheet: Single-precision 38.7, Tensor performance 309.7 (FP16 with sparsity), "
+                  "halved; the NVIDIA Ampere GA102 GPU Architecture whitepaper's RTX A6000 column: TF32 Tensor 77.4, "
+                  "BF16 / FP16 Tensor with FP32 accumulate 154.8 (a professional card: full rate with FP32 "
+                  "accumulate), INT8 Tensor 309.7 TOPS, dense. Uncertain: the whitepaper's figures as recalled, not "
+                  "re-read here; the datasheet's two (38.7, 309.7) agree with them, and with 84 SMs at 1.80 GHz",
+         "flops.fp64": "not on the datasheet: FP32 / 64 (GA10x, 2 FP64 units per SM, NVIDIA Ampere GA102 whitepaper)",
+         "hbm_bytes_per_s": "NVIDIA RTX A6000 datasheet: 48 GB GDDR6 with ECC, 768 GB/s",
+         "nvlink_bytes_per_s": f"RTX A6000 datasheet: NVLink bridge of two cards, 112.5 GB/s, {_HALVED}; only between "
+                               "the two cards of a bridged pair",
+         "pcie_bytes_per_s": f"RTX A6000 datasheet: {_PCIE_GEN4}"},
+    ),
     "T4": _Row(
         {"fp64": 0.25, "fp32": 8.1, "fp16": 65.0, "int8": 130.0}, 320, 0, 16,
         {"flops": "NVIDIA T4 datasheet: Single-Precision 8.1, Mixed-Precision (FP16/FP32) 65, INT8 130 TOPS; "
@@ -312,7 +336,7 @@ _ROW_OF = {
     "B200": "B200", "A100 80GB": "A100 80GB", "A100": "A100 80GB", "A100 40GB": "A100 40GB", "L40S": "L40S",
     "L4": "L4", "A10G": "A10G", "T4": "T4", "V100 32GB": "V100 SXM2", "V100 16GB": "V100 SXM2",
     "RTX 3090": "RTX 3090", "RTX 4090": "RTX 4090", "RTX 5090": "RTX 5090", "MI300X": "MI300X",
-    "MI250X": "MI250X GCD",
+    "MI250X": "MI250X GCD", "A10": "A10", "RTX A6000": "RTX A6000",
 }  # fmt: skip
 assert set(GPUS) <= set(_ROW_OF), f"figures for every catalog GPU: {sorted(set(GPUS) - set(_ROW_OF))}"
 assert set(_ROW_OF.values()) == set(_ROWS), "every row is some catalog GPU's"

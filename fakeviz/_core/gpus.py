@@ -19,8 +19,9 @@ from .errors import ArgumentError
 from .fmt import format_bytes
 
 __all__ = [
-    "CAPABILITY", "DEVICE_NAMES", "GPUS", "MULTIPROCESSORS", "ROCM_ARCH", "SM_LIMITS", "Capacity", "capacity_of",
-    "gpu_capability", "parse_capacity", "parse_gpus", "read_gpus", "split_gpus",
+    "ALIASES", "CAPABILITY", "DEVICE_NAMES", "GPUS", "MULTIPROCESSORS", "PUBLISHED_GB", "ROCM_ARCH", "SM_LIMITS",
+    "Capacity", "capacity_of", "gpu_capability", "gpu_name", "parse_capacity", "parse_gpus", "read_gpus",
+    "split_gpus",
 ]  # fmt: skip
 
 _MIB = 2**20
@@ -43,6 +44,8 @@ GPUS: dict[str, int] = {
     "RTX 4090": 24564 * _MIB,
     "RTX 3090": 24576 * _MIB,
     "RTX 5090": 32607 * _MIB,
+    "RTX A6000": 49140 * _MIB,  # ECC off, the workstation card's default (46068 MiB with ECC on, as the L40S)
+    "A10": 23028 * _MIB,
     "MI300X": 196592 * _MIB,
     "MI250X": 65520 * _MIB,
 }
@@ -52,7 +55,7 @@ CAPABILITY: dict[str, tuple[int, int]] = {
     "H100": (9, 0), "H100 80GB": (9, 0), "H100 NVL": (9, 0), "H200": (9, 0), "B200": (10, 0),
     "A100 80GB": (8, 0), "A100 40GB": (8, 0), "A100": (8, 0), "L40S": (8, 9), "L4": (8, 9), "A10G": (8, 6),
     "T4": (7, 5), "V100 32GB": (7, 0), "V100 16GB": (7, 0), "RTX 4090": (8, 9), "RTX 3090": (8, 6),
-    "H100 PCIe": (9, 0), "RTX 5090": (12, 0),
+    "H100 PCIe": (9, 0), "RTX 5090": (12, 0), "RTX A6000": (8, 6), "A10": (8, 6),
 }  # fmt: skip
 
 # What a fake cuda session's torch.cuda.get_device_properties answers (fakeviz._engine.cuda_api):
@@ -64,12 +67,13 @@ DEVICE_NAMES: dict[str, str] = {
     "A10G": "NVIDIA A10G", "T4": "Tesla T4", "V100 32GB": "Tesla V100-SXM2-32GB", "V100 16GB": "Tesla V100-SXM2-16GB",
     "RTX 4090": "NVIDIA GeForce RTX 4090", "RTX 3090": "NVIDIA GeForce RTX 3090", "MI300X": "AMD Instinct MI300X",
     "MI250X": "AMD Instinct MI250X/MI250", "H100 PCIe": "NVIDIA H100 PCIe", "RTX 5090": "NVIDIA GeForce RTX 5090",
+    "RTX A6000": "NVIDIA RTX A6000", "A10": "NVIDIA A10",
 }  # fmt: skip
 # ... streaming multiprocessors (NVIDIA) or compute units (AMD; an MI250X is two devices of 110 CUs each) ...
 MULTIPROCESSORS: dict[str, int] = {
     "H100": 132, "H100 80GB": 132, "H100 NVL": 132, "H200": 132, "B200": 148, "A100 80GB": 108, "A100 40GB": 108,
     "A100": 108, "L40S": 142, "L4": 58, "A10G": 80, "T4": 40, "V100 32GB": 80, "V100 16GB": 80, "RTX 4090": 128,
-    "RTX 3090": 82, "MI300X": 304, "MI250X": 110, "H100 PCIe": 114, "RTX 5090": 170,
+    "RTX 3090": 82, "MI300X": 304, "MI250X": 110, "H100 PCIe": 114, "RTX 5090": 170, "RTX A6000": 84, "A10": 72,
 }  # fmt: skip
 # ... the gfx architecture and the (major, minor) ROCm builds of torch report for AMD GPUs ...
 ROCM_ARCH: dict[str, tuple[str, tuple[int, int]]] = {"MI300X": ("gfx942", (9, 4)), "MI250X": ("gfx90a", (9, 0))}
@@ -80,18 +84,55 @@ SM_LIMITS: dict[tuple[int, int], tuple[int, int, int]] = {
     (8, 6): (1536, 102400, 101376), (8, 9): (1536, 102400, 101376), (9, 0): (2048, 233472, 232448),
     (10, 0): (2048, 233472, 232448), (12, 0): (1536, 102400, 101376),
 }  # fmt: skip
-assert set(DEVICE_NAMES) == set(MULTIPROCESSORS) == set(GPUS), "one entry per catalog GPU"
+# ... and the memory each vendor's datasheet states, in GB as printed. The figure is the physical memory in binary
+# gigabytes (a "24GB" RTX 4090 has 24 GiB of GDDR6X); the driver reports a little less (what :data:`GPUS` holds:
+# the H100's 80 GiB less 361 MiB), and ECC, on by default on data-centre GDDR cards (T4, L4, L40S, A10, A10G),
+# takes a sixteenth of it: a T4's 16 GB shows as 15360 MiB. Sources: each vendor's datasheet (NVIDIA H100, H200,
+# HGX B200 (1440 GB for 8), A100, L40S, L4, A10, T4, V100, RTX A6000; the GeForce product pages; AWS for the A10G;
+# AMD MI300X, MI250X (128 GB per package of two GCDs: one GCD, one torch device, is 64)).
+PUBLISHED_GB: dict[str, int] = {
+    "H100": 80, "H100 80GB": 80, "H100 PCIe": 80, "H100 NVL": 94, "H200": 141, "B200": 180, "A100 80GB": 80,
+    "A100 40GB": 40, "A100": 80, "L40S": 48, "L4": 24, "A10G": 24, "A10": 24, "T4": 16, "V100 32GB": 32,
+    "V100 16GB": 16, "RTX 4090": 24, "RTX 3090": 24, "RTX 5090": 32, "RTX A6000": 48, "MI300X": 192, "MI250X": 64,
+}  # fmt: skip
+# Names users type for a catalog GPU besides its own (spaces, dashes, underscores and case never matter, and the
+# name the driver reports, DEVICE_NAMES, is accepted with or without its "NVIDIA " / "NVIDIA GeForce " prefix).
+ALIASES: dict[str, str] = {
+    "4090": "RTX 4090", "3090": "RTX 3090", "5090": "RTX 5090", "A6000": "RTX A6000", "H100 SXM": "H100",
+    "H100 SXM5": "H100", "A100 SXM": "A100", "A100 PCIe": "A100 80GB", "Tesla T4": "T4", "Tesla V100": "V100 32GB",
+}  # fmt: skip
+assert set(DEVICE_NAMES) == set(MULTIPROCESSORS) == set(GPUS) == set(PUBLISHED_GB), "one entry per catalog GPU"
 assert {CAPABILITY[g] for g in CAPABILITY} <= set(SM_LIMITS), "SM limits for every capability in the catalog"
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # fmt: skip
 
 
-def _norm(name: str) -> str:
-    return re.sub(r"[\s_\-]+", " ", name.strip().upper())
+def _key(name: str) -> str:
+    """``"rtx-4090"``, ``"RTX4090"``, ``" rtx_4090 "`` -> ``"RTX4090"``: case, spaces, dashes, underscores dropped."""
+    return re.sub(r"[\s_\-]+", "", name.strip().upper())
 
 
-_BY_NORM = {_norm(k): k for k in GPUS}
+def _names() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in GPUS:
+        out.setdefault(_key(name), name)
+    for alias, name in ALIASES.items():
+        out.setdefault(_key(alias), name)
+    for name, device in DEVICE_NAMES.items():  # "NVIDIA H100 80GB HBM3" names "H100", the first with that name
+        for text in (device, device.removeprefix("NVIDIA "), device.removeprefix("NVIDIA GeForce ")):
+            out.setdefault(_key(text), name)
+    return out
+
+
+_BY_KEY = _names()
+assert all(name in GPUS for name in _BY_KEY.values())
+
+
+def gpu_name(text: str) -> str | None:
+    """The catalog name a user's text names (``"4090"``, ``"rtx4090"``, ``"NVIDIA GeForce RTX 4090"`` ->
+    ``"RTX 4090"``), or None: not a catalog GPU."""
+    return _BY_KEY.get(_key(str(text)))
 
 
 @dataclass(frozen=True)
@@ -114,7 +155,7 @@ class Capacity:
                 raise ValueError(f"capacity must be positive, got {value}")
             return cls(int(value), None, value)
         text = str(value).strip()
-        name = _BY_NORM.get(_norm(text))
+        name = gpu_name(text)
         if name is not None:
             return cls(GPUS[name], name, value)
         m = re.fullmatch(r"(-?[0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)", text)
@@ -153,7 +194,7 @@ def capacity_of(meta: dict[str, Any], override: Any = None) -> Capacity | None:
 
 def gpu_capability(name: str) -> tuple[int, int] | None:
     """The compute capability of a GPU named in the catalog (None: not an NVIDIA GPU or not a name)."""
-    gpu = _BY_NORM.get(_norm(str(name)))
+    gpu = gpu_name(str(name))
     return CAPABILITY.get(gpu) if gpu else None
 
 
@@ -210,12 +251,12 @@ def read_gpus(spec: Any, *, written: str | None = None) -> tuple[int, list[Capac
     if not isinstance(spec, str):
         raise refuse(f"a {type(spec).__name__} is not a GPU count or a GPU")
     text = spec.strip()
-    if text.isdigit():
+    if text.isdigit() and gpu_name(text) is None:  # "8" is a count; "4090" is the RTX 4090 (counts stop at 64)
         return _count(int(text), refuse), None
     m = re.fullmatch(r"(-?[0-9]+)\s*[xX*]\s*(\S.*)", text)
     n, what = (int(m.group(1)), m.group(2).strip()) if m else (1, text)
     _count(n, refuse)
-    if re.fullmatch(r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?", what):  # a bare number here is never bytes
+    if gpu_name(what) is None and re.fullmatch(r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?", what):  # never bytes
         raise refuse(f"{what!r} is neither a whole count nor a size with its unit", _GIVE)
     if what.startswith("-"):
         raise refuse(f"{what!r} is below zero", _GIVE)
@@ -228,7 +269,9 @@ def read_gpus(spec: Any, *, written: str | None = None) -> tuple[int, list[Capac
 
 def _count(n: int, refuse: Any) -> int:
     if not 1 <= n <= MAX_GPUS:
-        raise refuse(f"{n} GPUs; a fake machine has between 1 and {MAX_GPUS} GPUs", "Give e.g. '8xH100'.")
+        name = gpu_name(str(n))  # gpus=4090 as a number: a count; the GPU is the string
+        advice = f"For one {name}, write '{n}' as a string (or '1x{n}')." if name else "Give e.g. '8xH100'."
+        raise refuse(f"{n} GPUs; a fake machine has between 1 and {MAX_GPUS} GPUs", advice)
     return n
 
 

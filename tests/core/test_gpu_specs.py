@@ -14,7 +14,7 @@ import torch
 
 from fakeviz._core.errors import ArgumentError
 from fakeviz._core.gpu_specs import FLOP_KINDS, GPU_SPECS, GPUSpec, gpu_spec
-from fakeviz._core.gpus import CAPABILITY, GPUS, MULTIPROCESSORS, ROCM_ARCH, Capacity
+from fakeviz._core.gpus import CAPABILITY, GPUS, MULTIPROCESSORS, PUBLISHED_GB, ROCM_ARCH, Capacity, read_gpus
 
 SPECS = list(GPU_SPECS.values())
 IDS = list(GPU_SPECS)
@@ -165,7 +165,7 @@ def test_lookup_by_every_name_the_catalog_accepts(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("bad", "near"),
-    [("H1000", "H100"), ("RTX4090", "RTX 4090"), ("a100 80", "A100 80GB"), ("MI300", "MI300X"), ("H20", "H200")],
+    [("H1000", "H100"), ("RTX 4080", "RTX 4090"), ("a100 80", "A100 80GB"), ("MI300", "MI300X"), ("H20", "H200")],
 )
 def test_an_unknown_gpu_is_refused_with_close_names(bad: str, near: str) -> None:
     with pytest.raises(ArgumentError) as info:
@@ -206,3 +206,66 @@ def test_the_measured_h100_stays_under_its_peaks() -> None:
     assert len(big) >= 6
     for row in big:
         assert 0.8 <= row["bytes"] / row["s"] / spec.hbm_bytes_per_s <= 1.0, row
+
+
+# Consumer and inference GPUs (issue 31): (name, published GB, driver MiB, capability, SMs, dense TFLOP/s
+# fp32 / bf16 / fp16 / fp8 / int8 (None: no such tensor path), memory GB/s, NVLink GB/s one way, PCIe GB/s one way),
+# as the vendors' datasheets and whitepapers print them (the sources are each spec's ``sources``).
+CONSUMER = [
+    ("RTX 3090", 24, 24576, (8, 6), 82, 35.6, 71.0, 71.0, None, 284.0, 936, 56.25, 32),
+    ("RTX 4090", 24, 24564, (8, 9), 128, 82.6, 165.2, 165.2, 330.3, 660.6, 1008, 0, 32),
+    ("RTX 5090", 32, 32607, (12, 0), 170, 104.8, 209.5, 209.5, 419.0, 838.0, 1792, 0, 64),
+    ("L4", 24, 23034, (8, 9), 58, 30.3, 121.0, 121.0, 242.5, 242.5, 300, 0, 32),
+    ("L40S", 48, 46068, (8, 9), 142, 91.6, 362.05, 362.05, 733.0, 733.0, 864, 0, 32),
+    ("A10G", 24, 23028, (8, 6), 80, 31.2, 125.0, 125.0, None, 250.0, 600, 0, 32),
+    ("A10", 24, 23028, (8, 6), 72, 31.2, 125.0, 125.0, None, 250.0, 600, 0, 32),
+    ("T4", 16, 15360, (7, 5), 40, 8.1, None, 65.0, None, 130.0, 320, 0, 16),
+    ("RTX A6000", 48, 49140, (8, 6), 84, 38.7, 154.8, 154.8, None, 309.7, 768, 56.25, 32),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", CONSUMER, ids=[r[0] for r in CONSUMER])
+def test_consumer_and_inference_gpus_as_published(row) -> None:
+    name, gb, mib, cap, sms, fp32, bf16, fp16, fp8, int8, mem, nvlink, pcie = row
+    spec = GPU_SPECS[name]
+    assert (PUBLISHED_GB[name], GPUS[name], CAPABILITY[name], MULTIPROCESSORS[name]) == (gb, mib * 2**20, cap, sms)
+    want = {"fp32": fp32, "bf16": bf16, "fp16": fp16, "fp8": fp8, "int8": int8}
+    assert {k: (spec.flops[k] / 1e12 if k in spec.flops else None) for k in want} == want
+    assert (spec.hbm_bytes_per_s, spec.nvlink_bytes_per_s, spec.pcie_bytes_per_s) == (mem * 1e9, nvlink * 1e9,
+                                                                                      pcie * 1e9)  # fmt: skip
+    # a kind the card lacks runs on the next slower path it has: bf16 on a T4 on the CUDA cores, fp8 on Ampere as bf16
+    assert spec.peak_flops("torch.bfloat16") == (bf16 or fp32) * 1e12
+    assert spec.peak_flops(torch.float8_e4m3fn) == (fp8 or bf16 or fp16) * 1e12
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_the_driver_reports_a_little_less_than_the_published_memory(name: str) -> None:
+    """The vendor's "24GB" is 24 GiB of memory chips; the driver keeps a few MiB, and ECC on a GDDR card (T4, L4,
+    L40S, A10, A10G) a sixteenth and a few MiB more: between 93.5% and 100% of the published figure in GiB."""
+    ratio = GPUS[name] / (PUBLISHED_GB[name] * 2**30)
+    assert 0.935 <= ratio <= 1.0, (name, ratio)
+
+
+@pytest.mark.parametrize(
+    ("written", "name"),
+    [("4090", "RTX 4090"), ("RTX4090", "RTX 4090"), ("rtx 4090", "RTX 4090"), ("rtx-4090", "RTX 4090"),
+     ("GeForce RTX 4090", "RTX 4090"), ("NVIDIA GeForce RTX 4090", "RTX 4090"), ("3090", "RTX 3090"),
+     ("RTX3090", "RTX 3090"), ("5090", "RTX 5090"), ("l4", "L4"), ("L40S", "L40S"), ("l40s", "L40S"),
+     ("A10G", "A10G"), ("NVIDIA A10G", "A10G"), ("a10", "A10"), ("T4", "T4"), ("Tesla T4", "T4"), ("A6000", "RTX A6000"),
+     ("rtx a6000", "RTX A6000"), ("NVIDIA H100 80GB HBM3", "H100")],
+)  # fmt: skip
+def test_names_users_type(written: str, name: str) -> None:
+    assert Capacity.parse(written).gpu == name and gpu_spec(written) is GPU_SPECS[name]
+    assert Capacity.parse(written).bytes == GPUS[name]
+    n, caps = read_gpus(f"2x{written}")
+    assert n == 2 and [c.gpu for c in caps] == [name, name]
+    assert read_gpus(written)[1][0].gpu == name  # "4090" alone is the GPU, not 4090 GPUs
+
+
+def test_a_count_is_still_a_count() -> None:
+    assert read_gpus("8") == (8, None) and read_gpus(8) == (8, None)
+    with pytest.raises(ArgumentError) as info:
+        read_gpus(4090)  # a number of GPUs, never a GPU: the message says how to name the card
+    assert "4090 GPUs" in str(info.value) and "'4090' as a string" in str(info.value) and "RTX 4090" in str(info.value)
+    with pytest.raises(ArgumentError, match="between 1 and 64"):
+        read_gpus("4091")
