@@ -144,6 +144,11 @@ def join_records(parts: list[tuple[Record, np.ndarray, str | None]], record_cls:
     meta = dict(parts[-1][0].meta)
     meta.pop("cell", None)
     meta.update(meta_rows)
+    precision: dict[str, Any] = {}
+    for rec, _, _ in parts:  # every block's modules (Note: [weight precision]); a later block's label wins
+        precision.update(rec.meta.get("weight_precision") or {})
+    if precision:
+        meta["weight_precision"] = precision
     meta["cells"] = cells
     return record_cls.from_columns(
         out, {t: list(tables[t].strings) for t in STRING_TABLES}, meta=meta, error=parts[-1][0].error

@@ -16,6 +16,7 @@ import torch
 
 from ..._core.schema import ROLE_BUFFER, ROLE_GRAD, ROLE_INPUT, ROLE_OPT, ROLE_PARAM
 from .. import patches as _patches
+from ..precision import module_precision
 from .common import (
     _N_ST,
     _P_GRAD,
@@ -142,6 +143,7 @@ class ModulesMixin:
         self.built: dict[int, Any] = {}  # id -> weakref of modules built in the block
         self.optimizers: dict[int, Any] = {}  # id -> weakref of optimizers that stepped
         self.p_rows: dict[int, tuple[int, ...]] = {}  # name id -> parameter table row
+        self.mod_precision: dict[str, str] = {}  # module path -> its own weights' precision (Note: [weight precision])
         self.p_more: dict[int, list[int]] = {}  # name id -> a quantized weight's other storages (its scales)
 
     def _is_internal(self, code: CodeType) -> bool:
@@ -328,6 +330,13 @@ class ModulesMixin:
             mid = self.mod_names.get(id(sub))
             if mid is None:
                 continue
+            try:
+                label = module_precision(sub)  # Note: [weight precision] in fakeviz/_engine/precision.py
+            except Exception as exc:  # noqa: BLE001 - a library's attribute that fails to read never stops the record
+                self.internal_note("precision", exc)
+                label = None
+            if label is not None:
+                self.mod_precision[modules.strings[mid]] = label
             for kind, items in ((0, sub._parameters.items()), (1, sub._buffers.items())):
                 for pname, t in items:
                     if t is None or not isinstance(t, _Tensor):
@@ -350,6 +359,8 @@ class ModulesMixin:
         self._name_unnamed_storages()
         pd = self.b.pd
         g = _P_GRAD
+        if self.mod_precision:
+            self.trace.meta["weight_precision"] = dict(self.mod_precision)
         for row in self.p_rows.values():
             if row[g] < 0:
                 row = (*row[:g], self.grad_of.get(row[_P_TENSOR], -1), *row[g + 1 :])
