@@ -11,6 +11,7 @@ __all__ = [
     "DataDependentError",
     "FakeVizError",
     "FakeVizWarning",
+    "HubError",
     "SimulationError",
     "RecordError",
     "TraceFormatError",
@@ -159,6 +160,25 @@ class ArgumentError(FakeVizError, ValueError):
 
 class CheckpointError(FakeVizError, ValueError):
     """A checkpoint cannot be read: no weights, a malformed or truncated file, a missing shard."""
+
+
+class HubError(CheckpointError):
+    """A hub id (``owner/name``) whose files cannot be had: offline (``HF_HUB_OFFLINE``) and not in the hub cache,
+    the endpoint unreachable, a gated repo without access (``HF_TOKEN``), an unknown revision, or a repo whose
+    code would have to run (``trust_remote_code``). A hub id the hub does not know is an :class:`UnknownModelError`.
+
+    Attributes: ``repo`` (the id), ``endpoint`` (the hub asked, ``HF_ENDPOINT``), ``offline`` (``HF_HUB_OFFLINE``
+    was set).
+    """
+
+    def __init__(self, message: str, *, repo: str = "", endpoint: str = "", offline: bool = False) -> None:
+        super().__init__(message)
+        self.repo = repo
+        self.endpoint = endpoint
+        self.offline = offline
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ValueError, (str(self),))
 
 
 class CheckpointMismatchError(FakeVizError, ValueError):

@@ -366,9 +366,7 @@ def _build(models: Any, args: argparse.Namespace, overrides: dict[str, Any]) -> 
     path = Path(args.model)
     if path.is_dir() and not overrides and (any(path.glob("*.safetensors*")) or any(path.glob("*.bin"))):
         return models.from_pretrained(path, device=args.device, dtype=args.dtype)
-    if not path.exists():
-        models.resolve(args.model)  # an unknown name: UnknownModelError with near names, before any work
-    try:
+    try:  # an unknown name: build raises UnknownModelError with near names before any work (a hub id: the hub's)
         return models.build(args.model, device=args.device, dtype=args.dtype, **overrides)
     except ArgumentError as exc:  # an override the config lacks, a size below 1: named as the user wrote it
         items = [i for i in args.set if i.partition("=")[0].strip() == exc.argument] or args.set

@@ -32,6 +32,8 @@ def build(
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
     **config_overrides: Any,
 ) -> torch.nn.Module:
     """The fake model of a published model name, a folder / ``config.json``, a dict, or a transformers config.
@@ -39,11 +41,17 @@ def build(
     Args:
         name_or_path_or_config: a catalog name (``"meta-llama/Llama-3.1-70B"``, ``"Llama-3.1-70B"``,
             ``"llama3.1-70b"``), a folder holding ``config.json``, a ``config.json`` path, a dict of its
-            values, or a ``transformers.PretrainedConfig``. Local paths win over catalog names.
+            values, or a ``transformers.PretrainedConfig``. Local paths win over catalog names; a name written
+            ``owner/name`` that is not in the catalog is a hub id: its ``config.json`` is fetched with
+            ``huggingface_hub`` (its cache, ``HF_TOKEN``, ``HF_HUB_OFFLINE``, ``HF_ENDPOINT``).
         device: where the parameters live (``"cuda:0"`` works on a CPU-only build); default: the caller's
             context (``fv.record(device=...)``), else cpu.
         dtype: parameter dtype (``torch.bfloat16`` or ``"bf16"``); default: the published weights' dtype
             (the config's ``torch_dtype``), else torch's default dtype.
+        revision: a hub id's branch, tag or commit (default ``main``); given with a catalog name, the hub's
+            ``config.json`` at that revision is used instead of the catalog's copy.
+        trust_remote_code: run a hub repo's own code where its config's ``auto_map`` needs it (as transformers
+            does); refused (``HubError``) otherwise.
         **config_overrides: config fields to replace (``num_hidden_layers=2``).
 
     Returns:
@@ -51,9 +59,12 @@ def build(
         caller's mode]), else inside a new ``fv.fake_mode()``: its parameters are fake and take no memory.
 
     Raises:
-        UnknownModelError: (a ``ValueError``) an unknown name; the message suggests near names.
+        UnknownModelError: (a ``ValueError``) an unknown name (not in the catalog, nor on the hub for ``owner/name``);
+            the message suggests near names.
+        HubError: (a ``CheckpointError``) a hub id offline and not cached, an unreachable endpoint, a gated repo
+            without access, or remote code without ``trust_remote_code=True``.
         CheckpointError: a folder without ``config.json``, or a config transformers does not know.
     """
-    spec = spec_of(name_or_path_or_config, config_overrides)
+    spec = spec_of(name_or_path_or_config, config_overrides, revision=revision, trust_remote_code=trust_remote_code)
     with building(device):
         return instantiate(spec, as_dtype(dtype))

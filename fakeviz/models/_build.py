@@ -17,25 +17,31 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-from .._core.errors import ArgumentError, CheckpointError, FakeVizError
+from .._core.errors import ArgumentError, CheckpointError, FakeVizError, UnknownModelError
 from .._engine.arguments import as_dtype, fake_device
 from .._engine.checkpoint import MAX_INDEX_BYTES
 from .._engine.session import fake_mode
 from ._catalog import CatalogEntry, resolve
+from ._hub import HubConfig, fetch_config, is_hub_id, remote_code
 
-__all__ = ["Spec", "as_dtype", "building", "check_overrides", "config", "instantiate", "spec_of"]
+__all__ = ["Spec", "as_dtype", "building", "check_overrides", "config", "hub_spec", "instantiate", "spec_of"]
 
 _DROP = ("_comment", "transformers_version", "_name_or_path", "torch_dtype", "dtype")
 
 
 class Spec:
-    """What to build: a transformers config, its model class name, the catalog entry if any, the published dtype."""
+    """What to build: a transformers config, its model class name, the catalog entry if any, the published dtype,
+    and the model class itself where a hub repo's own code defines it (``trust_remote_code=True``)."""
 
-    def __init__(self, config: Any, architecture: str | None, entry: CatalogEntry | None, dtype: torch.dtype | None):
+    def __init__(
+        self, config: Any, architecture: str | None, entry: CatalogEntry | None, dtype: torch.dtype | None,
+        model_class: type | None = None,
+    ):  # fmt: skip
         self.config = config
         self.architecture = architecture
         self.entry = entry
         self.dtype = dtype
+        self.model_class = model_class
 
 
 def _config_from_dict(raw: dict[str, Any], overrides: dict[str, Any], where: str) -> tuple[Any, torch.dtype | None]:
@@ -153,18 +159,18 @@ def check_overrides(cfg: Any, overrides: dict[str, Any], where: str) -> None:
             )  # fmt: skip
 
 
-def spec_of(spec: Any, overrides: dict[str, Any]) -> Spec:
-    """Resolve a catalog name, folder, ``config.json``, dict or transformers config (overrides applied)."""
+def spec_of(
+    spec: Any, overrides: dict[str, Any], *, revision: str | None = None, trust_remote_code: bool = False
+) -> Spec:
+    """Resolve a folder, ``config.json``, catalog name, hub id, dict or transformers config (overrides applied).
+
+    Local paths win, then catalog names (offline, no request; unless ``revision`` is given), then a name written
+    ``owner/name`` is fetched from the hub (``config.json`` only, :mod:`fakeviz.models._hub`).
+    """
     import transformers
 
     if isinstance(spec, transformers.PretrainedConfig):
-        cfg = copy.deepcopy(spec)
-        check_overrides(cfg, overrides, getattr(cfg, "name_or_path", "") or "the config given")
-        for k, v in overrides.items():
-            setattr(cfg, k, v)
-        archs = getattr(cfg, "architectures", None) or [None]
-        pdtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
-        return Spec(cfg, archs[0], None, pdtype if isinstance(pdtype, torch.dtype) else None)
+        return _spec_of_config(copy.deepcopy(spec), overrides)
     if isinstance(spec, dict):
         cfg, pdtype = _config_from_dict(spec, overrides, "the config dict")
         return Spec(cfg, (spec.get("architectures") or [None])[0], None, pdtype)
@@ -177,36 +183,74 @@ def spec_of(spec: Any, overrides: dict[str, Any]) -> Spec:
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
             raise CheckpointError(f"{path}: no config.json in this folder\nPoint at a folder that holds config.json.")
-        try:
-            with open(file, "rb") as f:  # bounded: a config is a few KB; the index limit is generous
-                data = f.read(MAX_INDEX_BYTES + 1)
-        except OSError as e:
-            raise CheckpointError(f"{file}: not readable ({e.strerror or e})") from e
-        if len(data) > MAX_INDEX_BYTES:
-            raise CheckpointError(f"{file}: over {MAX_INDEX_BYTES // 2**20} MiB, not a model config")
-        try:
-            raw = json.loads(data)
-        except ValueError as e:
-            raise CheckpointError(f"{file}: not readable as JSON ({e})") from e
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{file}: not a config (a JSON object)")
+        raw = _read_config(file)
         cfg, pdtype = _config_from_dict(raw, overrides, str(file))
         cfg.name_or_path = str(path)  # as transformers' from_pretrained names it (errors say which model)
         return Spec(cfg, (raw.get("architectures") or [None])[0], None, pdtype)
-    entry = resolve(str(spec))
+    try:
+        entry = resolve(str(spec))
+    except UnknownModelError:
+        if not is_hub_id(str(spec)) or path.exists():
+            raise
+        return hub_spec(fetch_config(str(spec), revision), overrides, trust_remote_code)
+    if revision is not None:  # a revision names the hub's files, not the catalog's copy of one config
+        return hub_spec(fetch_config(entry.name, revision), overrides, trust_remote_code)
     cfg, pdtype = _config_from_dict(entry.config, overrides, entry.name)
     cfg.name_or_path = entry.name
     return Spec(cfg, entry.architecture, entry, pdtype)
 
 
-def config(name_or_path: Any, **overrides: Any) -> Any:
-    """The transformers config of a catalog name, folder or ``config.json``; ``overrides`` replace fields."""
-    return spec_of(name_or_path, overrides).config
+def config(name_or_path: Any, *, revision: str | None = None, trust_remote_code: bool = False, **overrides: Any) -> Any:
+    """The transformers config of a folder, ``config.json``, catalog name or hub id (``owner/name``: its
+    ``config.json`` through ``huggingface_hub``, at ``revision``); ``overrides`` replace fields."""
+    return spec_of(name_or_path, overrides, revision=revision, trust_remote_code=trust_remote_code).config
+
+
+def _spec_of_config(cfg: Any, overrides: dict[str, Any], model_class: type | None = None) -> Spec:
+    check_overrides(cfg, overrides, getattr(cfg, "name_or_path", "") or "the config given")
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    archs = getattr(cfg, "architectures", None) or [None]
+    pdtype = getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", None)
+    return Spec(cfg, archs[0], None, pdtype if isinstance(pdtype, torch.dtype) else None, model_class)
+
+
+def hub_spec(hub: HubConfig, overrides: dict[str, Any], trust_remote_code: bool = False) -> Spec:
+    """What a hub repo's ``config.json`` builds: transformers' own classes, or the repo's code where its
+    ``auto_map`` needs it and ``trust_remote_code`` allows it (refused otherwise: :func:`_hub.remote_code`)."""
+    remote = remote_code(hub, trust_remote_code)
+    if remote is not None:
+        cfg, cls = remote
+        cfg.name_or_path = hub.repo
+        return _spec_of_config(cfg, overrides, cls)
+    cfg, pdtype = _config_from_dict(hub.raw, overrides, hub.repo)
+    cfg.name_or_path = hub.repo  # as transformers' from_pretrained names it (errors say which model)
+    return Spec(cfg, (hub.raw.get("architectures") or [None])[0], None, pdtype)
+
+
+def _read_config(file: Path) -> dict[str, Any]:
+    """A local ``config.json``'s values, from one bounded read (a config is a few KB; the index limit is generous)."""
+    try:
+        with open(file, "rb") as f:
+            data = f.read(MAX_INDEX_BYTES + 1)
+    except OSError as e:
+        raise CheckpointError(f"{file}: not readable ({e.strerror or e})") from e
+    if len(data) > MAX_INDEX_BYTES:
+        raise CheckpointError(f"{file}: over {MAX_INDEX_BYTES // 2**20} MiB, not a model config")
+    try:
+        raw = json.loads(data)
+    except ValueError as e:
+        raise CheckpointError(f"{file}: not readable as JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file}: not a config (a JSON object)")
+    return raw
 
 
 def _model_class(spec: Spec) -> Any:
     import transformers
 
+    if spec.model_class is not None:  # the hub repo's own code (trust_remote_code=True)
+        return spec.model_class
     if spec.architecture and hasattr(transformers, spec.architecture):
         cls = getattr(transformers, spec.architecture)
         wants = getattr(cls, "config_class", None)

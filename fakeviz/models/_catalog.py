@@ -19,7 +19,7 @@ from typing import Any
 
 from .._core.errors import UnknownModelError
 
-__all__ = ["CatalogEntry", "catalog", "entries", "resolve"]
+__all__ = ["CatalogEntry", "catalog", "entries", "resolve", "suggest"]
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def resolve(name: str) -> CatalogEntry:
     entry = _index().get(_key(name))
     if entry is not None:
         return entry
-    near = _suggest(name)
+    near = suggest(name)
     hint = f"Did you mean {' or '.join(repr(n) for n in near)}?\n" if near else ""
     raise UnknownModelError(
         f"unknown model {name!r}: not in fakeviz's catalog of {len(entries())} published configs.\n{hint}"
@@ -156,7 +156,8 @@ def resolve(name: str) -> CatalogEntry:
     )
 
 
-def _suggest(name: str, n: int = 3) -> tuple[str, ...]:
+def suggest(name: str, n: int = 3) -> tuple[str, ...]:
+    """The catalog names nearest ``name`` (or its last part), best first, at most ``n``."""
     idx = _index()
     key = _key(name)
     keys = list(idx)

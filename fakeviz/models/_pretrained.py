@@ -1,4 +1,4 @@
-"""``from_pretrained``: the fake model a checkpoint folder describes, its tensors read from headers only."""
+"""``from_pretrained``: the fake model a checkpoint folder or hub repo describes, its tensors read from headers only."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 
 import torch
 
-from .._core.errors import CheckpointError, CheckpointMismatchError, FakeVizWarning
+from .._core.errors import CheckpointError, CheckpointMismatchError, FakeVizWarning, UnknownModelError
 from .._engine.checkpoint import Checkpoint, TensorInfo, checkpoint_file, read_checkpoint
-from ._build import as_dtype, building, instantiate, spec_of
+from ._build import Spec, as_dtype, building, hub_spec, instantiate, spec_of
+from ._catalog import resolve
+from ._hub import fetch_config, is_hub_id, read_hub_checkpoint
 
 __all__ = ["Match", "from_pretrained", "match"]
 
@@ -120,21 +122,29 @@ def from_pretrained(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     strict: bool = False,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> torch.nn.Module:
-    """The fake model a checkpoint folder describes: ``config.json`` + weights, read without their data.
+    """The fake model a checkpoint folder or hub repo describes: ``config.json`` + weights, read without their data.
 
     Safetensors weights (one file or a sharded ``model.safetensors.index.json``) are read from their
     headers only, ``.bin``/``.pt`` files as meta tensors (:mod:`fakeviz._engine.checkpoint`); no tensor
-    data is read, so a 140 GB checkpoint opens in about the time its config takes to build.
+    data is read, so a 140 GB checkpoint opens in about the time its config takes to build. A hub id
+    (``owner/name``, or a catalog name: its hub id) that is not a local folder is read the same way over HTTP:
+    ``config.json`` through the hub cache, then two range requests per safetensors file for its header, never a
+    weight byte (:mod:`fakeviz.models._hub`; offline, a complete cached copy of the weights is read instead).
 
     Args:
-        path: the checkpoint folder (or its ``config.json``).
+        path: the checkpoint folder (or its ``config.json``), or a hub id.
         device: where the fake parameters live (``"cuda:0"`` works on a CPU-only build); default: the
             caller's context.
         dtype: build every floating tensor at this dtype. None: each tensor takes its checkpoint dtype
             (mixed checkpoints stay mixed; the model is built at the dtype most elements have).
         strict: raise :class:`~fakeviz.CheckpointMismatchError` instead of warning when names or shapes of
             the checkpoint disagree with the config's model.
+        revision: a hub id's branch, tag or commit (default ``main``); every file is read at the commit it names.
+        trust_remote_code: run a hub repo's own code where its config's ``auto_map`` needs it (as transformers
+            does); refused (``HubError``) otherwise.
 
     Returns:
         The fake model (built under the caller's fake mode or recording if one is active, else in a new
@@ -144,27 +154,52 @@ def from_pretrained(
         CheckpointError: no ``config.json``, no weights, a malformed/truncated weight file, or a file that
             resolves outside the folder (Note: [hostile checkpoints] in :mod:`fakeviz._engine.checkpoint`).
         CheckpointMismatchError: ``strict=True`` and the checkpoint disagrees with the model.
+        HubError: (a ``CheckpointError``) a hub id offline without its weights cached, an unreachable endpoint,
+            a gated repo without access, or remote code without ``trust_remote_code=True``.
+        UnknownModelError: a hub id the hub does not know.
     """
     folder = Path(path).expanduser()
     if folder.is_file() and folder.name == "config.json":
         folder = folder.parent
     if not (folder / "config.json").is_file():
-        raise CheckpointError(f"{folder}: no config.json here\nfrom_pretrained needs a checkpoint folder "
-                              "(config.json + weights); fakeviz.models.build() takes a config alone.")  # fmt: skip
+        repo = None if folder.exists() else _hub_id(str(path))
+        if repo is None:
+            raise CheckpointError(f"{folder}: no config.json here\nfrom_pretrained needs a checkpoint folder "
+                                  "(config.json + weights) or a hub id; fakeviz.models.build() takes a config "
+                                  "alone.")  # fmt: skip
+        hub = fetch_config(repo, revision)
+        spec = hub_spec(hub, {}, trust_remote_code)
+        return _fake_model(spec, read_hub_checkpoint(hub), repo, device, dtype, strict)
     config = checkpoint_file(folder, "config.json", what="config")  # Note: [hostile checkpoints]
     ckpt = read_checkpoint(folder)
+    return _fake_model(spec_of(config, {}), ckpt, str(folder), device, dtype, strict)
+
+
+def _hub_id(name: str) -> str | None:
+    """The hub id ``name`` stands for: itself written ``owner/name``, or a catalog name's; else None."""
+    try:
+        return resolve(name).name
+    except UnknownModelError:
+        return name if is_hub_id(name) else None
+
+
+def _fake_model(
+    spec: Spec, ckpt: Checkpoint, where: str, device: str | torch.device | None, dtype: str | torch.dtype | None,
+    strict: bool,
+) -> torch.nn.Module:  # fmt: skip
+    """The model ``spec`` builds, its tensors given the checkpoint's dtypes and checked against its names and
+    shapes: the one path of a local folder and of a hub repo."""
     want = as_dtype(dtype)
-    spec = spec_of(config, {})
     with building(device):
         model = instantiate(spec, want or ckpt.main_dtype())
         m = match(model, ckpt)
         if want is None:
             _swap_dtypes(model, m)
     if not m.ok:
-        msg = f"{folder}: the checkpoint disagrees with the model its config.json builds\n{m.describe()}"
+        msg = f"{where}: the checkpoint disagrees with the model its config.json builds\n{m.describe()}"
         if strict:
             raise CheckpointMismatchError(msg, missing=tuple(m.missing), unexpected=tuple(m.unexpected),
                                           shapes=m.shapes)  # fmt: skip
         warnings.warn(msg + "\nThe model keeps the config's shapes (strict=True raises instead).", FakeVizWarning,
-                      stacklevel=2)  # fmt: skip
+                      stacklevel=3)  # fmt: skip
     return model
