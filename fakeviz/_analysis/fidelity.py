@@ -56,13 +56,14 @@ def op_rule(name: str) -> str:
     from .._engine.ctc import FAKE_RULE_OPS as CTC_RULE_OPS
     from .._engine.flops import resolve_op
     from .._engine.moe import FAKE_RULE_OPS
+    from .._engine.quant_kernels import FAKE_RULE_OPS as QUANT_RULE_OPS
 
     func = resolve_op(name)
     if func is not None and not torch._C._dispatch_has_kernel(func.name()):
         func = None  # a Python-only overload (aten.__and__.bool): nothing to dispatch
     if func is None:
         rule = "unknown op"
-    elif name in FAKE_RULE_OPS or name in CTC_RULE_OPS:
+    elif name in FAKE_RULE_OPS or name in CTC_RULE_OPS or name in QUANT_RULE_OPS:
         rule = "fakeviz rule"
     elif func in meta_table:
         rule = "python meta"
@@ -184,6 +185,7 @@ def _assumptions(trace: Record, table: Any) -> Any:
     import pandas as pd
 
     from .._engine.moe import op_assumption
+    from .._engine.quant_kernels import op_assumption as kernel_assumption
 
     rows = []
     for seq, op, text, *where in trace.meta.get("assumptions") or []:
@@ -192,7 +194,7 @@ def _assumptions(trace: Record, table: Any) -> Any:
     for op, first, count, module, line in zip(
         table.op.tolist(), table.first_seq.tolist(), table["count"].tolist(), table.module.tolist(), table.user_line
     ):
-        text = op_assumption(op)
+        text = op_assumption(op) or kernel_assumption(op)  # Note: [quantized kernels through fake rules]
         if text is not None:
             rows.append((int(first), op, text, int(count), module, line))
     rows.extend(_cuda_api_rows(trace.meta.get("cuda_api") or {}))

@@ -14,6 +14,7 @@ from .._core.errors import CheckpointError, CheckpointMismatchError, FakeVizWarn
 from .._engine.checkpoint import Checkpoint, TensorInfo, checkpoint_file, read_checkpoint
 from ._build import Spec, as_dtype, building, hub_spec, instantiate, spec_of
 from ._catalog import resolve
+from ._prequantized import build as prequantized
 from ._hub import fetch_config, is_hub_id, read_hub_checkpoint
 
 __all__ = ["Match", "from_pretrained", "match"]
@@ -191,7 +192,8 @@ def _fake_model(
     shapes: the one path of a local folder and of a hub repo."""
     want = as_dtype(dtype)
     with building(device):
-        model = instantiate(spec, want or ckpt.main_dtype())
+        model = prequantized(spec, ckpt, want, where)  # None without a quantization_config
+        model = model if model is not None else instantiate(spec, want or ckpt.main_dtype())
         m = match(model, ckpt)
         if want is None:
             _swap_dtypes(model, m)
