@@ -501,6 +501,16 @@ declare("torchao-sm-checks", "torchao.utils and the torchao modules that import 
         by="fakeviz._engine.torchao_patches", torch="CPU-only builds (the shim)",
         why="Note: [torchao on fake GPUs]: torchao's kernel choice by capability answers as the fake GPU; also a "
             "sys.meta_path finder while torchao is not yet imported")  # fmt: skip
+_Q = "fakeviz._engine.quant.bnb"
+declare("fake-param-subclass", "torch.Tensor", "_make_subclass", scope="session", by=_Q,
+        why="Note: [bitsandbytes under fake tensors]: a Parameter subclass (Params4bit, Int8Params) made from a fake "
+            "tensor; everything else goes to torch's own")  # fmt: skip
+declare("bnb-qmap", "bitsandbytes.functional.name2qmap", "dynamic", scope="session", by=_Q, kind="table item",
+        why="Note: [bitsandbytes under fake tensors]: the 8-bit dynamic map made on the real CPU, never a fake tensor "
+            "in the library's cache; also a sys.meta_path finder while bitsandbytes is not yet imported")  # fmt: skip
+declare("bnb-paged", "bitsandbytes.functional", ("get_paged", "elementwise_func", "prefetch_tensor"), scope="session",
+        by=_Q, why="Note: [paged optimizer state]: unified memory as a fake tensor on the device, marked paged; its "
+                   "ctypes fill and prefetch on a fake tensor: a fill_, nothing")  # fmt: skip
 # gpu-session scope (Note: [torch.cuda on fake GPUs]); the leaves are listed in cuda_api.patches._LEAVES
 declare("torch-cuda-leaves", "torch.cuda, torch.cuda.memory, torch.cuda.random, torch.cuda.graphs, "
         "torch.cuda.streams, torch.accelerator, torch.accelerator.memory", "cuda_api.patches._LEAVES",

@@ -37,6 +37,7 @@ from . import distributed as _distributed
 from . import moe as _moe
 from . import patches as _patches
 from . import torchao_patches as _torchao_patches
+from .quant import bnb as _bnb
 
 __all__ = [
     "DATA_DEPENDENT_ERRORS", "GPUIndexError", "check_device", "fake_mode", "fakeify", "gpu_error_from",
@@ -240,6 +241,7 @@ def _apply_patches(on: bool) -> None:
     _ctc.patch_ctc_loss(on)  # Note: [cuDNN CTC under fake tensors]
     _distributed.patch_sharding_prop(on)  # Note: [DTensor's shadow propagation]
     _torchao_patches.session_patches(on)  # Note: [torchao on fake GPUs]
+    _bnb.patch(on)  # Note: [bitsandbytes under fake tensors]
 
 
 _native_sdpa = contextlib.ExitStack()

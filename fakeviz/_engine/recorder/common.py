@@ -14,6 +14,7 @@ import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ..._core.schema import OP_COLS, OUT_COLS, P_COLS, PHASES, ST_COLS, field
+from ..quant.bnb import weight_parts
 
 P_INIT, P_FORWARD, P_BACKWARD, P_OPTIMIZER, P_OTHER = range(len(PHASES))
 
@@ -99,7 +100,8 @@ def tensor_nbytes(t: Any) -> int:
     not its outer shape times its outer dtype."""
     if is_wrapper(t):
         return sum(tensor_nbytes(x) for x in inner_tensors(t))
-    return int(t.numel()) * t.element_size()
+    # a bitsandbytes weight: its packed data and its quant state (Note: [quantized weights in the record])
+    return sum(int(x.numel()) * x.element_size() for x in (t, *weight_parts(t)))
 
 
 def is_real_plain(t: Any) -> bool:

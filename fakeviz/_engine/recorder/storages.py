@@ -10,6 +10,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ..._core.schema import ROLE_PARAM, TID_BITS
+from ..quant.bnb import weight_parts
 from ..sparse import PARTS as _SPARSE_PARTS
 from ..sparse import sparse_parts
 from .common import (
@@ -159,7 +160,10 @@ class StoragesMixin:
         """The storage ids of every tensor that holds ``t``'s memory (a wrapper's inner tensors: ``inner_tensors``),
         each registered with ``roles``."""
         if not is_wrapper(t):
-            return [self.storage_id(t, seq, roles)]
+            # a bitsandbytes weight's quant state (absmax, codes, SCB) is the weight's too (Note: [quantized weights
+            # in the record] in fakeviz/_engine/quant/bnb.py)
+            parts = weight_parts(t)
+            return [self.storage_id(t, seq, roles)] + [s for x in parts if (s := self.storage_id(x, seq, roles)) >= 0]
         return [s for x in inner_tensors(t) if (s := self.storage_id(x, seq, roles)) >= 0]
 
     def sparse_storage(self, t: Any, seq: int, roles: int = 0) -> tuple[int, int]:

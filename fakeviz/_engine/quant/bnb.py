@@ -1,0 +1,292 @@
+"""bitsandbytes under fake tensors: its own ``Params4bit`` / ``Int8Params``, ``Linear4bit`` / ``Linear8bitLt``, the
+functional quantize / dequantize ops and the 8-bit optimizers, run by the library's own code on fake cpu and cuda.
+
+Note: [bitsandbytes under fake tensors]
+bitsandbytes 0.45+ registers its kernels as ``torch.library`` ops with fake kernels (``bitsandbytes::quantize_4bit``,
+``gemm_4bit``, ``dequantize_4bit``, ``quantize_blockwise``, ``int8_vectorwise_quant``, ``int8_scaled_mm``,
+``optimizer_update_8bit_blockwise``, ...), so its quantization, matmuls and optimizer steps already run under a
+fake mode: they are recorded as the library's own ops, with the output storages the real kernels return. Three
+things stop or spoil a fake run, and fakeviz answers each while a fake session is active (registry entries
+``fake-param-subclass``, ``bnb-qmap``, ``bnb-paged``):
+
+* ``Params4bit`` and ``Int8Params`` are ``nn.Parameter`` subclasses made with ``torch.Tensor._make_subclass(cls,
+  data)``, which refuses a FakeTensor (its Python object already exists). For fake ``data``,
+  :func:`_make_subclass` does what ``nn.Parameter(data)`` does for a tensor subclass (its unrecorded detach, Note:
+  [Parameter detach] in the recorder) and gives the result a class that is both ``cls`` and ``FakeTensor``
+  (:func:`fake_class`, one per class): the library's methods (``.to`` quantizes, ``quant_state``, ``CB``/``SCB``)
+  run as written, and FakeTensorMode runs its ops. Two details of that class: ``Module._apply`` re-wraps a fake
+  parameter as ``nn.Parameter(p)``, which needs ``p.detach()`` to keep the class (only there it does, as the
+  real run's ``param.data = p`` keeps the object); and ``p.data = q`` (``_quantize`` replaces the bf16 data with
+  the packed ``uint8``, possibly on another device) also takes ``q``'s fake device.
+* ``quantize_blockwise`` (the double quantization of the absmax) makes bitsandbytes' 8-bit dynamic map once per
+  process with ``.tolist()`` of small tensors and caches it in the module global ``name2qmap``; made under a fake
+  mode, a fake tensor would stay in that cache after the session. fakeviz puts the map, made on the real CPU as a
+  first call on a CPU does, in the cache for the session (and takes it out after), so a fake record is that of a
+  process that has quantized before; on fake cuda each use copies the 1 KiB map to the device (a GPU process
+  keeps it there after its first call), listed in ``fidelity()``'s assumptions.
+* paged optimizers (``PagedAdamW8bit``) allocate their state with ``get_paged`` as CUDA unified memory (Note:
+  [paged optimizer state]).
+
+Note: [quantized weights in the record]
+A bitsandbytes weight is more than its parameter's storage: the packed 4-bit data (``uint8``, numel / 2 bytes,
+``[(numel + 1) // 2, 1]``) plus its ``quant_state``: the blockwise absmax (float32, one per block of 64), its 16-value
+code, and with double quantization (``compress_statistics``) the absmax as ``uint8`` with the nested absmax
+(float32, one per 256 blocks), the nested 256-value code and the offset (a float32 scalar); an LLM.int8 weight is its
+``int8`` data (``CB``) plus ``SCB`` (float32, one per row). The quant-state tensors are not ``nn.Parameter``s, but
+they are the weight: they live as long as it does and every forward reads them. So :func:`weight_parts` lists
+them with the parameter, and the recorder gives every one of their storages the parameter role (category
+``Parameter``) and the parameter's name, in fake and real runs alike. Temporaries of the quantization (the
+float32 absmax before double quantization, the bf16 weight) are freed by the library and stay ``Other``.
+
+Note: [paged optimizer state]
+``PagedAdamW8bit`` & co. allocate each state tensor of at least 1e5 elements with ``cudaMallocManaged`` (unified
+memory): it lives on the GPU while the GPU uses it, and the driver evicts it to host memory when the GPU runs out,
+instead of failing. It never goes through PyTorch's allocator, so ``torch.cuda.max_memory_allocated`` does not see
+it. Under fake tensors :func:`_get_paged` makes it a fake tensor on the parameter's device (the bytes a step
+touches there), marks it ``is_paged`` as bitsandbytes does, and lists its storage in the record's
+``meta["paged"]`` (storage ids); fakeviz counts it on the GPU, in the ``Optimizer state`` category (the worst
+case: every page resident), and a verdict that misses by no more than ``meta["paged"]``'s bytes may still run,
+with the pages moving between host and GPU each step. Prefetching and synchronisation (ctypes calls) do nothing
+on fake tensors.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+
+from .. import patches as _patches
+
+__all__ = ["fake_class", "import_bitsandbytes", "is_bnb_weight", "patch", "weight_parts"]
+
+_TENSOR_DATA = torch._C.TensorBase.data  # the C property behind ``t.data`` (get and set)
+_PARAM_NEW = torch.nn.Parameter.__new__
+_PARAM_NEW_CODE = _PARAM_NEW.__code__
+_original_make_subclass = torch.Tensor._make_subclass
+_CLASSES: dict[type, type] = {}  # cls -> its fake class
+_BASES: dict[type, type] = {}  # fake class -> cls
+
+
+# ------------------------------------------------------------------------------------------------ fake parameters
+def fake_class(cls: type) -> type:
+    """The class of a fake ``cls`` (a ``Parameter`` subclass such as ``Params4bit``): ``cls`` and ``FakeTensor`` at
+    once (Note: [bitsandbytes under fake tensors])."""
+    got = _CLASSES.get(cls)
+    if got is not None:
+        return got
+
+    def _set_data(self: Any, value: Any) -> None:
+        _TENSOR_DATA.__set__(self, value)
+        if isinstance(value, FakeTensor):  # the packed data may live on another device: the object follows it
+            self.fake_device = value.fake_device
+            self.constant = value.constant
+
+    def detach(self: Any) -> Any:
+        out = FakeTensor.detach(self)
+        if sys._getframe(1).f_code is _PARAM_NEW_CODE:  # Module._apply's nn.Parameter(p): keep the class and state
+            out.__class__ = type(self)
+            for k, v in self.__dict__.items():
+                out.__dict__.setdefault(k, v)
+        return out
+
+    body = {"data": property(_TENSOR_DATA.__get__, _set_data), "detach": detach, "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}  # fmt: skip
+    got = _CLASSES[cls] = type(cls.__name__, (cls, FakeTensor), body)
+    _BASES[got] = cls
+    return got
+
+
+def _make_subclass(cls: Any, data: Any, require_grad: bool = False, **kwargs: Any) -> Any:
+    """``torch.Tensor._make_subclass`` that also takes fake ``data`` for a ``Parameter`` subclass (Note:
+    [bitsandbytes under fake tensors]); everything else goes to torch's own."""
+    if kwargs or not isinstance(data, FakeTensor) or not isinstance(cls, type):
+        return _original_make_subclass(cls, data, require_grad, **kwargs)
+    base = _BASES.get(cls, cls)  # Params4bit.__torch_function__'s cls(...) of a fake weight: its own class
+    if issubclass(base, FakeTensor) or not issubclass(base, torch.nn.Parameter):
+        return _original_make_subclass(cls, data, require_grad, **kwargs)
+    t = _PARAM_NEW(torch.nn.Parameter, data, require_grad)  # its detach is not recorded (Note: [Parameter detach])
+    t.__dict__.pop("_is_param", None)
+    t.__class__ = fake_class(base)
+    return t
+
+
+def import_bitsandbytes() -> Any:
+    """``import bitsandbytes``, from inside a fake session too: the import runs on real tensors and with
+    ``torch.cuda`` answering as the build does (on a fake GPU bitsandbytes would load its CUDA backend, which a
+    CPU-only torch lacks), as the import at the top of a script does."""
+    have = sys.modules.get("bitsandbytes")
+    if have is not None:
+        return have
+    from ..cuda_api import stack
+
+    gpu = stack.active()
+    if gpu is not None:
+        gpu.on = False
+    try:
+        with unset_fake_temporarily():
+            import bitsandbytes
+    finally:
+        if gpu is not None:
+            gpu.on = True
+    return bitsandbytes
+
+
+# ------------------------------------------------------------------------------------------------ weights
+def is_bnb_weight(t: Any) -> bool:
+    """A bitsandbytes ``Params4bit`` or ``Int8Params`` (fake or real)."""
+    mod = sys.modules.get("bitsandbytes.nn.modules")
+    return mod is not None and isinstance(t, (mod.Params4bit, mod.Int8Params))
+
+
+def weight_parts(t: Any) -> list[Any]:
+    """The tensors besides ``t`` that hold a bitsandbytes weight's memory (Note: [quantized weights in the record]):
+    a 4-bit weight's quant-state tensors (absmax, code, offset, nested absmax and code), an LLM.int8 weight's
+    ``SCB`` (its ``CB`` is its data); ``[]`` for any other tensor."""
+    if not is_bnb_weight(t):
+        return []
+    d = t.__dict__
+    out: list[Any] = []
+    qs = d.get("quant_state")
+    if qs is not None:
+        out += [qs.absmax, qs.code, getattr(qs, "offset", None)]
+        s2 = getattr(qs, "state2", None)
+        if s2 is not None:
+            out += [s2.absmax, s2.code]
+    out.append(d.get("SCB"))  # its CB is its data
+    seen = {id(t)}
+    parts = []
+    for x in out:
+        if isinstance(x, torch.Tensor) and id(x) not in seen:
+            seen.add(id(x))
+            parts.append(x)
+    return parts
+
+
+# ------------------------------------------------------------------------------------------------ paged state
+_original_get_paged: Any = None
+
+
+def _get_paged(*shape: int, dtype: torch.dtype = torch.float32, device: Any = None) -> Any:
+    """``bitsandbytes.functional.get_paged`` under a fake session: a fake tensor on ``device``, marked paged
+    (Note: [paged optimizer state])."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode()
+    if mode is None:
+        return _original_get_paged(*shape, dtype=dtype, device=device)
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    out = torch.empty(shape, dtype=dtype, device=device)
+    out.is_paged = True
+    out.page_deviceid = device.index
+    state = getattr(mode, "_fv_state", None)
+    if state is not None and state.active:
+        sid = state.storage_id(out, state.b.num_ops())
+        if sid >= 0:
+            state.trace.meta.setdefault("paged", []).append(int(sid))
+    return out
+
+
+_original_elementwise: Any = None
+_original_prefetch: Any = None
+
+
+def _elementwise_func(func_name: str, A: Any, B: Any, value: Any, prefetch: bool = True) -> Any:
+    """bitsandbytes' ctypes element-wise kernels on paged memory (``fill``, ``_mul``): on fake tensors the torch op
+    that does the same (Note: [paged optimizer state])."""
+    if not isinstance(A, FakeTensor):
+        return _original_elementwise(func_name, A, B, value, prefetch)
+    if func_name == "fill":
+        A.fill_(value)
+    elif func_name == "_mul":
+        A.mul_(B)
+    else:
+        raise NotImplementedError(f"bitsandbytes' {func_name} on a fake tensor")
+    return None
+
+
+def _prefetch_tensor(A: Any, to_cpu: bool = False) -> Any:
+    """``prefetch_tensor`` (moves paged pages between host and GPU): nothing to move for a fake tensor."""
+    if not isinstance(A, FakeTensor):
+        return _original_prefetch(A, to_cpu)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ the patches
+_tokens: list[int] = []
+_finder: Any = None
+
+
+def _dynamic_map(functional: Any) -> Any:
+    """bitsandbytes' 8-bit dynamic map, made on the real CPU (Note: [bitsandbytes under fake tensors])."""
+    have = functional.name2qmap.get("dynamic")
+    if isinstance(have, torch.Tensor) and not isinstance(have, FakeTensor) and have.device.type == "cpu":
+        return have
+    with unset_fake_temporarily(), torch.device("cpu"):
+        return functional.create_dynamic_map()
+
+
+def _install(functional: Any) -> None:
+    global _original_get_paged
+    _tokens.append(_patches.push_item(functional.name2qmap, "dynamic", _dynamic_map(functional), entry="bnb-qmap"))
+    global _original_elementwise, _original_prefetch
+    _original_get_paged = _patches.original(functional, "get_paged")
+    _original_elementwise = _patches.original(functional, "elementwise_func")
+    _original_prefetch = _patches.original(functional, "prefetch_tensor")
+    _tokens.append(_patches.push(functional, "get_paged", _get_paged, entry="bnb-paged"))
+    _tokens.append(_patches.push(functional, "elementwise_func", _elementwise_func, entry="bnb-paged"))
+    _tokens.append(_patches.push(functional, "prefetch_tensor", _prefetch_tensor, entry="bnb-paged"))
+
+
+def patch(on: bool) -> None:
+    """Install (``on``) or undo the session patches of Note: [bitsandbytes under fake tensors], through the registry
+    (Note: [patch registry]); bitsandbytes imported during the session is patched when its ``functional`` loads."""
+    global _finder
+    if not on:
+        if _finder is not None:
+            _patches.pop(_finder)
+            _finder = None
+        while _tokens:
+            _patches.pop(_tokens.pop())
+        return
+    _tokens.append(_patches.push(torch.Tensor, "_make_subclass", _make_subclass, entry="fake-param-subclass"))
+    functional = sys.modules.get("bitsandbytes.functional")
+    if functional is not None:
+        _install(functional)
+    else:
+        _finder = _patches.push_member(sys.meta_path, _OnImport("bitsandbytes.functional", _install), entry="bnb-qmap")
+        # first in line: move it to the front (push_member appends)
+        sys.meta_path.insert(0, sys.meta_path.pop())
+
+
+class _OnImport:
+    """A ``sys.meta_path`` finder that calls ``then(module)`` once module ``name`` has been executed."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name = name
+        self.then = then
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        then = self.then
+
+        def run(module: Any) -> None:
+            exec_module(module)
+            then(module)
+
+        spec.loader.exec_module = run  # this spec's own loader instance
+        return spec
