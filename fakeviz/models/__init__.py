@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from . import _quant
 from ._build import as_dtype, building, config, instantiate, spec_of
 from ._catalog import CatalogEntry, catalog, entries, resolve
 from ._inputs import check_seq, context, inputs, task_of
@@ -34,6 +35,7 @@ def build(
     dtype: str | torch.dtype | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    quantization: Any = None,
     **config_overrides: Any,
 ) -> torch.nn.Module:
     """The fake model of a published model name, a folder / ``config.json``, a dict, or a transformers config.
@@ -52,6 +54,10 @@ def build(
             ``config.json`` at that revision is used instead of the catalog's copy.
         trust_remote_code: run a hub repo's own code where its config's ``auto_map`` needs it (as transformers
             does); refused (``HubError``) otherwise.
+        quantization: quantize the weights by their library's own code, as transformers' loader does: ``"nf4"``,
+            ``"fp4"`` (bitsandbytes 4-bit, bf16 compute), ``"int8"`` (bitsandbytes LLM.int8), ``"int4"``, ``"fp8"``
+            (torchao), a ``transformers.BitsAndBytesConfig`` or a torchao config (Note: [quantizing a built model]
+            in ``fakeviz/models/_quant.py``); the output head stays unquantized.
         **config_overrides: config fields to replace (``num_hidden_layers=2``).
 
     Returns:
@@ -66,5 +72,9 @@ def build(
         CheckpointError: a folder without ``config.json``, or a config transformers does not know.
     """
     spec = spec_of(name_or_path_or_config, config_overrides, revision=revision, trust_remote_code=trust_remote_code)
+    q = None if quantization is None else _quant.resolve(quantization)
     with building(device):
-        return instantiate(spec, as_dtype(dtype))
+        model = instantiate(spec, as_dtype(dtype))
+        if q is not None:
+            _quant.apply(model, q)  # Note: [quantizing a built model]
+        return model

@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
-from .._core.errors import CheckpointError, CheckpointMismatchError, FakeVizWarning, UnknownModelError
+from .._core.errors import ArgumentError, CheckpointError, CheckpointMismatchError, FakeVizWarning, UnknownModelError
 from .._engine.checkpoint import Checkpoint, TensorInfo, checkpoint_file, read_checkpoint
+from . import _quant
 from ._build import Spec, as_dtype, building, hub_spec, instantiate, spec_of
 from ._catalog import resolve
-from ._prequantized import build as prequantized
 from ._hub import fetch_config, is_hub_id, read_hub_checkpoint
+from ._prequantized import build as prequantized
 
 __all__ = ["Match", "from_pretrained", "match"]
 
@@ -125,6 +126,7 @@ def from_pretrained(
     strict: bool = False,
     revision: str | None = None,
     trust_remote_code: bool = False,
+    quantization: Any = None,
 ) -> torch.nn.Module:
     """The fake model a checkpoint folder or hub repo describes: ``config.json`` + weights, read without their data.
 
@@ -146,6 +148,9 @@ def from_pretrained(
         revision: a hub id's branch, tag or commit (default ``main``); every file is read at the commit it names.
         trust_remote_code: run a hub repo's own code where its config's ``auto_map`` needs it (as transformers
             does); refused (``HubError``) otherwise.
+        quantization: quantize the weights as loaded, by their library's own code: ``"nf4"``, ``"fp4"``,
+            ``"int8"`` (bitsandbytes), ``"int4"``, ``"fp8"`` (torchao), a ``transformers.BitsAndBytesConfig`` or a
+            torchao config (:func:`fakeviz.models._quant.resolve`); refused for a pre-quantized checkpoint.
 
     Returns:
         The fake model (built under the caller's fake mode or recording if one is active, else in a new
@@ -159,6 +164,7 @@ def from_pretrained(
             a gated repo without access, or remote code without ``trust_remote_code=True``.
         UnknownModelError: a hub id the hub does not know.
     """
+    q = None if quantization is None else _quant.resolve(quantization)  # refused before anything is read
     folder = Path(path).expanduser()
     if folder.is_file() and folder.name == "config.json":
         folder = folder.parent
@@ -170,10 +176,10 @@ def from_pretrained(
                                   "alone.")  # fmt: skip
         hub = fetch_config(repo, revision)
         spec = hub_spec(hub, {}, trust_remote_code)
-        return _fake_model(spec, read_hub_checkpoint(hub), repo, device, dtype, strict)
+        return _fake_model(spec, read_hub_checkpoint(hub), repo, device, dtype, strict, q)
     config = checkpoint_file(folder, "config.json", what="config")  # Note: [hostile checkpoints]
     ckpt = read_checkpoint(folder)
-    return _fake_model(spec_of(config, {}), ckpt, str(folder), device, dtype, strict)
+    return _fake_model(spec_of(config, {}), ckpt, str(folder), device, dtype, strict, q)
 
 
 def _hub_id(name: str) -> str | None:
@@ -186,17 +192,22 @@ def _hub_id(name: str) -> str | None:
 
 def _fake_model(
     spec: Spec, ckpt: Checkpoint, where: str, device: str | torch.device | None, dtype: str | torch.dtype | None,
-    strict: bool,
+    strict: bool, q: Any = None,
 ) -> torch.nn.Module:  # fmt: skip
     """The model ``spec`` builds, its tensors given the checkpoint's dtypes and checked against its names and
     shapes: the one path of a local folder and of a hub repo."""
     want = as_dtype(dtype)
     with building(device):
         model = prequantized(spec, ckpt, want, where)  # None without a quantization_config
+        if model is not None and q is not None:
+            raise ArgumentError("quantization", q.label, f"{where} is already quantized (its config.json has a "
+                                "quantization_config)", "Leave quantization= out for a pre-quantized checkpoint.")
         model = model if model is not None else instantiate(spec, want or ckpt.main_dtype())
         m = match(model, ckpt)
         if want is None:
             _swap_dtypes(model, m)
+        if q is not None:  # the checkpoint's weights as loaded, then quantized (Note: [quantizing a built model])
+            _quant.apply(model, q)
     if not m.ok:
         msg = f"{where}: the checkpoint disagrees with the model its config.json builds\n{m.describe()}"
         if strict:
