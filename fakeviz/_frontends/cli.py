@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 __all__ = ["main"]
 
-_OPTIMIZERS = ("adamw", "adam", "sgd", "none")
+_QUANT = ("nf4", "fp4", "int8", "int4", "fp8")
 _DEFAULT_GPU = "H100"
 
 
@@ -124,7 +124,13 @@ def _parser() -> _Parser:
     mode.add_argument("--train", action="store_true", help="training steps: forward with a loss, backward, step")
     mode.add_argument("--generate", type=_positive("--generate"), metavar="N", default=0,
                       help="generate N tokens after a --seq prompt (greedy, KV cache)")  # fmt: skip
-    r.add_argument("--optimizer", choices=_OPTIMIZERS, default=None, help="with --train (default adamw)")
+    r.add_argument("--optim", "--optimizer", dest="optimizer", default=None, metavar="NAME",
+                   help="with --train: adamw (default), adamw_fused, adam, adafactor, adamw8bit, paged_adamw8bit, "
+                        "adamw8bit_ao, adamw4bit_ao, sgd or none")  # fmt: skip
+    r.add_argument("--quant", choices=_QUANT, default=None,
+                   help="quantize the weights: nf4, fp4, int8 (bitsandbytes), int4, fp8 (torchao); --train needs --lora")  # fmt: skip
+    r.add_argument("--lora", type=_positive("--lora"), default=None, metavar="RANK",
+                   help="LoRA adapters of this rank on every linear layer (peft; with --quant: QLoRA)")  # fmt: skip
     r.add_argument("--steps", type=_positive("--steps"), default=None,
                    help="training steps (default 2: the second holds the first's optimizer state, as later ones do)")  # fmt: skip
     r.add_argument("--checkpointing", action="store_true", help="with --train: activation (gradient) checkpointing")
@@ -174,10 +180,21 @@ def _overrides(items: list[str]) -> dict[str, Any]:
 def _check(args: argparse.Namespace) -> None:
     """Option combinations argparse cannot express."""
     if not args.train:
-        for flag, given in (("--optimizer", args.optimizer), ("--steps", args.steps), ("--checkpointing",
+        for flag, given in (("--optim", args.optimizer), ("--steps", args.steps), ("--checkpointing",
                             args.checkpointing)):  # fmt: skip
             if given:
                 raise UsageError(f"{flag} needs --train")
+    if args.optimizer is not None:
+        from .._core.errors import ArgumentError
+        from .steps import check_optimizer
+
+        try:
+            args.optimizer = check_optimizer(args.optimizer, written=f"--optim {args.optimizer!r}")
+        except ArgumentError as exc:
+            raise UsageError(_first_line(exc) + (f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else
+                             "; --help lists them")) from exc  # fmt: skip
+    if args.quant and args.train and not args.lora:
+        raise UsageError(f"--quant {args.quant} --train: quantized weights do not train; add --lora RANK (QLoRA)")
     if args.cache != "dynamic" and not args.generate:
         raise UsageError("--cache needs --generate")
     if args.gpus is not None:
@@ -311,15 +328,19 @@ def _report_model(args: argparse.Namespace) -> int:
     # with the weights in place, as after loading a checkpoint, without what __init__ allocates and drops.
     model = _build(models, args, overrides)
     models.check_seq(model, args.seq, args.generate or 0)  # refused before recording, never shortened
+    runner = _adapt(model, args)  # LoRA (QLoRA) before the recording, as a script sets it up before training
     info.update(_describe(model))
+    info.update(
+        quantization=args.quant, lora=runner.lora, trainable_parameters=sum(p.numel() for p in runner.trainable)
+    )
     progress.say(f"recording the run on fake {args.device}", force=True)
     try:
         with record(
             device=args.device, gpu=capacity if named and on_cuda else None, gpus=n_gpus if on_cuda else None,
             progress=progress if progress.on else None, modules=[model],
         ) as trace:  # fmt: skip
-            _run(models, model, args, info)
-            del model
+            _run(models, model, args, info, runner.runner)
+            del model, runner
     except RecordError as exc:  # the model's run failed: report what was recorded
         error = exc
         trace = exc.trace if exc.trace is not None else trace
@@ -364,13 +385,22 @@ def _build(models: Any, args: argparse.Namespace, overrides: dict[str, Any]) -> 
     from .._core.errors import ArgumentError
 
     path = Path(args.model)
+    quant = {"quantization": args.quant} if args.quant else {}
     if path.is_dir() and not overrides and (any(path.glob("*.safetensors*")) or any(path.glob("*.bin"))):
-        return models.from_pretrained(path, device=args.device, dtype=args.dtype)
+        return models.from_pretrained(path, device=args.device, dtype=args.dtype, **quant)
     try:  # an unknown name: build raises UnknownModelError with near names before any work (a hub id: the hub's)
-        return models.build(args.model, device=args.device, dtype=args.dtype, **overrides)
+        return models.build(args.model, device=args.device, dtype=args.dtype, **quant, **overrides)
     except ArgumentError as exc:  # an override the config lacks, a size below 1: named as the user wrote it
         items = [i for i in args.set if i.partition("=")[0].strip() == exc.argument] or args.set
         raise exc.reworded(" ".join(f"--set {i}" for i in items)) from exc
+
+
+def _adapt(model: Any, args: argparse.Namespace) -> Any:
+    """``--lora`` on the built model (after QLoRA's preparation with ``--quant --train``): :mod:`.adapters`."""
+    from .adapters import apply
+
+    return apply(model, lora=args.lora, quantized=bool(args.quant), train=args.train, checkpointing=args.checkpointing,
+                 quantization=args.quant)  # fmt: skip
 
 
 def _describe(model: Any) -> dict[str, Any]:
@@ -387,12 +417,14 @@ def _describe(model: Any) -> dict[str, Any]:
     }
 
 
-def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]) -> None:
-    """One recorded run: inference forward, training steps or generation (:mod:`.steps`)."""
+def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any], runner: Any = None) -> None:
+    """One recorded run: inference forward, training steps or generation (:mod:`.steps`); ``runner`` is what the
+    steps call (the PEFT model with ``--lora``), ``model`` the transformers model (its inputs, its checkpointing)."""
     import torch
 
     from . import steps as _steps
 
+    runner = model if runner is None else runner
     if args.train:
         opt_name = args.optimizer or "adamw"
         n = args.steps or 2
@@ -404,7 +436,7 @@ def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]
                 raise UsageError(f"--checkpointing: {type(model).__name__} does not support gradient checkpointing")
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=True)
-        _steps.train(model, batch, optimizer=opt_name, steps=n)
+        _steps.train(runner, batch, optimizer=opt_name, steps=n)
     elif args.generate:
         info["run"] = f"generate {args.generate} tokens ({args.cache} KV cache)"
         try:
@@ -415,11 +447,11 @@ def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]
             raise UsageError(f"--generate: {type(model).__name__} does not generate text")
         batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=False)
         batch.pop("decoder_input_ids", None)
-        _steps.generate(model, batch, args.generate, cache=args.cache)
+        _steps.generate(runner, batch, args.generate, cache=args.cache)
     else:
         info["run"] = "inference forward"
         batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=False)
-        _steps.forward(model, batch)
+        _steps.forward(runner, batch)
     shape = next((v.shape for v in batch.values() if isinstance(v, torch.Tensor)), None)
     info["inputs"] = {k: list(v.shape) for k, v in batch.items() if isinstance(v, torch.Tensor)}
     info["input_shape"] = list(shape) if shape is not None else None
@@ -471,6 +503,15 @@ def report_table(data: dict[str, Any]) -> str:
     if data.get("parameters") is not None:
         lines.append(f"  parameters  {data['parameters'] / 1e9:,.3f} B ({format_bytes(data['parameter_bytes'])}"
                      f"{', ' + data['dtype'] if data.get('dtype') else ''})")  # fmt: skip
+    tune = [x for x in (data.get("quantization"), data.get("lora")) if x]
+    if tune:
+        trainable = data.get("trainable_parameters")
+        share = (
+            f" ({trainable / data['parameters']:.2%} of the parameters)" if trainable and data.get("parameters") else ""
+        )
+        lines.append(
+            f"  weights     {', '.join(tune)}" + (f"; {trainable:,} trainable{share}" if data.get("lora") else "")
+        )
     if data.get("run"):
         shape = "x".join(str(x) for x in data.get("input_shape") or [])
         lines.append(f"  run         {data['run']}" + (f", input {shape}" if shape else ""))

@@ -21,7 +21,6 @@ import contextlib
 import difflib
 import functools
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,8 @@ from .. import models
 from .._analysis import placement as _placement
 from .._core.errors import ArgumentError
 from .._core.gpus import Capacity, parse_gpus
-from . import ranking, steps
+from . import adapters, ranking, steps
+from .progress import progress_bar
 
 __all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
 
@@ -122,7 +122,7 @@ class Plan:
         if not note and self.offloaded:
             note = f"the map offloads {len(self.offloaded)} modules to cpu/disk, and the time model covers GPUs only"
         return steps.speed([(self.trace, 1)], gpu=gpu, gpus=len(self.gpus), tokens=steps.tokens_per_step(self.settings),
-                           note=note)  # fmt: skip
+                           note=note, dtype=self.settings.get("dtype"))  # fmt: skip
 
     @property
     def step_s(self) -> float | None:
@@ -150,11 +150,29 @@ class Plan:
         """The explorer of this plan's record, with its GPUs' capacity."""
         return self.trace.explore(min(self.gpus, key=lambda c: c.bytes).spec, **kw)
 
+    @property
+    def finetune(self) -> str:
+        """What the plan's weights and training are beyond the model: ``"nf4, LoRA r=16, adamw8bit"`` ("" for none;
+        the optimizer named when it is not AdamW)."""
+        s = self.settings
+        opt = s.get("optimizer")
+        return ", ".join(x for x in (s.get("quantization"), s.get("lora"), opt if opt not in (None, "adamw") else None)
+                         if x)  # fmt: skip
+
+    @property
+    def label(self) -> str:
+        """A short name for tables and comparisons: ``"balanced b1 s2048 train ckpt nf4, LoRA r=16"``."""
+        s = self.settings
+        run = "train" if s["train"] else (f"gen {s['new_tokens']}" if s["new_tokens"] else "fwd")
+        head = f"{s['device_map_kind']} b{s['batch']} s{s['seq']} {run}" + (" ckpt" if s["checkpointing"] else "")
+        return head + (f" {self.finetune}" if self.finetune else "")
+
     def __repr__(self) -> str:
         s = self.settings
         run = "train" if s["train"] else (f"generate {s['new_tokens']}" if s["new_tokens"] else "forward")
+        extra = f", {self.finetune}" if self.finetune else ""
         return (f"Plan({self.model}, {len(self.gpus)} GPUs, {s['device_map_kind']}, batch={s['batch']}, "
-                f"seq={s['seq']}, {run}): {self.text}")  # fmt: skip
+                f"seq={s['seq']}, {run}{extra}): {self.text}")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ helpers
@@ -186,14 +204,26 @@ class _Built:
     session: Any
     optimizer: torch.optim.Optimizer | None = None
     placed: dict[str, str] | None = None  # the device map the model was last moved by (:func:`_apply`)
+    runner: torch.nn.Module | None = None  # what a step calls: the PEFT model with lora=, else the model
+    dtype: str = ""  # the compute dtype (a quantized model's, not its packed weights')
+    lora: str | None = None  # labels of lora= and quantization= (:mod:`.adapters`)
+    quantization: str | None = None
+    optimizer_name: str = ""
 
-    def train_optimizer(self) -> torch.optim.Optimizer:
-        """The AdamW of training steps, its state made (once) and on its parameters' devices (a map moves them)."""
+    def train_optimizer(self, name: str = "adamw") -> torch.optim.Optimizer | None:
+        """The optimizer ``name`` of training steps (None for ``"none"``), its state made (once per name) and on its
+        parameters' devices (a map moves them)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = self.optimizer
+        if name == "none":
+            self.optimizer, self.optimizer_name = None, name
+            return None
         with _own_mode(self.model):
-            if opt is None or [id(p) for g in opt.param_groups for p in g["params"]] != [id(p) for p in params]:
-                opt = self.optimizer = steps.make_optimizer("adamw", self.model)
+            if (opt is None or self.optimizer_name != name
+                    or [id(p) for g in opt.param_groups for p in g["params"]] != [id(p) for p in params]):  # fmt: skip
+                self.optimizer = None  # the last one's state goes before the next is made
+                opt = self.optimizer = steps.make_optimizer(name, self.model)
+                self.optimizer_name = name
                 steps.init_state(opt)
             for p, st in opt.state.items():
                 for k, v in st.items():  # AdamW keeps ``step`` on the cpu unless capturable/fused
@@ -202,20 +232,33 @@ class _Built:
         return opt
 
 
-def _build(model: Any, dtype: torch.dtype | None) -> _Built:
-    """``model`` built (a name, folder or config) or copied (a module) into a new fake session's mode, on cuda:0."""
+def _build(model: Any, dtype: torch.dtype | None, *, quantization: Any = None, lora: Any = None,
+           train: bool = False) -> _Built:  # fmt: skip
+    """``model`` built (a name, folder or config) or copied (a module) into a new fake session's mode, on cuda:0,
+    quantized and with adapters when asked (:mod:`.adapters`; ``train``: QLoRA's preparation for training)."""
     from .._api import FakeSession
     from .._engine.session import fakeify, session_patches
 
+    q = adapters.resolve_quantization(quantization)
     session = FakeSession()
     with session_patches(), session.mode:
         if isinstance(model, torch.nn.Module):
             mod = fakeify(model, mode=session.mode, device="cuda:0")
             if dtype is not None:
                 mod = mod.to(dtype)
-            return _Built(mod, type(model).__name__, session)
-        label = model if isinstance(model, str) else type(model).__name__
-        return _Built(models.build(model, device="cuda:0", dtype=dtype), label, session)
+            if q is not None:
+                adapters.quantize(mod, q)
+            label = type(model).__name__
+        else:
+            label = model if isinstance(model, str) else type(model).__name__
+            extra = {"quantization": quantization} if q is not None else {}
+            mod = models.build(model, device="cuda:0", dtype=dtype, **extra)
+        compute = str(next((p.dtype for p in mod.parameters() if p.dtype.is_floating_point), torch.float32))
+        # QLoRA's own preparation enables no checkpointing here: each point switches it as asked
+        # (:func:`.steps.checkpointing`, the same ``use_reentrant=False`` switch; Note: [adapters in plans])
+        ad = adapters.apply(mod, lora=lora, quantized=q is not None, train=train, checkpointing=False,
+                            quantization=None if q is None else str(q.label))  # fmt: skip
+    return _Built(mod, label, session, runner=ad.runner, dtype=compute, lora=ad.lora, quantization=ad.quantization)
 
 
 @contextlib.contextmanager
@@ -304,12 +347,12 @@ def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity]
     trace = None
     gpu = gpus[0].gpu if all(c.gpu == gpus[0].gpu for c in gpus) else None
     try:
-        opt = built.train_optimizer() if s["train"] else None
+        opt = built.train_optimizer(s.get("optimizer") or "adamw") if s["train"] else None
         with steps.checkpointing(model, s["checkpointing"]):
             try:
                 with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace:
-                    steps.run(model, batch=s["batch"], seq=s["seq"], train=s["train"], new_tokens=s["new_tokens"],
-                          optimizer=opt)  # fmt: skip
+                    steps.run(built.runner or model, batch=s["batch"], seq=s["seq"], train=s["train"],
+                              new_tokens=s["new_tokens"], optimizer=opt)  # fmt: skip
             except RecordError as exc:  # the step failed: the partial record says where (never "fits")
                 trace = exc.trace if exc.trace is not None else trace
     finally:
@@ -333,6 +376,9 @@ def plan(
     new_tokens: int = 0,
     dtype: Any = None,
     checkpointing: bool = False,
+    quantization: Any = None,
+    lora: Any = None,
+    optimizer: str = "adamw",
     parallel: dict[str, int] | None = None,
     ranks: Any = "auto",
     _built: _Built | None = None,
@@ -352,6 +398,17 @@ def plan(
         new_tokens: with ``train=False``, ``generate`` that many tokens after the prefill (KV cache).
         dtype: parameter dtype (default: the published one).
         checkpointing: activation checkpointing of the repeated blocks (no code change needed).
+        quantization: the weights quantized by their library's own code (``"nf4"``, ``"fp4"``, ``"int8"``
+            bitsandbytes; ``"int4"``, ``"fp8"`` torchao; or a ``BitsAndBytesConfig`` / torchao config:
+            :func:`fakeviz.models.build`'s ``quantization=``). Training a quantized model trains adapters: give
+            ``lora`` too (QLoRA).
+        lora: LoRA adapters by peft's ``get_peft_model``: a rank (``16``: ``target_modules="all-linear"``) or a
+            ``peft.LoraConfig`` (``use_dora=True`` for DoRA); with ``quantization``, after
+            ``prepare_model_for_kbit_training`` (Note: [adapters in plans] in :mod:`fakeviz._frontends.adapters`).
+            Gradients and optimizer state are then the adapters' only.
+        optimizer: with ``train``: ``"adamw"``, ``"adamw_fused"``, ``"adam"``, ``"adafactor"``, ``"adamw8bit"``,
+            ``"paged_adamw8bit"`` (bitsandbytes), ``"adamw8bit_ao"``, ``"adamw4bit_ao"`` (torchao), ``"sgd"`` or
+            ``"none"`` (Note: [optimizer names] in :mod:`fakeviz._frontends.steps`).
         parallel: torch.distributed over ``gpus`` instead of a device map: degrees per axis, ``{"dp_shard": 8,
             "tp": 8}`` (``dp_replicate`` x ``dp_shard`` is HSDP), for a model given by name, folder or config.
             Every rank runs torchtitan's recipe (FSDP2 ``fully_shard`` per block, tensor parallel by the model's
@@ -363,9 +420,17 @@ def plan(
     Returns:
         A :class:`Plan`; with ``parallel``, a :class:`~fakeviz.Simulation` (per-rank peaks, classes, verdict).
     """
+    optimizer = steps.check_optimizer(optimizer)
+    adapters.lora_config(lora)  # a bad rank or config: refused before any work
     if parallel is not None:
         from .parallel import parallel_plan
 
+        for name, v, default in (("quantization", quantization, None), ("lora", lora, None),
+                                 ("optimizer", optimizer, "adamw")):  # fmt: skip
+            if v != default and not (name == "lora" and adapters.lora_config(v) is None):
+                raise ArgumentError(name, v, "a parallel plan runs torchtitan's recipe of full-precision weights "
+                                    "and AdamW", f"Plan {name}= on a device map (no parallel=), or write the "
+                                    "parallel step yourself and call fakeviz.simulate.")  # fmt: skip
         if device_map != "balanced":
             raise ValueError("parallel= and device_map= are two ways to use the GPUs: give one of them")
         _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
@@ -379,11 +444,15 @@ def plan(
     _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
     if train and new_tokens:
         raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
-    built = _built if _built is not None else _build(model, _dtype(dtype))
+    adapters.check_finetune(train, quantization, lora)
+    built = _built if _built is not None else _build(model, _dtype(dtype), quantization=quantization, lora=lora,
+                                                     train=train)  # fmt: skip
     mod, label = built.model, built.label
     models.check_seq(mod, seq, new_tokens)  # a sequence past the context is refused, never shortened
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
-                "dtype": str(next(mod.parameters()).dtype), "device_map_kind": device_map if isinstance(device_map, str) else "dict"}  # fmt: skip
+                "dtype": built.dtype or str(next(mod.parameters()).dtype), "quantization": built.quantization,
+                "lora": built.lora, "optimizer": optimizer if train else None,
+                "device_map_kind": device_map if isinstance(device_map, str) else "dict"}  # fmt: skip
     recordings = 0
     if isinstance(device_map, dict):
         dm = {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in device_map.items()}
@@ -438,17 +507,30 @@ def _own_mode(model: torch.nn.Module) -> Iterator[None]:
 
 # --------------------------------------------------------------------------------------------- sweep
 _EXAMPLE = {"batch": [1, 2, 4], "seq": [2048, 8192], "dtype": ["bf16", "fp32"], "checkpointing": [False, True],
-            "train": [False, True], "new_tokens": [0, 256]}  # fmt: skip
+            "train": [False, True], "new_tokens": [0, 256], "quantization": [None, "nf4"], "lora": [None, 16],
+            "optimizer": ["adamw", "adamw8bit"]}  # fmt: skip
+_BUILT_BY = ("dtype", "quantization", "lora")  # the axes a point's model depends on: outermost, one build per value
+
+
+def _build_point(model: Any, c: dict[str, Any]) -> _Built:
+    q, lora = c.get("quantization"), c.get("lora")
+    extra = {k: v for k, v in (("quantization", q), ("lora", lora)) if v is not None}
+    if q is not None and lora is not None and c.get("train"):
+        extra["train"] = True  # QLoRA's preparation for training
+    return _build(model, _dtype(c.get("dtype")), **extra)
 
 
 def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced", progress: bool = True,
           rank_by: str | None = "auto", **axes: Any) -> pd.DataFrame:  # fmt: skip
     """One :func:`plan` per combination of ``axes`` (``batch=[1, 2, 4]``, ``seq=[2048, 8192]``,
-    ``dtype=[...]``, ``checkpointing=[False, True]``, ``train=[...]``, ``new_tokens=[...]``; a scalar is one
+    ``dtype=[...]``, ``checkpointing=[False, True]``, ``train=[...]``, ``new_tokens=[...]``,
+    ``quantization=[None, "nf4"]``, ``lora=[None, 16]``, ``optimizer=["adamw", "adamw8bit"]``; a scalar is one
     value): a DataFrame, one row per combination, with the peak of every GPU and its bytes per kind, the
     verdict and where it first fails, and the estimated ``step_s``, ``tokens_per_s`` (all GPUs) and ``mfu``
-    (NaN without a GPU kind: ``gpus="80GB"``). The fake model is built once per dtype; each later point re-runs
-    the step. The plans are on ``df.attrs["plans"]``, in the rows' order.
+    (NaN without a GPU kind: ``gpus="80GB"``). The fake model is built once per dtype, quantization and adapter;
+    each later point re-runs the step. ``quantization`` and ``lora`` columns hold their labels (``"nf4"``,
+    ``"LoRA r=16"``; None without); ``dtype`` stays the compute dtype. The plans are on ``df.attrs["plans"]``, in
+    the rows' order.
 
     Ranking (``rank_by``): the configurations that fit come first, fastest first, numbered in a ``rank`` column;
     those that do not fit follow in the grid's order. ``"auto"`` (the default) ranks by estimated step time where
@@ -468,24 +550,31 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         if not v:  # an empty axis makes no point at all: an empty frame would read as "nothing fits"
             raise ArgumentError(k, axes[k], "an empty axis: a sweep over it has no point to run",
                                 f"Give {k} at least one value, e.g. {k}={_EXAMPLE.get(k, [1])!r}.")  # fmt: skip
-    if "dtype" in grid:  # outermost: one build per dtype
-        grid = {"dtype": grid.pop("dtype"), **grid}
+    for v in grid.get("optimizer", []):  # every value checked before any recording
+        steps.check_optimizer(v)
+    for v in grid.get("lora", []):
+        adapters.lora_config(v)
+    for v in grid.get("quantization", []):
+        adapters.resolve_quantization(v)
+    outer = [k for k in _BUILT_BY if k in grid]  # outermost: one build per dtype, quantization and adapter
+    grid = {**{k: grid.pop(k) for k in outer}, **grid}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    for c in combos:
+        adapters.check_finetune(bool(c.get("train", False)), c.get("quantization"), c.get("lora"))
     caps = parse_gpus(gpus)
     built: dict[Any, _Built] = {}
     rows, plans = [], []
     if any(k in grid for k in ("seq", "new_tokens")):  # every point's sequence, before any recording
-        first = combos[0].get("dtype")
-        built[str(first)] = _build(model, _dtype(first))
+        built[adapters.build_key(combos[0])] = first = _build_point(model, combos[0])
         for c in combos:
-            models.check_seq(built[str(first)].model, c.get("seq", 2048), c.get("new_tokens", 0))
-    bar = _progress(len(combos)) if progress else None
+            models.check_seq(first.model, c.get("seq", 2048), c.get("new_tokens", 0))
+    bar = progress_bar(len(combos)) if progress else None
     for i, c in enumerate(combos):
-        dkey = str(c.get("dtype"))
-        if dkey not in built:
+        key = adapters.build_key(c)
+        if key not in built:
             built.clear()  # one model alive at a time
-            built[dkey] = _build(model, _dtype(c.get("dtype")))
-        p = plan(model, gpus=caps, device_map=device_map, _built=built[dkey],
+            built[key] = _build_point(model, c)
+        p = plan(model, gpus=caps, device_map=device_map, _built=built[key],
                  **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
         plans.append(p)
         rows.append(_row(p, c))
@@ -514,7 +603,8 @@ class _Plans(list):  # type: ignore[type-arg]
 
 
 def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {k: (str(v) if k == "dtype" else v) for k, v in combo.items()}
+    row: dict[str, Any] = {k: (str(v) if k == "dtype" else p.settings[k] if k in ("quantization", "lora")
+                               else steps.check_optimizer(v) if k == "optimizer" else v) for k, v in combo.items()}  # fmt: skip
     pk = p.peaks
     for r in pk.itertuples(index=False):
         row[f"{r.device} peak"] = r.peak
@@ -529,38 +619,6 @@ def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
         v = getattr(sp, k)
         row[k] = float(v) if v is not None else float("nan")
     return row
-
-
-def _progress(total: int) -> Callable[[int, Plan], None]:
-    """A progress bar: ipywidgets in a notebook, a line on stderr elsewhere."""
-    import sys
-
-    start = time.perf_counter()
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        shell = None
-    if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
-        import ipywidgets
-        from IPython.display import display
-
-        w = ipywidgets.IntProgress(value=0, min=0, max=total, description="sweep")
-        label = ipywidgets.Label("")
-        display(ipywidgets.HBox([w, label]))
-
-        def update(i: int, p: Plan) -> None:
-            w.value = i
-            label.value = f"{i}/{total}, {time.perf_counter() - start:.0f} s: {p.fit_text[:80]}"
-
-        return update
-
-    def line(i: int, p: Plan) -> None:
-        print(f"\rsweep {i}/{total} ({time.perf_counter() - start:.0f} s)", end="\n" if i == total else "",
-              file=sys.stderr, flush=True)  # fmt: skip
-
-    return line
 
 
 # ------------------------------------------------------------------------------------ max_batch / seq
@@ -587,7 +645,10 @@ class Largest:
 
 def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest:
     caps = parse_gpus(gpus)
-    built = _build(model, _dtype(kw.pop("dtype", None)))
+    kw["optimizer"] = steps.check_optimizer(kw.get("optimizer", "adamw"))
+    adapters.check_finetune(bool(kw.get("train")), kw.get("quantization"), kw.get("lora"))
+    built = _build(model, _dtype(kw.pop("dtype", None)), quantization=kw.get("quantization"), lora=kw.get("lora"),
+                   train=bool(kw.get("train")))  # fmt: skip
     bound = ""
     if axis == "seq":  # never past the model's context (models.check_seq would refuse it)
         ctx = models.context(built.model)
@@ -649,6 +710,8 @@ def compare(items: Any, *, labels: list[str] | None = None, rank_by: str | None 
     items = list(items.attrs["plans"]) if isinstance(items, pd.DataFrame) else list(items)
     if labels is not None and len(labels) != len(items):
         raise ValueError(f"compare: {len(labels)} labels for {len(items)} runs")
+    if labels is None and items and all(isinstance(it, Plan) for it in items) and any(it.finetune for it in items):
+        labels = [it.label for it in items]  # the plans' quantization, adapters and optimizer in their names
     speeds = [getattr(it, "speed", None) if hasattr(it, "fits") else None for it in items]
     order, by = ranking.ranking(speeds, [bool(getattr(it, "fits", False)) for it in items], rank_by)
     items = [items[i] for i in order]

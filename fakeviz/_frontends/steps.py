@@ -16,19 +16,73 @@ import torch
 from .._core.schema import PHASES
 
 __all__ = [
-    "Speed", "checkpointing", "forward", "generate", "gpu_kind", "init_state", "make_optimizer", "model_dtype", "run",
-    "MATRIX_CLASSES", "speed", "step_flops", "step_start", "tokens_per_step", "train", "window_time",
+    "OPTIMIZERS", "Speed", "base_of", "check_optimizer", "checkpointing", "forward", "generate", "gpu_kind", "init_state",
+    "make_optimizer", "model_dtype", "run", "MATRIX_CLASSES", "speed", "step_flops", "step_start", "tokens_per_step", "train", "window_time",
 ]  # fmt: skip
 
 
+# Note: [optimizer names]
+# The optimizers fine-tuners pick, by the names ``fv.plan(optimizer=)`` and ``fakeviz report --optim`` take, each made
+# by its library's public class over the parameters that train (``requires_grad``: with LoRA, the adapters only), with
+# the settings transformers' Trainer gives the same ``optim=`` (Adafactor without relative steps or parameter scaling,
+# as ``optim="adafactor"``; fused AdamW as ``"adamw_torch_fused"``). Their state is what each class makes at its first
+# step, by its own code (:func:`init_state`): torch's AdamW two moments in the parameter's dtype; bitsandbytes' 8-bit
+# AdamW one byte per element per moment plus a float32 absmax per block of 256 and two 256-entry float32 code maps,
+# but 32-bit moments for a tensor under 4,096 elements (``min_8bit_size``); torchao's 8-bit / 4-bit AdamW blockwise
+# subclasses (blocks of 256 / 128) for tensors of at least 4,096 elements whose size the block divides, plain
+# moments otherwise; Adafactor a row and a column second moment for a matrix, a full one for a vector.
+OPTIMIZERS: dict[str, str] = {
+    "adamw": "torch.optim.AdamW (lr 1e-4)",
+    "adamw_fused": "torch.optim.AdamW(fused=True)",
+    "adam": "torch.optim.Adam",
+    "adafactor": "transformers' Adafactor (no relative step, no parameter scaling: Trainer's optim='adafactor')",
+    "adamw8bit": "bitsandbytes.optim.AdamW8bit",
+    "paged_adamw8bit": "bitsandbytes.optim.PagedAdamW8bit (state in paged memory)",
+    "adamw8bit_ao": "torchao.optim.AdamW8bit",
+    "adamw4bit_ao": "torchao.optim.AdamW4bit",
+    "sgd": "torch.optim.SGD (momentum 0.9)",
+    "none": "no optimizer step",
+}
+
+
+def check_optimizer(name: Any, *, written: str | None = None) -> str:
+    """``name`` as one of :data:`OPTIMIZERS` (any case); an ArgumentError naming the near names otherwise."""
+    import difflib
+
+    from .._core.errors import ArgumentError
+
+    if isinstance(name, str) and name.strip().lower() in OPTIMIZERS:
+        return name.strip().lower()
+    near = tuple(difflib.get_close_matches(str(name).strip().lower(), list(OPTIMIZERS), n=3, cutoff=0.5))
+    raise ArgumentError("optimizer", name, "not an optimizer fakeviz knows",
+                        (f"Did you mean {near[0]!r}? " if near else "") + f"Give one of {', '.join(OPTIMIZERS)}.",
+                        written=written, suggestions=near)  # fmt: skip
+
+
 def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
-    """``"adamw"`` (lr 1e-4), ``"adam"``, ``"sgd"`` (momentum 0.9) over the trainable parameters, or None for ``"none"``."""
+    """The optimizer ``name`` (:data:`OPTIMIZERS`, Note: [optimizer names]) over the trainable parameters, lr 1e-4
+    (SGD: 1e-3, momentum 0.9), or None for ``"none"``."""
+    name = check_optimizer(name)
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "none":
         return None
     if name == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
-    return (torch.optim.AdamW if name == "adamw" else torch.optim.Adam)(params, lr=1e-4)
+    if name in ("adamw", "adamw_fused"):
+        return torch.optim.AdamW(params, lr=1e-4, **({"fused": True} if name == "adamw_fused" else {}))
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False)
+    if name in ("adamw8bit", "paged_adamw8bit"):
+        import bitsandbytes as bnb
+
+        return (bnb.optim.PagedAdamW8bit if name.startswith("paged") else bnb.optim.AdamW8bit)(params, lr=1e-4)
+    import torchao.optim
+
+    return (torchao.optim.AdamW8bit if name == "adamw8bit_ao" else torchao.optim.AdamW4bit)(params, lr=1e-4)
 
 
 def init_state(opt: torch.optim.Optimizer) -> None:
@@ -93,6 +147,12 @@ def generate(model: torch.nn.Module, kwargs: dict[str, Any], new_tokens: int, *,
                        pad_token_id=pad, **extra)  # fmt: skip
 
 
+def base_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a PEFT model (``get_peft_model``'s result), else ``model`` itself."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) and hasattr(model, "peft_config") else model
+
+
 @contextlib.contextmanager
 def checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
     """Activation checkpointing of the model's repeated blocks for the block (transformers' own switch where
@@ -131,11 +191,13 @@ def checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
 
 def run(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens: int,
           optimizer: torch.optim.Optimizer | str = "adamw") -> None:  # fmt: skip
-    """A plan's run: one training step (AdamW by default), or ``generate`` of ``new_tokens``, or a forward."""
+    """A plan's run: one training step (AdamW by default), or ``generate`` of ``new_tokens``, or a forward. ``model``
+    may be a PEFT model (its base model says what inputs it takes)."""
     from .. import models
 
-    models.check_seq(model, seq, 0 if train else new_tokens)  # the prompt and what is generated after it
-    kwargs = models.inputs(model, batch=batch, seq=seq, labels=train)
+    base = base_of(model)
+    models.check_seq(base, seq, 0 if train else new_tokens)  # the prompt and what is generated after it
+    kwargs = models.inputs(base, batch=batch, seq=seq, labels=train)
     if train:
         train_steps(model, kwargs, optimizer=optimizer, steps=1)
     elif new_tokens:
@@ -312,14 +374,16 @@ def model_dtype(trace: Any) -> str:
 
 
 def speed(runs: list[tuple[Any, float]], *, gpu: str | None, gpus: int, tokens: int | None, note: str = "",
-          replicated: Any = (), tp: int = 1, times: list[Any] | None = None, **links: Any) -> Speed:  # fmt: skip
+          replicated: Any = (), tp: int = 1, times: list[Any] | None = None, dtype: str | None = None,
+          **links: Any) -> Speed:  # fmt: skip
     """The :class:`Speed` of a job of ``gpus`` GPUs that runs ``runs`` (``(trace, how many times the job runs it)``:
     a plan's one record of the whole model, or each recorded rank with the ranks it stands for): the slowest run's
-    step (``times``: their :func:`window_time` if already made), the FLOPs summed."""
+    step (``times``: their :func:`window_time` if already made), the FLOPs summed. ``dtype``: the compute dtype whose
+    peak MFU divides by (default :func:`model_dtype`; a quantized model's is its compute dtype, not its storage's)."""
     from .._core.gpu_specs import gpu_spec
 
     first = runs[0][0] if runs else None
-    dtype = model_dtype(first) if first is not None else "torch.float32"
+    dtype = dtype or (model_dtype(first) if first is not None else "torch.float32")
     failed = next((t for t, _ in runs if t.error), None)
     if failed is not None and not note:
         note = f"the step stopped at {failed.error.get('op')} ({failed.error.get('type')}): no time for part of a step"

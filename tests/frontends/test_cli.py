@@ -141,11 +141,16 @@ def test_unknown_model_suggests_near_names():
         (["--capacity", "lots"], "--capacity 'lots'"),
         (["--gpus", "H100", "--capacity", "80GB"], "not allowed with argument --gpus"),
         (["--train", "--generate", "2"], "not allowed with argument --train"),
-        (["--optimizer", "adamw"], "--optimizer needs --train"),
+        (["--optimizer", "adamw"], "--optim needs --train"),
+        (["--optim", "sgd"], "--optim needs --train"),
         (["--checkpointing"], "--checkpointing needs --train"),
         (["--cache", "static"], "--cache needs --generate"),
         (["--set", "n_layer"], "use KEY=VALUE"),
-        (["--optimizer", "lion", "--train"], "invalid choice: 'lion'"),
+        (["--optimizer", "lion", "--train"], "--optim 'lion': not an optimizer fakeviz knows"),
+        (["--optim", "adamw_8bit", "--train"], "did you mean 'adamw8bit'?"),
+        (["--quant", "nf4", "--train"], "quantized weights do not train; add --lora RANK"),
+        (["--quant", "q4"], "invalid choice: 'q4'"),
+        (["--lora", "0"], "--lora must be at least 1"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
     ],
 )
@@ -198,3 +203,57 @@ def test_demo_still_runs(tmp_path, capsys):
     assert main(["demo", "--layers", "1", "--seq", "16", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert "B parameters, recorded in" in text and out.exists() and out.with_suffix(".html").exists()
+
+
+# ------------------------------------------------------------------------- adapters and optimizers
+TINY_LLAMA = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 256}  # fmt: skip
+TINY_LLAMA_ARGV = ["meta-llama/Llama-3.1-8B", *(a for k, v in TINY_LLAMA.items() for a in ("--set", f"{k}={v}")),
+                   "--seq", "16", "--batch", "2"]  # fmt: skip
+
+
+def _api_lora_run(optim: str, lora: int) -> tuple[fv.Trace, int]:
+    """What ``--lora R --train --steps 1 --optim NAME`` does, with the API and peft as a script uses them: the model
+    and its adapters made in one fake mode, one training step recorded."""
+    peft = pytest.importorskip("peft")
+    from transformers.optimization import Adafactor
+
+    gc.collect()
+    with fv.fake_mode(device="cuda:0"):
+        model = models.build("meta-llama/Llama-3.1-8B", **TINY_LLAMA)
+        pm = peft.get_peft_model(model, peft.LoraConfig(r=lora, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with fv.record(device="cuda:0", gpu="H100", gpus=1, modules=[model]) as trace:
+        pm.train()
+        batch = models.inputs(model, batch=2, seq=16, labels=True)
+        params = [p for p in pm.parameters() if p.requires_grad]
+        opt = (torch.optim.AdamW(params, lr=1e-4) if optim == "adamw"
+               else Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False))  # fmt: skip
+        out = pm(**batch)
+        out["loss"].backward()
+        del out
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        trainable = sum(p.numel() for p in pm.parameters() if p.requires_grad)
+        del model, pm, opt
+    return trace, trainable
+
+
+@pytest.mark.parametrize("optim", ["adamw", "adafactor"])
+def test_lora_report_equals_the_api_run(tmp_path, capsys, optim):
+    js = tmp_path / "r.json"
+    rc = main(
+        ["report", *TINY_LLAMA_ARGV, "--train", "--steps", "1", "--lora", "8", "--optim", optim, "--json", str(js)]
+    )
+    assert rc == 0
+    data = json.loads(js.read_text())
+    trace, trainable = _api_lora_run(optim, 8)
+    assert data["lora"] == "LoRA r=8" and data["quantization"] is None
+    assert data["trainable_parameters"] == trainable
+    assert data["ops"] == trace.num_ops
+    pk = trace.peak()["cuda:0"]
+    dev = data["devices"]["cuda:0"]
+    assert dev["tensors"] == pk.bytes and dev["by_category"] == {c: pk.by_category[c] for c in fv.CATEGORIES}
+    grads = int(trace.memory(device="cuda:0", allocator=False)["Gradient"].max())
+    assert grads == 4 * trainable  # the adapters' float32 gradients only
+    out = capsys.readouterr().out
+    assert f"LoRA r=8; {trainable:,} trainable" in out and f"train, 1 step, {optim}" in out

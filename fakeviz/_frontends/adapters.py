@@ -1,0 +1,170 @@
+"""Adapters on a model that plans, sweeps and ``fakeviz report`` run: PEFT LoRA and DoRA applied by peft's own
+``get_peft_model``, after ``prepare_model_for_kbit_training`` on a quantized model (QLoRA), as a fine-tuning script
+does; and what ``quantization=`` and ``lora=`` are called in settings, labels and tables.
+
+Note: [adapters in plans]
+``lora=16`` is ``peft.LoraConfig(r=16, target_modules="all-linear")`` (every linear layer but the output head, as
+peft resolves ``"all-linear"``; peft's other defaults: alpha 8, no dropout) with the task type of the model's task
+(``CAUSAL_LM`` for a causal LM, so ``get_peft_model`` returns the wrapper a script gets); a ``LoraConfig`` is taken
+as given (``use_dora=True``: DoRA). ``get_peft_model`` freezes the base model and makes the adapters in float32
+(its ``autocast_adapter_dtype``), so gradients and optimizer state are the adapters' alone. With quantization
+(QLoRA), ``prepare_model_for_kbit_training`` runs first: it freezes every parameter and casts the ones left in 16
+bits (embeddings, norms, the head) to float32, as it does for a script, then LoRA wraps the quantized linears. Its
+gradient checkpointing (``use_reentrant=False``, as :func:`.steps.checkpointing`) follows ``checkpointing=``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._core.errors import ArgumentError
+
+__all__ = ["Adapted", "apply", "build_key", "check_finetune", "lora_config", "lora_key", "lora_label", "quant_label", "quantize",
+           "resolve_quantization"]  # fmt: skip
+
+_TASKS = {"causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
+
+
+def lora_config(lora: Any) -> Any:
+    """``lora=`` as a ``peft.LoraConfig`` (a copy: ``get_peft_model`` writes into it), or None for None / 0 / False.
+
+    Raises:
+        ArgumentError: not a rank of at least 1 nor a ``LoraConfig``.
+    """
+    if lora is None or lora is False or (isinstance(lora, int) and not isinstance(lora, bool) and lora == 0):
+        return None
+    try:
+        import peft
+    except ImportError:
+        raise ArgumentError("lora", lora, "LoRA needs peft, which is not installed",
+                            "pip install peft (or fakeviz[quant]).") from None  # fmt: skip
+    if isinstance(lora, int) and not isinstance(lora, bool):
+        if lora < 0:
+            raise ArgumentError("lora", lora, "a LoRA rank is a whole number of at least 1", "Give e.g. lora=16.")
+        return peft.LoraConfig(r=lora, target_modules="all-linear")
+    if isinstance(lora, peft.LoraConfig):
+        return copy.deepcopy(lora)
+    raise ArgumentError("lora", lora, "not a LoRA rank nor a peft.LoraConfig",
+                        "Give a rank (lora=16) or peft.LoraConfig(r=16, use_dora=True, ...).")  # fmt: skip
+
+
+def lora_label(lora: Any) -> str | None:
+    """``"LoRA r=16"`` / ``"DoRA r=8"`` (``+ targets`` when not all-linear) for ``lora=``; None without adapters."""
+    cfg = lora_config(lora)
+    if cfg is None:
+        return None
+    kind = "DoRA" if getattr(cfg, "use_dora", False) else "LoRA"
+    targets = cfg.target_modules
+    where = (
+        "" if targets == "all-linear" else f" on {targets if isinstance(targets, str) else ','.join(sorted(targets))}"
+    )
+    return f"{kind} r={cfg.r}{where}"
+
+
+def lora_key(lora: Any) -> str:
+    """What tells two ``lora=`` values apart (a build is reused for the same key)."""
+    cfg = lora_config(lora)
+    return "" if cfg is None else repr(sorted((k, repr(v)) for k, v in cfg.to_dict().items()))
+
+
+def check_finetune(train: bool, quantization: Any, lora: Any) -> None:
+    """A quantized model trains adapters only: ``train=True`` with ``quantization`` needs ``lora``."""
+    if train and quantization is not None and lora_config(lora) is None:
+        raise ArgumentError("quantization", quantization, "quantized weights do not train (they hold no gradients)",
+                            "Train adapters on them (QLoRA): give lora=16 too, or drop quantization= for full "
+                            "fine-tuning.")  # fmt: skip
+
+
+def build_key(point: dict[str, Any]) -> tuple[str, ...]:
+    """What a point of a sweep builds its model from (``dtype``, ``quantization``, ``lora``; with both of the last
+    two, ``train``: QLoRA prepares a model for training only): points with the same key share one build."""
+    q, lora = point.get("quantization"), point.get("lora")
+    qlora = q is not None and lora_config(lora) is not None
+    return (str(point.get("dtype")), repr(q), lora_key(lora), str(bool(point.get("train"))) if qlora else "")
+
+
+def resolve_quantization(quantization: Any) -> Any:
+    """``quantization=`` resolved by :func:`fakeviz.models._quant.resolve` (None stays None)."""
+    if quantization is None:
+        return None
+    from ..models import _quant
+
+    return _quant.resolve(quantization)
+
+
+def quantize(model: torch.nn.Module, q: Any) -> None:
+    """Quantize a module in place by its library's own code (``q``: :func:`resolve_quantization`'s answer)."""
+    from ..models import _quant
+
+    _quant.apply(model, q)
+
+
+def quant_label(quantization: Any) -> str | None:
+    """The short name of ``quantization=`` (``"nf4"``, ``"int8 weight-only"``); None for None."""
+    q = resolve_quantization(quantization)
+    return None if q is None else str(q.label)
+
+
+@dataclass
+class Adapted:
+    """A model with its adapters: ``model`` the transformers model (LoRA layers inside it), ``runner`` what a
+    script calls (``get_peft_model``'s wrapper, else the model), ``lora`` / ``quantization`` their labels."""
+
+    model: torch.nn.Module
+    runner: torch.nn.Module
+    lora: str | None = None
+    quantization: str | None = None
+
+    @property
+    def trainable(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.runner.parameters() if p.requires_grad]
+
+
+def apply(model: torch.nn.Module, *, lora: Any = None, quantized: bool = False, train: bool = True,
+          checkpointing: bool = False, quantization: str | None = None) -> Adapted:  # fmt: skip
+    """Adapters on ``model`` (already quantized when ``quantized``) in the current mode (Note: [adapters in plans]):
+    ``prepare_model_for_kbit_training`` first when quantized and training, then ``get_peft_model``."""
+    cfg = lora_config(lora)
+    if cfg is None:
+        return Adapted(model, model, None, quantization)
+    import peft
+
+    if cfg.task_type is None:
+        from .. import models
+
+        try:
+            cfg.task_type = _TASKS.get(models.task_of(model))
+        except ValueError:
+            pass
+    label = lora_label(cfg)  # before get_peft_model writes the modules "all-linear" stands for into cfg
+    with _model_mode(model), warnings.catch_warnings():
+        # peft asks transformers 5 the old name of a switch (its FutureWarning is noise to a plan's user)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        if quantized and train:
+            peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
+                                                 gradient_checkpointing_kwargs={"use_reentrant": False})  # fmt: skip
+        runner = peft.get_peft_model(model, cfg)
+    return Adapted(model, runner, label, quantization)
+
+
+@contextlib.contextmanager
+def _model_mode(model: torch.nn.Module) -> Iterator[None]:
+    """With no mode active, the fake mode ``model`` was built in (with fakeviz's session patches), so the adapters
+    are fake tensors of the same mode, on the model's fake device (Note: [build in the caller's mode])."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from .._engine.session import session_patches
+
+    mode = getattr(next(model.parameters(), None), "fake_mode", None)
+    if _get_current_dispatch_mode_stack() or mode is None:
+        yield
+        return
+    with session_patches(), mode:
+        yield
