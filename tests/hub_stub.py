@@ -41,6 +41,7 @@ class StubRepo:
     folder: Path
     sha: str
     gated: bool = False
+    ignore_range: bool = False  # answer a Range request with the whole file (200), as some servers do
 
     def file(self, name: str) -> Path | None:
         path = (self.folder / name).resolve()
@@ -71,9 +72,9 @@ class HubStub:
     _server: Any = None
     _thread: threading.Thread | None = None
 
-    def add(self, repo_id: str, folder: Path, *, gated: bool = False) -> StubRepo:
+    def add(self, repo_id: str, folder: Path, *, gated: bool = False, ignore_range: bool = False) -> StubRepo:
         sha = hashlib.sha1(repo_id.encode()).hexdigest()
-        self.repos[repo_id] = StubRepo(repo_id, Path(folder), sha, gated)
+        self.repos[repo_id] = StubRepo(repo_id, Path(folder), sha, gated, ignore_range)
         return self.repos[repo_id]
 
     @property
@@ -167,7 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
         etag = hashlib.sha256(f"{repo.sha}/{file.name}/{size}".encode()).hexdigest()
         start, end, status = 0, size - 1, 200
         m = _RANGE.match(entry.range or "") if body else None
-        if entry.range and body:
+        if entry.range and body and not repo.ignore_range:
             if m is None or int(m.group(1)) >= size:
                 return self._error(entry, 416, "", "Range not satisfiable")
             start = int(m.group(1))

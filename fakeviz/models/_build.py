@@ -192,6 +192,8 @@ def spec_of(
     except UnknownModelError:
         if not is_hub_id(str(spec)) or path.exists():
             raise
+        entry = None
+    if entry is None:  # outside the except block: a hub error is not raised "during" the catalog's
         return hub_spec(fetch_config(str(spec), revision), overrides, trust_remote_code)
     if revision is not None:  # a revision names the hub's files, not the catalog's copy of one config
         return hub_spec(fetch_config(entry.name, revision), overrides, trust_remote_code)

@@ -142,8 +142,11 @@ def _gated(repo: str, revision: str | None, file: str, status: int | None) -> Hu
 def _cause(exc: BaseException) -> str:
     """The innermost cause of a connection failure, in a few words (``ConnectError: [Errno 111] ...``)."""
     seen = exc
-    while seen.__cause__ is not None or seen.__context__ is not None:
-        seen = seen.__cause__ or seen.__context__  # type: ignore[assignment]
+    while True:
+        inner = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+        if inner is None or isinstance(inner, (UnknownModelError, CheckpointError)):
+            break
+        seen = inner
     text = str(seen).splitlines()[0][:120] if str(seen) else ""
     return f"{type(seen).__name__}: {text}" if text else type(seen).__name__
 
@@ -160,31 +163,36 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
 def _fetch_file(
     repo: str, revision: str | None, file: str, limit: int, weights: bool
 ) -> tuple[bytes, str | None, Path]:
-    """A small file of the repo (``config.json``, the index) through the hub cache: sized with a ``HEAD`` first
-    (``dry_run``: refused over ``limit`` before any download), then read with a bounded read. Returns its bytes,
-    the commit it came from (None offline), and the cached path."""
-    from huggingface_hub import hf_hub_download
+    """A small file of the repo (``config.json``, the index) through the hub cache: sized with one ``HEAD`` first
+    (refused over ``limit`` before any download), then read with a bounded read. Returns its bytes, the commit it
+    came from (None when read from the cache without asking the hub), and the cached path.
+
+    Offline (``HF_HUB_OFFLINE``), or when the hub cannot be reached, the cache's copy is read if there is one, as
+    ``hf_hub_download`` does; but the first request is made once (``get_hf_file_metadata``, no retries), where
+    ``hf_hub_download`` retries a connection error five times with backoff (about 30 s) before it gives up.
+    """
+    from huggingface_hub import errors as he
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
 
     where = f"{_name(repo, revision)}:{file}"
     try:
-        info = hf_hub_download(repo, file, revision=revision, dry_run=True)
-        if info.file_size is not None and info.file_size > limit:
-            raise CheckpointError(f"{where}: {info.file_size:,} bytes, over the {limit // 2**20} MiB fakeviz reads "
+        if _offline():
+            raise he.OfflineModeIsEnabled(f"HF_HUB_OFFLINE is set: {file} of {repo} is read from the cache only")
+        meta = get_hf_file_metadata(hf_hub_url(repo, file, revision=revision))
+        if meta.size is not None and meta.size > limit:
+            raise CheckpointError(f"{where}: {meta.size:,} bytes, over the {limit // 2**20} MiB fakeviz reads "
                                   "from a config or index: not a model's file")  # fmt: skip
         # at the revision asked, so that the cache records the commit it names (refs/main) for offline use
-        path = Path(info.local_path if info.is_cached and not info.will_download else
-                    hf_hub_download(repo, file, revision=revision))  # fmt: skip
-        commit = info.commit_hash
+        path, commit = Path(hf_hub_download(repo, file, revision=revision)), meta.commit_hash
     except CheckpointError:
         raise
     except _hub_errors() as e:
-        if _offline() and not isinstance(e, UnknownModelError):  # offline: the cache's copy, if any
-            cached = _cached(repo, revision, file)
-            if cached is None:
-                raise _explain(e, repo, revision, file, weights) from e
-            path, commit = cached, None
-        else:
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        refused = isinstance(e, he.HfHubHTTPError) and status is not None and status < 500  # the hub's answer
+        cached = None if refused else _cached(repo, revision, file)
+        if cached is None:
             raise _explain(e, repo, revision, file, weights) from e
+        path, commit = cached, None
     try:
         with open(path, "rb") as f:
             data = f.read(limit + 1)

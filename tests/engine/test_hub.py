@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _CODES = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}
 
 QWEN, LLAMA = "Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-1B"  # catalog entries whose published configs are served
-REMOTE_CONFIG = '''
+REMOTE_CONFIG = """
 from transformers import PretrainedConfig
 
 
@@ -36,8 +36,8 @@ class StubNetConfig(PretrainedConfig):
     def __init__(self, width=64, depth=2, vocab=128, **kw):
         self.width, self.depth, self.vocab = width, depth, vocab
         super().__init__(**kw)
-'''
-REMOTE_MODEL = '''
+"""
+REMOTE_MODEL = """
 import torch
 from transformers import PreTrainedModel
 
@@ -58,7 +58,18 @@ class StubNetModel(PreTrainedModel):
         for b in self.blocks:
             x = torch.relu(b(x))
         return x
-'''
+"""
+
+
+HOSTILE = {  # safetensors headers the local reader refuses (tests/engine/test_checkpoint_hostile.py has more)
+    "overlap": {"a": {"dtype": "F32", "shape": [8], "data_offsets": [0, 32]},
+                "b": {"dtype": "F32", "shape": [8], "data_offsets": [16, 48]}},
+    "gap": {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+            "b": {"dtype": "F32", "shape": [4], "data_offsets": [32, 48]}},
+    "not-json": b"{'a': 1}",
+    "shape": {"a": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 64]}},
+    "too-long": {"a": {"dtype": "F32", "shape": [32], "data_offsets": [0, 128]}},
+}  # fmt: skip
 
 
 def _catalog_config(name: str) -> dict:
@@ -100,6 +111,14 @@ def stub(tmp_path_factory):
     qwen = _state(QWEN)
     assert "lm_head.weight" not in qwen  # tied to the embedding: the published checkpoint holds it once
     hub.add("stub-org/qwen-copy", _write_repo(root / "qwen", _catalog_config(QWEN), [qwen]))
+    hub.add(QWEN, root / "qwen")  # the catalog entry's own id: from_pretrained reads its checkpoint from the hub
+    hub.add("stub-org/no-ranges", root / "qwen", ignore_range=True)
+    for case, header in HOSTILE.items():
+        folder = root / "hostile" / case
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(_catalog_config(QWEN)))
+        write_raw_safetensors(folder / "model.safetensors", header, 64)
+        hub.add(f"stub-org/hostile-{case}", folder)
     llama = {k: (v.float() if k.endswith("norm.weight") else v) for k, v in _state(LLAMA).items()}  # mixed dtypes
     del llama["model.layers.3.mlp.up_proj.weight"]  # a tensor the checkpoint lacks
     keys = list(llama)
@@ -264,6 +283,44 @@ def test_sharded_from_pretrained_matches_the_local_folder(hub):
     assert sum(s.stat().st_size for s in shards) > 2_000_000_000
 
 
+def test_catalog_name_with_revision_or_from_pretrained_reads_the_hub(hub):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FakeVizWarning)
+        model = models.from_pretrained("qwen2.5-0.5b")  # a catalog alias: its hub id's checkpoint
+    assert {r.path.split("/resolve/")[0] for r in hub.log if r.file} == {"/" + QWEN}
+    assert _layout(model) == _layout(models.build(QWEN))
+    hub.log.clear()
+    models.build(QWEN, num_hidden_layers=1)
+    assert hub.log == []  # the catalog's copy of the config
+    models.build(QWEN, revision="main", num_hidden_layers=1)
+    assert hub.log and {r.file for r in hub.log} == {"config.json"}  # a revision asks the hub (cached: HEADs)
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_headers_are_refused_as_in_a_local_folder(hub, case):
+    """A header read over HTTP goes through the local reader's checks: the same error, named by the hub file."""
+    folder = hub.repos[f"stub-org/hostile-{case}"].folder
+    with pytest.raises(CheckpointError) as local:
+        ck.read_checkpoint(folder)
+    with pytest.raises(CheckpointError) as remote:
+        models.from_pretrained(f"stub-org/hostile-{case}")
+    mine = str(local.value).split(": ", 1)[1]
+    assert str(remote.value) == f"stub-org/hostile-{case}:model.safetensors: {mine}"
+
+
+def test_a_server_that_ignores_ranges_sends_little(hub):
+    """A server answering a range request with the whole file (HTTP 200): the response is read as a stream and
+    cut at the bytes asked for, so the read stays bounded (the server's writes stop when the client hangs up)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FakeVizWarning)
+        model = models.from_pretrained("stub-org/no-ranges")
+    assert _layout(model) == _layout(models.build(QWEN))
+    gets = [r for r in hub.requests(".safetensors") if r.method == "GET"]
+    assert [r.status for r in gets] == [200, 200]
+    size = (hub.repos["stub-org/no-ranges"].folder / "model.safetensors").stat().st_size
+    assert sum(r.sent for r in gets) < size / 20
+
+
 def test_offline_from_pretrained_without_cached_weights(hub, monkeypatch):
     from huggingface_hub import constants
 
@@ -302,8 +359,19 @@ def test_unreachable_endpoint(hub, monkeypatch):
     with pytest.raises(HubError) as ei:
         models.build("stub-org/qwen-copy")
     text = _short(ei.value)
-    assert f"{dead} could not be reached for config.json of stub-org/qwen-copy" in text
+    assert f"{dead} could not be reached for config.json of stub-org/qwen-copy (ConnectError:" in text
     assert "HF_ENDPOINT" in text and "build('/path/to/folder')" in text and not ei.value.offline
+
+
+def test_unreachable_endpoint_with_a_cached_config(hub, monkeypatch):
+    """As hf_hub_download: when the hub cannot be reached, the cached config.json is used."""
+    from huggingface_hub import constants
+
+    expected = _layout(models.build("stub-org/qwen-copy", num_hidden_layers=1))
+    dead = "http://127.0.0.1:9"  # the discard port: nothing answers
+    monkeypatch.setattr(constants, "ENDPOINT", dead)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", dead + "/{repo_id}/resolve/{revision}/{filename}")
+    assert _layout(models.build("stub-org/qwen-copy", num_hidden_layers=1)) == expected
 
 
 def test_unknown_repo_suggests_catalog_names(hub):
