@@ -90,8 +90,7 @@ class GPTQLinear(PrequantizedLinear):
         dtype, shape = x.dtype, (*x.shape[:-1], self.out_features)
         if dtype != torch.float16:
             x = x.to(dtype=torch.float16)
-        out, _workspace = gptq_gemm(x.reshape(-1, x.shape[-1]), self.qweight, self.qzeros, self.scales, self.g_idx,
-                                    self.bits)  # fmt: skip
+        out = gptq_gemm(x.reshape(-1, x.shape[-1]), self.qweight, self.qzeros, self.scales, self.g_idx, self.bits)[0]
         if self.bias is not None:
             out.add_(self.bias)
         return out.view(shape).to(dtype=dtype)
@@ -112,7 +111,7 @@ class AWQLinear(PrequantizedLinear):
         if x.shape[0] > AWQ_DEQUANT_ROWS:
             out = torch.matmul(x, awq_dequantize(self.qweight, self.qzeros, self.scales).to(dtype=compute))
         else:
-            out, _partials = awq_gemm(x, self.qweight, self.qzeros, self.scales)
+            out = awq_gemm(x, self.qweight, self.qzeros, self.scales)[0]  # the partial sums dropped at once
         out = out + self.bias if self.bias is not None else out
         return out.reshape(shape).to(dtype=dtype)
 
@@ -128,8 +127,8 @@ class CompressedLinear(PrequantizedLinear):
         self.block_size, self.quantize_input = block, quantize_input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _xq, _xs = scaled_matmul(x, self.weight, self.weight_scale, self.block_size,
-                                      getattr(self, "input_scale", None), self.quantize_input)  # fmt: skip
+        out = scaled_matmul(x, self.weight, self.weight_scale, self.block_size, getattr(self, "input_scale", None),
+                            self.quantize_input)[0]  # fmt: skip
         return out + self.bias if self.bias is not None else out
 
 
@@ -143,9 +142,8 @@ def _fp8_class() -> type[nn.Module]:
         def forward(self, input: torch.Tensor) -> torch.Tensor:
             if self.weight.element_size() > 1:
                 return nn.functional.linear(input, self.weight, self.bias)
-            out, _xq, _xs = scaled_matmul(input, self.weight, self.weight_scale_inv,
-                                          list(self.block_size) if self.block_size else None, self.activation_scale,
-                                          True)  # fmt: skip
+            block = list(self.block_size) if self.block_size else None
+            out = scaled_matmul(input, self.weight, self.weight_scale_inv, block, self.activation_scale, True)[0]
             if self.bias is not None:
                 out.add_(self.bias)
             return out

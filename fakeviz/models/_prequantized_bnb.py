@@ -10,7 +10,7 @@ holding a JSON text of the rest (quant type, block sizes, original dtype and sha
 does not have. So the :class:`bitsandbytes.functional.QuantState` is made from what the headers and the config say:
 the quant type from the key, the block sizes from the element counts (``n / absmax``), the shape from the model's
 layer, the dtype the model's (the unquantized tensors'); the nested offset (a float, the mean of the absmax values) is a value of the same
-printed length as the stored JSON implies, so the state dict bitsandbytes writes back has the stored tensor's shape.
+printed length as the stored JSON implies (a float32 value, as bitsandbytes' is), so the state dict bitsandbytes writes back has the stored tensor's shape.
 The layers are bitsandbytes' own, built as transformers builds them (``replace_with_bnb_linear``: on meta, then the
 stored tensors), so their forward is bitsandbytes' (its dequantize / matmul ops, as it runs them under fake tensors).
 
@@ -22,6 +22,7 @@ them, as after bitsandbytes' own quantization.
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 import torch
@@ -61,12 +62,23 @@ def _empty(info: TensorInfo, device: torch.device) -> torch.Tensor:
     return torch.empty(info.shape, dtype=info.dtype, device=device)
 
 
+def _blocksize(numel: int, blocks: int, usual: int) -> int:
+    """The block size that cuts ``numel`` values into ``blocks`` blocks (the last one partial): ``usual`` (64 for the
+    weight, 256 for the nested absmax, bitsandbytes' defaults) where it does, else the first power of two that does."""
+    for size in (usual, *(2**k for k in range(5, 13))):
+        if -(-numel // size) == blocks:
+            return size
+    return max(numel // max(blocks, 1), 1)
+
+
 def _offset_of_length(n: int) -> float:
-    """A float near 0.02 whose ``json.dumps`` is ``n`` characters (0.0 where none is)."""
-    for text in ("0.0", "0.02", *("0.0" + "2" * k + "1" for k in range(1, 19))):
-        value = float(text)
-        if len(json.dumps(value)) == n:
-            return value
+    """A float32 value near 0.05 (a float32 offset, read back with ``.item()``) whose ``json.dumps`` is ``n``
+    characters; 0.0 where none is."""
+    for k in range(1, 40):
+        for m in (int(0.05 * 2**k) | 1, int(0.02 * 2**k) | 1, 1):  # m / 2**k: exact in float32, k decimals
+            value = struct.unpack("<f", struct.pack("<f", m / 2**k))[0]
+            if len(json.dumps(value)) == n:
+                return value
     return 0.0
 
 
@@ -82,7 +94,7 @@ def _linear4(lin: nn.Linear, t: dict[str, TensorInfo], device: torch.device, com
     quant_type = keys[0].removeprefix(_QS)
     weight, absmax = t["weight"], t["weight.absmax"]
     numel = lin.in_features * lin.out_features
-    blocksize = numel // max(absmax.numel, 1)
+    blocksize = _blocksize(numel, absmax.numel, 64)
     nested = "weight.nested_absmax" in t
     dtype = lin.weight.dtype  # the dtype the weight had when quantized (the model's), which dequantizing gives back
     with torch.device("meta"):  # as transformers' replace_with_bnb_linear: no dense weight made
@@ -92,7 +104,7 @@ def _linear4(lin: nn.Linear, t: dict[str, TensorInfo], device: torch.device, com
     state2 = offset = None
     if nested:
         nab = t["weight.nested_absmax"]
-        state2 = QuantState(absmax=_empty(nab, device), blocksize=absmax.numel // max(nab.numel, 1),
+        state2 = QuantState(absmax=_empty(nab, device), blocksize=_blocksize(absmax.numel, nab.numel, 256),
                             code=_empty(t["weight.nested_quant_map"], device), dtype=torch.float32)  # fmt: skip
         value = _offset(t[keys[0]], quant_type, blocksize, dtype, lin, state2)
         offset = torch.tensor(value, device=device)
