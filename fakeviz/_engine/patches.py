@@ -505,9 +505,11 @@ _Q = "fakeviz._engine.quant.bnb"
 declare("fake-param-subclass", "torch.Tensor", "_make_subclass", scope="session", by=_Q,
         why="Note: [bitsandbytes under fake tensors]: a Parameter subclass (Params4bit, Int8Params) made from a fake "
             "tensor; everything else goes to torch's own")  # fmt: skip
-declare("bnb-qmap", "bitsandbytes.functional.name2qmap", "dynamic", scope="session", by=_Q, kind="table item",
+declare("bnb-qmap", "bitsandbytes.functional.name2qmap, bitsandbytes.functional", ("dynamic", "quantize_blockwise"),
+        scope="session", by=_Q,
         why="Note: [bitsandbytes under fake tensors]: the 8-bit dynamic map made on the real CPU, never a fake tensor "
-            "in the library's cache; also a sys.meta_path finder while bitsandbytes is not yet imported")  # fmt: skip
+            "in the library's cache (a table item), and on a fake device the map on that device; also a "
+            "sys.meta_path finder while bitsandbytes is not yet imported")  # fmt: skip
 declare("bnb-paged", "bitsandbytes.functional", ("get_paged", "elementwise_func", "prefetch_tensor"), scope="session",
         by=_Q, why="Note: [paged optimizer state]: unified memory as a fake tensor on the device, marked paged; its "
                    "ctypes fill and prefetch on a fake tensor: a fill_, nothing")  # fmt: skip

@@ -19,11 +19,14 @@ things stop or spoil a fake run, and fakeviz answers each while a fake session i
   real run's ``param.data = p`` keeps the object); and ``p.data = q`` (``_quantize`` replaces the bf16 data with
   the packed ``uint8``, possibly on another device) also takes ``q``'s fake device.
 * ``quantize_blockwise`` (the double quantization of the absmax) makes bitsandbytes' 8-bit dynamic map once per
-  process with ``.tolist()`` of small tensors and caches it in the module global ``name2qmap``; made under a fake
-  mode, a fake tensor would stay in that cache after the session. fakeviz puts the map, made on the real CPU as a
-  first call on a CPU does, in the cache for the session (and takes it out after), so a fake record is that of a
-  process that has quantized before; on fake cuda each use copies the 1 KiB map to the device (a GPU process
-  keeps it there after its first call), listed in ``fidelity()``'s assumptions.
+  process with ``.tolist()`` of small tensors (on the CPU: no device is named), moves it to the tensor's device and
+  caches it there in the module global ``name2qmap``; made under a fake mode, a fake tensor would stay in that
+  cache after the session. fakeviz puts the map, made on the real CPU, in the cache for the session (and takes it
+  out after), and hands ``quantize_blockwise`` on a fake device the map on that device, copied there at the
+  first call of the fake mode as a GPU process copies it at its first call (:func:`_quantize_blockwise`; a 1 KiB
+  ``Other`` storage kept for the mode's life, as ``name2qmap`` keeps it for the process's). A fake cpu record is
+  thus the record of a process that has quantized before; what is not recorded is the map's one-time making on
+  the CPU (about 60 small CPU ops and 1 KiB of CPU temporaries in the first quantizing call of a process).
 * paged optimizers (``PagedAdamW8bit``) allocate their state with ``get_paged`` as CUDA unified memory (Note:
   [paged optimizer state]).
 
@@ -53,6 +56,7 @@ on fake tensors.
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any
 
 import torch
@@ -165,6 +169,23 @@ def weight_parts(t: Any) -> list[Any]:
     return parts
 
 
+# ------------------------------------------------------------------------------------------------ dynamic map
+_original_quantize_blockwise: Any = None
+_MAPS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()  # fake mode -> device -> map
+
+
+def _quantize_blockwise(A: Any, code: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """``quantize_blockwise`` of a fake tensor without a code: bitsandbytes' dynamic map on ``A``'s device, where a
+    GPU process's ``name2qmap`` holds it after its first call (Note: [bitsandbytes under fake tensors])."""
+    if code is None and isinstance(A, FakeTensor) and A.device.type != "cpu":
+        maps = _MAPS.setdefault(A.fake_mode, {})
+        code = maps.get(str(A.device))
+        if code is None:
+            functional = sys.modules["bitsandbytes.functional"]
+            code = maps[str(A.device)] = functional.name2qmap["dynamic"].to(A.device)
+    return _original_quantize_blockwise(A, code, *args, **kwargs)
+
+
 # ------------------------------------------------------------------------------------------------ paged state
 _original_get_paged: Any = None
 
@@ -230,7 +251,10 @@ def _dynamic_map(functional: Any) -> Any:
 
 def _install(functional: Any) -> None:
     global _original_get_paged
+    global _original_quantize_blockwise
     _tokens.append(_patches.push_item(functional.name2qmap, "dynamic", _dynamic_map(functional), entry="bnb-qmap"))
+    _original_quantize_blockwise = _patches.original(functional, "quantize_blockwise")
+    _tokens.append(_patches.push(functional, "quantize_blockwise", _quantize_blockwise, entry="bnb-qmap"))
     global _original_elementwise, _original_prefetch
     _original_get_paged = _patches.original(functional, "get_paged")
     _original_elementwise = _patches.original(functional, "elementwise_func")
