@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,7 +267,7 @@ def remote_code(hub: HubConfig, trust_remote_code: bool) -> tuple[Any, type] | N
             raise HubError(f"{hub.repo}: auto_map names no model class (AutoModel...) to build",
                            repo=hub.repo, endpoint=_endpoint())  # fmt: skip
         cls = get_class_from_dynamic_module(ref, hub.repo, revision=hub.pinned)
-    except _hub_errors() as e:
+    except (*_hub_errors(), OSError) as e:  # transformers words the hub's errors as OSError
         raise _explain(e, hub.repo, hub.revision, "the repo's code") from e
     return cfg, cls
 
@@ -294,49 +295,62 @@ def read_hub_checkpoint(hub: HubConfig) -> ck.Checkpoint:
     from huggingface_hub import errors as he
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
-    try:
-        get_hf_file_metadata(hf_hub_url(repo, _SINGLE, revision=rev))
-        files, weight_map, where = [_SINGLE], None, f"{_name(repo, hub.revision)}:{_SINGLE}"
-    except he.RemoteEntryNotFoundError:
+    def exists(name: str) -> bool:
         try:
-            data, _, _ = _fetch_file(repo, rev, _INDEX, ck.MAX_INDEX_BYTES, weights=True)
-        except CheckpointError as e:
-            if "has no" not in str(e):
-                raise
-            raise CheckpointError(
-                f"{_name(repo, hub.revision)}: no {_SINGLE} or {_INDEX} in the repo, so no safetensors headers to read "
-                f"(fakeviz does not download weights)\nfakeviz.models.build({repo!r}) builds from config.json alone. "
-                + _local(repo, True)
-            ) from None  # fmt: skip
+            get_hf_file_metadata(hf_hub_url(repo, name, revision=rev))
+        except he.RemoteEntryNotFoundError:
+            return False
+        except _hub_errors() as e:
+            raise _explain(e, repo, hub.revision, name, weights=True) from e
+        return True
+
+    if exists(_SINGLE):  # as transformers and get_safetensors_metadata look: one file first, then the index
+        files, weight_map, where = [_SINGLE], None, f"{_name(repo, hub.revision)}:{_SINGLE}"
+    elif exists(_INDEX):
+        data, _, _ = _fetch_file(repo, rev, _INDEX, ck.MAX_INDEX_BYTES, weights=True)
         where = f"{_name(repo, hub.revision)}:{_INDEX}"
         weight_map = ck.parse_index(data, where)
         files = ck.index_shards(weight_map, where)
-    except _hub_errors() as e:
-        raise _explain(e, repo, hub.revision, _SINGLE, weights=True) from e
+    else:
+        raise CheckpointError(
+            f"{_name(repo, hub.revision)}: no {_SINGLE} or {_INDEX} in the repo, so no safetensors headers to read "
+            f"(fakeviz does not download weights)\nfakeviz.models.build({repo!r}) builds from config.json alone. "
+            + _local(repo, True)
+        )  # fmt: skip
     tensors, nbytes = ck.gather(where, _headers(repo, rev, hub.revision, files), weight_map)
     return ck.Checkpoint(tensors, [Path(f) for f in files], "safetensors", nbytes)
 
 
 def _headers(repo: str, rev: str | None, asked: str | None, files: list[str]) -> Iterator[tuple[dict, int]]:
-    """``(tensors, header bytes)`` of each file, in order, read by up to 8 threads; the rest is cancelled when one
-    fails or :func:`~fakeviz._engine.checkpoint.gather` stops at a limit."""
+    """``(tensors, header bytes)`` of each file, in order. Up to 8 threads fetch headers ahead (at most 8 raw
+    headers in memory, each within ``MAX_HEADER_BYTES``); each is parsed here, one at a time, as a local folder's
+    are, so that :func:`~fakeviz._engine.checkpoint.gather` stops at a limit before more is parsed or fetched."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers
 
     headers = build_hf_headers()  # HF_TOKEN / the saved token, and huggingface_hub's user agent
 
-    def one(file: str) -> tuple[dict, int]:
-        found, _, nbytes = _read_header(hf_hub_url(repo, file, revision=rev), headers, repo, asked, file)
-        return found, nbytes
+    def fetch(file: str) -> tuple[bytes, int]:
+        return _fetch_header(hf_hub_url(repo, file, revision=rev), headers, repo, asked, file)
 
     pool = ThreadPoolExecutor(max_workers=min(_WORKERS, len(files)), thread_name_prefix="fakeviz-hub")
+    ahead: deque[Future[tuple[bytes, int]]] = deque()
+    todo = iter(files)
     try:
-        yield from pool.map(one, files)
+        for file in files:
+            while len(ahead) < _WORKERS and (nxt := next(todo, None)) is not None:
+                ahead.append(pool.submit(fetch, nxt))
+            raw, size = ahead.popleft().result()
+            found, _, nbytes = ck.parse_safetensors_header(raw, size, f"{_name(repo, asked)}:{file}", Path(file).name)
+            yield found, nbytes
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _read_header(url: str, headers: dict[str, str], repo: str, asked: str | None, file: str) -> tuple[dict, dict, int]:
+def _fetch_header(url: str, headers: dict[str, str], repo: str, asked: str | None, file: str) -> tuple[bytes, int]:
+    """A safetensors file's header (the bytes after its 8-byte length) and the file's size, by two range requests:
+    the length is checked (:func:`~fakeviz._engine.checkpoint.safetensors_header_length`) before the header is
+    asked for."""
     where = f"{_name(repo, asked)}:{file}"
     first, size = _range(url, headers, 0, 8, repo, asked, file)
     n = ck.safetensors_header_length(first, size, where)
@@ -345,7 +359,7 @@ def _read_header(url: str, headers: dict[str, str], repo: str, asked: str | None
         raise CheckpointError(f"{where}: the file changed size between two requests ({size:,}, then {again:,} bytes)")
     if len(raw) != n:
         raise CheckpointError(f"{where}: the response ended inside the {n:,}-byte header: truncated")
-    return ck.parse_safetensors_header(raw, size, where, Path(file).name)
+    return raw, size
 
 
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+)$")

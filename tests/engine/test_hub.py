@@ -148,6 +148,10 @@ def stub(tmp_path_factory):
     (huge / "config.json").write_text(json.dumps(_catalog_config(QWEN)))
     write_raw_safetensors(huge / "model.safetensors", b"{}", 2**30, length=ck.MAX_HEADER_BYTES + 1)
     hub.add("stub-org/huge-header", huge)
+    noconfig = root / "no-config"
+    noconfig.mkdir()
+    (noconfig / "README.md").write_text("weights elsewhere")
+    hub.add("stub-org/no-config", noconfig)
     binonly = root / "bin-only"
     binonly.mkdir()
     (binonly / "config.json").write_text(json.dumps(_catalog_config(QWEN)))
@@ -418,6 +422,13 @@ def test_no_safetensors_in_the_repo(hub):
     assert "no model.safetensors or model.safetensors.index.json" in text and "build('stub-org/bin-only')" in text
     assert not hub.requests(".bin")
     assert _count(models.build("stub-org/bin-only")) == models.resolve(QWEN).parameters
+
+
+def test_no_config_json_in_the_repo(hub):
+    with pytest.raises(CheckpointError) as ei:
+        models.build("stub-org/no-config")
+    text = _short(ei.value)
+    assert text.startswith("stub-org/no-config: the repo has no config.json") and "/path/to/folder" in text
 
 
 def test_remote_code_is_refused_unless_trusted(hub):
