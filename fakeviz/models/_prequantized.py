@@ -244,6 +244,10 @@ def build(spec: Spec, ckpt: Checkpoint, dtype: torch.dtype | None, where: str = 
 def _maker(method: str, qc: dict[str, Any], where: str) -> Any:
     """``(linear, tensors, device) -> the quantized layer`` for ``method``."""
     if method == "gptq":
+        fmt = str(qc.get("checkpoint_format") or "gptq").lower()
+        if fmt not in ("gptq", "gptq_v2"):
+            raise CheckpointError(f"{where}: GPTQ checkpoint_format {fmt!r} is not supported\nfakeviz reads GPTQ "
+                                  "checkpoints stored as 'gptq' or 'gptq_v2' (qweight [in * bits / 32, out]).")  # fmt: skip
         bits, group = int(qc.get("bits", 4)), int(qc.get("group_size", 128))
         return lambda lin, t, dev: GPTQLinear(t, bits, group, dev)
     if method == "awq":

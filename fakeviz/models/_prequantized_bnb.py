@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .._core.errors import CheckpointError
 from .._engine.checkpoint import TensorInfo
+from .._engine.quant.bnb import import_bitsandbytes
 
 __all__ = ["maker"]
 
@@ -40,7 +41,7 @@ _QS = "weight.quant_state.bitsandbytes__"
 def maker(qc: dict[str, Any], where: str) -> Any:
     """``(linear, tensors, device) -> bitsandbytes layer`` for a bitsandbytes ``quantization_config``."""
     try:
-        import bitsandbytes  # noqa: F401
+        import_bitsandbytes()  # inside the fake session too (Note: [bitsandbytes under fake tensors])
     except ImportError as e:
         raise CheckpointError(f"{where}: a bitsandbytes checkpoint needs bitsandbytes to build its layers\n"
                               "pip install bitsandbytes (or fakeviz[quant]).") from e  # fmt: skip
