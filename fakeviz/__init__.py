@@ -21,6 +21,7 @@ from ._core.errors import (
     DataDependentError,
     FakeVizError,
     FakeVizWarning,
+    HubError,
     RecordError,
     SimulationError,
     TraceFormatError,
@@ -71,6 +72,7 @@ __all__ = [
     "UnknownModelError",
     "CheckpointError",
     "CheckpointMismatchError",
+    "HubError",
 ]
 
 

@@ -16,6 +16,7 @@ import torch
 from hub_stub import GOOD_TOKEN, NO_ACCESS_TOKEN, HubStub
 from sparse_safetensors import write_raw_safetensors, write_sparse_safetensors
 
+import fakeviz as fv
 from fakeviz import models
 from fakeviz._core.errors import CheckpointError, FakeVizWarning, HubError, UnknownModelError
 from fakeviz._engine import checkpoint as ck
@@ -342,8 +343,9 @@ def test_offline_and_not_cached(hub, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(HubError) as ei:
+    with pytest.raises(fv.HubError) as ei:  # public, and a CheckpointError
         models.build("stub-org/qwen-copy")
+    assert isinstance(ei.value, fv.CheckpointError) and ei.value.repo == "stub-org/qwen-copy"
     text = _short(ei.value)
     assert "stub-org/qwen-copy" in text and "HF_HUB_OFFLINE is set" in text and "config.json" in text
     assert "build('/path/to/folder')" in text and "hf download stub-org/qwen-copy config.json" in text
