@@ -55,12 +55,19 @@ SUPPORTED = ("bitsandbytes", "gptq", "awq", "fp8", "compressed-tensors")
 _CT_FORMATS = ("float-quantized", "int-quantized", "naive-quantized")
 
 
-class PrequantizedLinear(nn.Module):
-    """A linear layer holding a pre-quantized checkpoint's tensors as stored (buffers, or frozen parameters)."""
+class PrequantizedLinear(nn.Linear):
+    """A linear layer holding a pre-quantized checkpoint's tensors as stored (buffers, or frozen parameters).
+
+    An ``nn.Linear`` (as bitsandbytes' and transformers' quantized layers are) without a float ``weight``, so that
+    code that finds linear layers by type finds it: peft wraps it with LoRA as it wraps gptqmodel's layers (the
+    layer's output plus the adapter's), reading ``in_features`` / ``out_features`` and the packed weight's device.
+    """
+
+    quant_method = ""
 
     def __init__(self, in_features: int, out_features: int, tensors: dict[str, TensorInfo], device: torch.device,
                  parameters: bool = False) -> None:  # fmt: skip
-        super().__init__()
+        nn.Module.__init__(self)  # not nn.Linear's: no dense weight is made
         self.in_features, self.out_features = in_features, out_features
         if "bias" not in tensors:
             (self.register_parameter if parameters else self.register_buffer)("bias", None)
@@ -75,8 +82,18 @@ class PrequantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-class GPTQLinear(PrequantizedLinear):
+class _PackedWeight:
+    @property
+    def weight(self) -> torch.Tensor:
+        """The packed ``qweight``: what code reading a linear layer's weight for its device gets (peft's LoRA, as
+        for gptqmodel's layers); its integer dtype tells such code not to cast to it."""
+        return self.qweight  # type: ignore[attr-defined]
+
+
+class GPTQLinear(_PackedWeight, PrequantizedLinear):
     """A GPTQ layer: gptqmodel's buffers; ``forward`` as its ExLlamaV2 layer (float16 matmul, ``fakeviz::gptq_gemm``)."""
+
+    quant_method = "gptq"
 
     def __init__(self, tensors: dict[str, TensorInfo], bits: int, group_size: int, device: torch.device) -> None:
         qweight = tensors["qweight"]
@@ -96,8 +113,10 @@ class GPTQLinear(PrequantizedLinear):
         return out.view(shape).to(dtype=dtype)
 
 
-class AWQLinear(PrequantizedLinear):
+class AWQLinear(_PackedWeight, PrequantizedLinear):
     """An AWQ GEMM layer: autoawq's buffers; ``forward`` as gptqmodel's ``AwqGemmFn`` (``fakeviz::awq_gemm``)."""
+
+    quant_method = "awq"
 
     def __init__(self, tensors: dict[str, TensorInfo], bits: int, group_size: int, device: torch.device) -> None:
         qweight = tensors["qweight"]
@@ -119,6 +138,8 @@ class AWQLinear(PrequantizedLinear):
 class CompressedLinear(PrequantizedLinear):
     """A compressed-tensors 8-bit layer (fp8 or int8 ``weight [out, in]`` and its scales, frozen parameters);
     ``forward`` quantizes the activation when the config has ``input_activations`` (``fakeviz::scaled_matmul``)."""
+
+    quant_method = "compressed-tensors"
 
     def __init__(self, tensors: dict[str, TensorInfo], block: list[int] | None, quantize_input: bool,
                  device: torch.device) -> None:  # fmt: skip
@@ -238,6 +259,10 @@ def build(spec: Spec, ckpt: Checkpoint, dtype: torch.dtype | None, where: str = 
                                   f"{type(model).__name__}; the checkpoint does not fit its config.json")  # fmt: skip
         model.set_submodule(path, make(model.get_submodule(path), tensors, device))
     model.config.quantization_config = qc
+    model.quantization_method = method  # as transformers marks a quantized model (peft reads it)
+    if method == "bitsandbytes":
+        model.is_loaded_in_4bit = any(".weight.absmax" in k for k in ckpt.tensors)
+        model.is_loaded_in_8bit = not model.is_loaded_in_4bit
     return model
 
 

@@ -375,3 +375,24 @@ def test_real_bitsandbytes_checkpoint(tmp_path):
     for attr in ("blocksize", "quant_type", "dtype", "shape", "nested"):
         assert getattr(w.quant_state, attr) == getattr(rw.quant_state, attr), attr
     assert w.quant_state.state2.blocksize == rw.quant_state.state2.blocksize
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_lora_on_a_pre_quantized_model(tmp_path, fmt):
+    """peft wraps the quantized layers with LoRA as it wraps gptqmodel's (their output plus the adapter's); after
+    prepare_model_for_kbit_training (which leaves a GPTQ model's tensors alone) only the adapters train."""
+    peft = pytest.importorskip("peft")
+    model, _ = load(tmp_path, fmt)
+    assert model.quantization_method == fmt
+    with fv.record(device="cuda:0") as trace:
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = peft.get_peft_model(model, peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+        ids = torch.randint(0, V, (2, 16))
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert trace.error is None
+    layer = model.base_model.model.model.layers[0].self_attn.q_proj
+    assert type(layer.base_layer).__name__ == LAYER[fmt] and layer.base_layer.qweight.dtype == torch.int32
+    trained = {n for n, p in model.named_parameters() if p.grad is not None}
+    assert trained and all(".lora_" in n for n in trained)
+    assert len(trained) == 2 * 3 * L  # lora_A and lora_B of three layers per decoder layer
+    assert trace.fidelity()["ops"].set_index("op").loc[KERNEL[fmt], "count"] == 7 * L
