@@ -15,6 +15,12 @@ params, param_bytes, buffer_bytes
 act_bytes, act_saved_bytes
     bytes of the storages created by forward ops in the subtree, and of those
     the part autograd saved for backward (category Activation).
+precision
+    the precision of the module's weights as users say it (``"bf16"``, ``"nf4+dq"``, ``"int8 weight-only"``,
+    ``"gptq int4"``: Note: [weight precision] in :mod:`fakeviz._engine.precision`): its own weights' if it has
+    any and no child with weights, the one its subtree shares, else ``"mixed"``; a layer that LoRA wraps
+    (children ``base_layer`` and ``lora_A``) reads ``"nf4 + LoRA bf16"`` (``DoRA`` with a magnitude vector);
+    ``""``: no weights. Records made before it was recorded read each module's parameter dtypes.
 grad_bytes, opt_bytes
     bytes of the gradients of the subtree's parameters, and of the optimizer
     state kept for them (each storage once).
@@ -43,9 +49,10 @@ import numpy as np
 
 from .._core.record import Record
 from .._core.schema import PHASES, dtype_abbr
+from .._engine.precision import dtype_label
 from .categories import C_ACT, storage_categories
 
-__all__ = ["FIGURES", "fold_modules", "folded_modules", "module_table", "modules"]
+__all__ = ["FIGURES", "fold_modules", "folded_modules", "module_table", "modules", "own_precision", "weight_precisions"]
 
 FIGURES = (
     "params",
@@ -90,6 +97,50 @@ def _ancestors(parent: list[int]) -> list[list[int]]:
             chain.append(j)
             j = parent[j]
         out.append(chain)
+    return out
+
+
+def own_precision(trace: Record) -> list[str | None]:
+    """Each module's own weights' precision (None: none of its own), in the module table's order.
+
+    From ``meta["weight_precision"]`` (module path -> label, written by the recorder; read as data: a label that is
+    not a string is ignored); a record without it (made before it existed) reads each module's own parameters'
+    dtypes, those named ``*weight`` first, as the recorder would for plain tensors.
+    """
+    paths = trace.strings("modules")
+    labels = trace.meta.get("weight_precision")
+    if isinstance(labels, dict):
+        return [v[:80] if isinstance(v := labels.get(p), str) and v else None for p in paths]
+    c, s = trace.columns(), trace.string_tables()
+    names, dtypes = s["names"], s["dtypes"]
+    by_mod: dict[int, dict[str, str]] = defaultdict(dict)
+    for m, nid, dt, kind in zip(c["p_module"].tolist(), c["p_name"].tolist(), c["p_dtype"].tolist(),
+                                c["p_kind"].tolist()):  # fmt: skip
+        if kind == 0 and 0 <= m < len(paths):
+            by_mod[m][names[nid].rsplit(".", 1)[-1]] = dtypes[dt] if 0 <= dt < len(dtypes) else "?"
+    out: list[str | None] = [None] * len(paths)
+    for m, params in by_mod.items():
+        weights = {k: v for k, v in params.items() if k.endswith("weight")} or params
+        out[m] = _one({dtype_label(v) for v in weights.values()})
+    return out
+
+
+_ADAPTERS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
+
+
+def _subtree_precision(paths: list[str], children: list[list[int]], own: list[str | None]) -> list[str]:
+    """The ``precision`` column (module docstring), deepest modules first."""
+    out = [""] * len(paths)
+    for i in sorted(range(len(paths)), key=lambda i: -paths[i].count(".")):
+        kids = {paths[ch].rsplit(".", 1)[-1]: ch for ch in children[i]}
+        found = {x for x in (own[i], *(out[ch] for ch in children[i])) if x}
+        adapters = {out[kids[k]] for k in _ADAPTERS if k in kids} - {""}
+        if "base_layer" in kids and adapters and own[i] is None:  # peft's LoRA layer (Note: [weight precision])
+            mag = kids.get("lora_magnitude_vector")
+            kind = "DoRA" if mag is not None and out[mag] else "LoRA"
+            out[i] = f"{out[kids['base_layer']] or '?'} + {kind} {_one(adapters)}"
+        elif found:
+            out[i] = _one(found)
     return out
 
 
@@ -209,6 +260,7 @@ def module_table(trace: Record) -> Any:
             "buffer_bytes": bbytes,
             "tied": [bool(t) for t in tied_with],
             "tied_with": ["|".join(sorted(t)) for t in tied_with],
+            "precision": _subtree_precision(paths, children, own_precision(trace)),
             "act_bytes": incl["act_bytes"],
             "act_saved_bytes": incl["act_saved_bytes"],
             "grad_bytes": grad,
@@ -241,6 +293,7 @@ def _signatures(trace: Record, children: list[list[int]], paths: list[str]) -> l
         c["p_kind"].tolist(),
     ):  # fmt: skip
         own[m].append(f"{'pb'[k]}:{names[nid].rsplit('.', 1)[-1]}:{shapes[sh]}:{dtypes[dt]}")
+    precision = own_precision(trace)  # layers quantized differently never fold together
     sig: list[str] = [""] * len(paths)
     intern: dict[str, str] = {}
     for i in sorted(range(len(paths)), key=lambda i: -paths[i].count(".")):
@@ -250,8 +303,15 @@ def _signatures(trace: Record, children: list[list[int]], paths: list[str]) -> l
             kids.append(("#" if name.isdigit() else name) + "=" + sig[ch])
         cls = classes[mod_class[i]] if 0 <= mod_class[i] < len(classes) else ""
         full = f"{cls}({','.join(sorted(own.get(i, [])))})[{';'.join(kids)}]"
+        if precision[i] is not None:
+            full += f"<{precision[i]}>"
         sig[i] = intern.setdefault(full, f"s{len(intern)}")
     return sig
+
+
+def _one(labels: set[str]) -> str:
+    """The label members share, else ``"mixed"``."""
+    return next(iter(labels)) if len(labels) == 1 else "mixed"
 
 
 def _ranges(nums: list[int]) -> str:
@@ -285,6 +345,7 @@ def fold_modules(trace: Record, table: Any = None) -> Any:
     fig = {k: table[k].to_numpy() for k in FIGURES}
     cls = table["class"].tolist()
     tied = table["tied"].to_numpy()
+    precision = table["precision"].tolist()
     rows: list[dict[str, Any]] = []
 
     def emit(members: list[int], label: str, name: str, parent_label: str | None, depth: int, odd: bool) -> None:
@@ -298,6 +359,7 @@ def fold_modules(trace: Record, table: Any = None) -> Any:
             "odd": odd,
             "members": "|".join(paths[m] for m in members),
             "tied": bool(tied[members].any()),
+            "precision": _one({precision[m] for m in members}),
         }
         for k, arr in fig.items():
             row[k] = int(arr[members].sum())
@@ -329,6 +391,67 @@ def fold_modules(trace: Record, table: Any = None) -> Any:
         if parent[i] < 0:
             emit([i], p, p, None, 0, False)
     return pd.DataFrame(rows)
+
+
+def _kind(cls: str) -> str:
+    """A module class as a kind of weight: ``Linear4bit`` -> ``"linear"``, ``LlamaRMSNorm`` -> ``"norm"``."""
+    low = cls.lower()
+    for key in ("embedding", "linear", "norm", "conv"):
+        if key in low:
+            return key
+    return cls or "module"
+
+
+def _weight_precisions(trace: Record) -> list[dict[str, Any]]:
+    paths = trace.strings("modules")
+    own = own_precision(trace)
+    c, s = trace.columns(), trace.string_tables()
+    classes = s["classes"]
+    mod_class = c["mod_class"].tolist()
+    numel: dict[int, int] = defaultdict(int)
+    nbytes: dict[int, int] = defaultdict(int)
+    seen: set[int] = set()
+    for m, t, n, b, kind in zip(c["p_module"].tolist(), c["p_tensor"].tolist(), c["p_numel"].tolist(),
+                                c["p_nbytes"].tolist(), c["p_kind"].tolist()):  # fmt: skip
+        if kind == 0 and t not in seen:  # a tied weight once, in the first module holding it
+            seen.add(t)
+            numel[m] += max(n, 0)
+            nbytes[m] += max(b, 0)
+    groups: dict[str, dict[str, Any]] = {}
+    for i, label in enumerate(own):
+        if label is None:
+            continue
+        parts = paths[i].split(".")
+        at = next((j for j, x in enumerate(parts) if x in _ADAPTERS or x == "lora_magnitude_vector"), None)
+        key = f"LoRA {label}" if at is not None else label
+        g = groups.setdefault(key, {"precision": key, "modules": 0, "params": 0, "param_bytes": 0, "_kinds": {},
+                                    "_layers": set()})  # fmt: skip
+        g["modules"] += 1
+        g["params"] += numel.get(i, 0)
+        g["param_bytes"] += nbytes.get(i, 0)
+        if at is not None:
+            g["_layers"].add(".".join(parts[:at]))
+        else:
+            cls = classes[mod_class[i]] if 0 <= i < len(mod_class) and 0 <= mod_class[i] < len(classes) else ""
+            g["_kinds"].setdefault(_kind(cls), []).append(parts[-1] if len(parts) > 1 else "")  # a root: its class
+    rows = []
+    for g in groups.values():
+        if g["_layers"]:
+            kinds = f"{len(g['_layers'])} adapted layers"
+        else:
+            by = sorted(g["_kinds"].items(), key=lambda kv: -len(kv[1]))
+            kinds = ", ".join(names[0] if len(names) == 1 and names[0] and not names[0].isdigit()
+                              else f"{len(names)} {kind}" for kind, names in by)  # fmt: skip
+        rows.append({k: v for k, v in g.items() if not k.startswith("_")} | {"kinds": kinds})
+    return sorted(rows, key=lambda r: -r["param_bytes"])
+
+
+def weight_precisions(trace: Record) -> list[dict[str, Any]]:
+    """The precisions the weights are in, most parameter bytes first: one dict per precision (LoRA adapters
+    apart, ``"LoRA bf16"``) with ``modules`` (how many hold weights in it), ``params`` and ``param_bytes`` (their
+    own parameters, a tied one once) and ``kinds``: ``"224 linear"``, a module alone by its name
+    (``"embed_tokens, 65 norm, lm_head"``), adapters by the layers they adapt (``"112 adapted layers"``)."""
+    return trace.cached("weight_precisions", lambda: _weight_precisions(trace))
 
 
 def modules(trace: Record) -> Any:

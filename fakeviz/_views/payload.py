@@ -8,7 +8,8 @@ Data traits
     judges: not the host's), one peak per device (bytes, seq, phase, op, module, user line, by category, allocator
     peaks), and ``palette``, the colours the panel draws with: :func:`fakeviz._core.palette.palette` (categories
     and phases in schema order, alias-graph edges, the colour cycle, the neutral colour) plus ``tree``, the colour
-    of each device / dtype key of the layer tree (as :func:`fakeviz.views.layer_tree` colours them). The browser
+    of each device / dtype key of the layer tree (as :func:`fakeviz.views.layer_tree` colours them) and of each
+    precision of the weights (the tree pack's ``precision`` strings, Note: [weight precision]). The browser
     sets them as CSS custom properties of the panel: no colour is defined in ``js/``.
 ``tree``, ``memory``, ``ops``, ``alias`` (bytes)
     one *pack* each (see below): the folded layer tree; the memory timeline per device, min-max decimated, with
@@ -335,12 +336,17 @@ def _tree_pack(trace: Record, modules: list[str]) -> tuple[bytes, np.ndarray, di
         "path": paths,
         "name": folded["name"].astype(str).tolist() if n else [],
         "class": folded["class"].astype(str).tolist() if n else [],
+        # the precision of the weights (Note: [weight precision] in fakeviz/_engine/precision.py); "" none
+        "precision": folded["precision"].astype(str).tolist() if n else [],
     }
-    # colour keys: the device and the dtype holding most of each module's parameter bytes
+    # colour keys: the device and the dtype holding most of each module's parameter bytes, and the precision
     split = param_split(trace, folded.reset_index(drop=True), True) if n else None
     colors: dict[str, list[str]] = {}
-    for color in ("device", "dtype"):
-        keys = color_keys(split, strings["class"], color) if n else []
+    for color in ("device", "dtype", "precision"):
+        if color == "precision":
+            keys = [p or NO_PARAMETERS for p in strings["precision"]]
+        else:
+            keys = color_keys(split, strings["class"], color) if n else []
         table = list(dict.fromkeys(keys))
         arrays[f"color_{color}"] = np.array([table.index(k) for k in keys], np.int64)
         strings[f"color_{color}"] = table

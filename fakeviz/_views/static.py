@@ -25,6 +25,7 @@ from .._core.fmt import format_bytes, html_text, plain_name
 from .._core.gpus import capacity_of
 from .._core.palette import CATEGORY_COLORS
 from .._core.record import Record
+from .text import precision_text
 
 __all__ = ["STATIC_CLASS", "plain_name", "static_html", "summary_div"]
 
@@ -70,6 +71,9 @@ def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static
         cls = "fv-fits" if verdict["fits"] else "fv-over"
         parts.append(f"<div class='{cls}' style='color:{color}'><b>{html_text(verdict['text'])}</b>{label}</div>")
     parts.append(_peaks_html(trace, verdict))
+    weights = precision_text(trace)  # Note: [weight precision] in fakeviz/_engine/precision.py
+    if weights:
+        parts.append(f"<div class='fv-weights'><b>weights</b>: {html_text(weights)}</div>")
     parts.append(_modules_html(trace, modules))
     parts.append(
         "<div style='opacity:.7;font-size:12px'>Static summary. Run the cell with a kernel for the interactive "

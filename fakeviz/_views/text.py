@@ -6,12 +6,12 @@ from .._analysis.fidelity import fidelity_report
 from .._analysis.flops import flop_coverage, flops_by_phase
 from .._analysis.memory import peak_bytes, peaks
 from .._analysis.tables import phase_counts
-from .._analysis.tree import folded_modules
+from .._analysis.tree import folded_modules, weight_precisions
 from .._analysis.verdict import verdict
 from .._core.fmt import format_bytes, format_count, format_seconds, html_text
 from .._core.record import Record
 
-__all__ = ["speed_text", "summary", "summary_html", "trace_repr"]
+__all__ = ["precision_text", "speed_text", "summary", "summary_html", "trace_repr"]
 
 # Above this many ops the repr skips what needs a pass over the whole record.
 _REPR_LIMIT = 2_000_000
@@ -49,6 +49,9 @@ def summary_html(rec: Record) -> str:
         cls = "fv-fits" if v["fits"] else "fv-over"
         spec = html_text(str(rec.meta.get("capacity_spec") or ""))
         text = f"<p class='{cls}'><b>{html_text(v['text'])}</b> {spec}</p>"
+    weights = precision_text(rec)
+    if weights:
+        text += f"<p class='fv-weights'><b>weights</b>: {html_text(weights)}</p>"
     return (
         f"<div class='fv-trace'><b>fakeviz trace</b>: {len(rec)} ops ({html_text(phases)}){err}{text}"
         "<table><tr><th>device</th><th>peak live</th><th>at op</th></tr>" + "".join(rows) + "</table></div>"
@@ -79,6 +82,9 @@ def summary(trace: Record) -> str:
         unknown = flop_coverage(trace).query("kind == 'unknown'")
         if len(unknown):
             lines.append(f"  ops without a FLOP formula (not counted): {', '.join(unknown.op.head(8))}")
+    weights = precision_text(trace)
+    if weights:
+        lines.append(f"weights: {weights}")
     mt = folded_modules(trace)
     if len(mt):
         top = mt[mt.depth <= 3].sort_values("params", ascending=False).head(6)
@@ -95,6 +101,12 @@ def summary(trace: Record) -> str:
     if trace.error:
         lines.append(f"stopped by {trace.error.get('type')}: {trace.error.get('message', '')[:300]}")
     return "\n".join(lines)
+
+
+def precision_text(trace: Record) -> str:
+    """``"nf4 (224 linear), bf16 (embed_tokens, 65 norm, lm_head), LoRA bf16 (112 adapted layers)"``: the
+    precision of the weights, most bytes first (Note: [weight precision]); ``""`` without weights."""
+    return ", ".join(f"{r['precision']} ({r['kinds']})" for r in weight_precisions(trace))
 
 
 def speed_text(step_s: float | None, tokens_per_s: float | None, mfu: float | None, *, gpus: int, gpu: str | None,

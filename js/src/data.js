@@ -50,12 +50,15 @@ export function readTree(pack) {
     path: s.path || [],
     name: s.name || [],
     cls: s.class || [],
+    // the precision of each row's weights ("bf16", "nf4+dq + LoRA bf16", "mixed"; "" none); older payloads lack it
+    precision: s.precision || new Array(n).fill(""),
     figures,
     moduleNode: a.module_node || new Int32Array(0),
     // colour keys: the device / dtype holding most of each module's parameter bytes
     colors: {
       device: { code: a.color_device || new Int32Array(n).fill(-1), keys: s.color_device || [] },
       dtype: { code: a.color_dtype || new Int32Array(n).fill(-1), keys: s.color_dtype || [] },
+      precision: { code: a.color_precision || new Int32Array(n).fill(-1), keys: s.color_precision || [] },
     },
     children,
     roots,
@@ -67,7 +70,12 @@ function emptyTree() {
   return {
     n: 0, parent: [], depth: [], count: [], odd: [], tied: [], path: [], name: [], cls: [], figures: {},
     moduleNode: new Int32Array(0), children: [], roots: [], index: new Map(),
-    colors: { device: { code: new Int32Array(0), keys: [] }, dtype: { code: new Int32Array(0), keys: [] } },
+    precision: [],
+    colors: {
+      device: { code: new Int32Array(0), keys: [] },
+      dtype: { code: new Int32Array(0), keys: [] },
+      precision: { code: new Int32Array(0), keys: [] },
+    },
   };
 }
 

@@ -52,15 +52,24 @@ export const PALETTE = {
   edges: { storage: shade(48), view: shade(49), write: shade(50), name: shade(51), tied: shade(52) },
   cycle: [shade(64), shade(65)],
   none: shade(80),
-  tree: { device: [shade(64), shade(65), shade(80)], dtype: [shade(64), shade(80)] },
+  tree: {
+    device: [shade(64), shade(65), shade(80)],
+    dtype: [shade(64), shade(80)],
+    precision: [shade(64), shade(65), shade(64), shade(80)],
+  },
 };
 
-export function state({ selected = "" } = {}) {
+// the precision of each tree row's weights (Note: [weight precision]): the blocks in NF4 with LoRA, the head bf16;
+// precision: false leaves them out, as a payload written before they existed
+const PRECISION = ["mixed", "nf4 + LoRA bf16", "nf4 + LoRA bf16", "nf4 + LoRA bf16", "bf16", ""];
+
+export function state({ selected = "", precision = true } = {}) {
   const n = OPS.op.length;
   const fig = (vals) => ["f8", vals];
   const tree = pack({
     meta: { rows: ROWS.length, figures: ["params", "param_bytes", "buffer_bytes", "act_bytes", "act_saved_bytes", "grad_bytes", "opt_bytes", "flops_fwd", "flops_bwd", "ops_fwd", "ops_bwd", "unknown_flop_ops"], modules: MODULES.length },
-    strings: { path: ROWS, name: ["Net", "blocks", "0-1 x2", "fc", "head", EVIL], class: ["Net", "ModuleList", "Block", "Linear", "Linear", "Evil"], color_device: ["cuda:0", "cpu", "no parameters"], color_dtype: ["float32", "no parameters"] },
+    strings: { path: ROWS, name: ["Net", "blocks", "0-1 x2", "fc", "head", EVIL], class: ["Net", "ModuleList", "Block", "Linear", "Linear", "Evil"], color_device: ["cuda:0", "cpu", "no parameters"], color_dtype: ["float32", "no parameters"],
+      ...(precision ? { precision: PRECISION, color_precision: ["mixed", "nf4 + LoRA bf16", "bf16", "no parameters"] } : {}) },
     arrays: {
       parent: ["i1", PARENT],
       depth: ["i1", [0, 1, 2, 3, 1, 1]],
@@ -70,6 +79,7 @@ export function state({ selected = "" } = {}) {
       module_node: ["i1", MODULE_NODE],
       color_device: ["i1", [0, 0, 0, 0, 1, 2]],
       color_dtype: ["i1", [0, 0, 0, 0, 0, 1]],
+      ...(precision ? { color_precision: ["i1", [0, 1, 1, 1, 2, 3]] } : {}),
       params: fig([300, 200, 200, 200, 100, 0]),
       param_bytes: fig([1200, 800, 800, 800, 400, 0]),
       buffer_bytes: fig([0, 0, 0, 0, 0, 0]),

@@ -193,6 +193,44 @@ describe("explorer render", () => {
     expect(qa(".fv-tree .fv-node.fv-keyed").length).toBe(0);
   });
 
+  it("names the precision of each row's weights, and colours the tree by it", () => {
+    expect(node("Net.blocks").title).toContain("\nweights: nf4 + LoRA bf16\n");
+    expect(node("Net.head").title).toContain("\nweights: bf16\n");
+    model.kernelSet("selected_module", "Net.head");
+    const detail = () => [...q('[data-testid="fv-tree-detail"]').querySelectorAll("dt")].map((dt) => [dt.textContent, dt.nextSibling.textContent]);
+    expect(detail()).toContainEqual(["weights", "bf16"]);
+    model.kernelSet("selected_module", `Net.${EVIL}`);
+    expect(detail()).toContainEqual(["weights", "none"]);
+    const select = q('[data-testid="fv-color-by"]');
+    expect([...select.options].map((o) => o.value)).toEqual(["", "device", "dtype", "precision"]);
+    select.value = "precision";
+    select.dispatchEvent(new Event("change"));
+    expect(node("Net.blocks").getAttribute("data-color")).toBe("nf4 + LoRA bf16");
+    expect(node("Net.head").getAttribute("data-color")).toBe("bf16");
+    expect(node("Net.head").style.getPropertyValue("--fv-key")).toBe(PALETTE.tree.precision[2]);
+    expect(node("Net.head").title).toContain("precision: bf16");
+    expect(node("Net.head").title).not.toContain("weights:"); // said once, by the colour key
+    const legend = [...q('[data-testid="fv-color-legend"]').querySelectorAll("li")].map((li) => li.textContent);
+    expect(legend).toEqual(["mixed", "nf4 + LoRA bf16", "bf16", "no parameters"]);
+  });
+
+  it("reads a payload written before precisions existed", () => {
+    const other = document.createElement("div");
+    document.body.appendChild(other);
+    const done = widget.render({ model: mockModel(state({ precision: false })), el: other });
+    try {
+      const head = [...other.querySelectorAll(".fv-tree .fv-node")].find((n) => n.getAttribute("data-path") === "Net.head");
+      expect(head.title).not.toContain("weights:");
+      const select = other.querySelector('[data-testid="fv-color-by"]');
+      select.value = "precision";
+      select.dispatchEvent(new Event("change"));
+      expect(other.querySelectorAll(".fv-tree .fv-node.fv-keyed").length).toBe(0);
+    } finally {
+      done?.();
+      other.remove();
+    }
+  });
+
   it("draws with the colours Python sent (summary.palette), none of its own", () => {
     const root = q(".fv-root");
     const prop = (name) => root.style.getPropertyValue(name);

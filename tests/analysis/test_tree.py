@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fakeviz as fv
-from fakeviz._analysis.tree import FIGURES
+from fakeviz._analysis.tree import FIGURES, weight_precisions
 
 warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
@@ -159,3 +159,117 @@ def test_odd_module_names_survive(script):
     with fv.record() as trace:
         Weird()(torch.ones(1, 2))
     assert trace.modules["class"].iloc[0] == script
+
+
+# ---- the precision of the weights (Note: [weight precision] in fakeviz/_engine/precision.py)
+def _llama_int8_layers(fake: bool) -> fv.Trace:
+    """A 2-layer Llama in bf16 whose decoder layers torchao quantizes (int8 weight-only), run forward."""
+    torchao = pytest.importorskip("torchao.quantization")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256)  # fmt: skip
+    with fv.record(fake=fake, device="cpu") as trace:
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torchao.quantize_(m.model.layers, torchao.Int8WeightOnlyConfig())
+        m(torch.randint(0, 256, (1, 8)))
+    return trace
+
+
+def test_precision_column_fake_equals_real_torchao():
+    real, fake = _llama_int8_layers(False), _llama_int8_layers(True)
+    assert real.modules["precision"].tolist() == fake.modules["precision"].tolist()
+    mt = fake.modules.set_index("path")["precision"]
+    root = "LlamaForCausalLM.model"
+    assert mt[f"{root}.layers.1.self_attn.q_proj"] == "int8 weight-only"
+    assert mt[f"{root}.layers.1.mlp"] == "int8 weight-only"  # its children share it
+    assert mt[f"{root}.layers.1.input_layernorm"] == mt[f"{root}.embed_tokens"] == "bf16"
+    assert mt[f"{root}.layers.1"] == mt["LlamaForCausalLM"] == "mixed"
+    assert mt[f"{root}.layers.1.mlp.act_fn"] == mt[f"{root}.rotary_emb"] == ""  # no weights
+    folded = fake.folded_modules().set_index("path")
+    assert folded.loc[f"{root}.layers.0-1.mlp.down_proj", "precision"] == "int8 weight-only"
+    assert folded.loc[f"{root}.layers.0-1", "count"] == 2
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, bnb, quantized: bool) -> None:
+        super().__init__()
+        if quantized:
+            self.q = bnb.nn.Linear4bit(64, 64, compute_dtype=torch.bfloat16, quant_type="nf4")
+        else:
+            self.q = torch.nn.Linear(64, 64, dtype=torch.bfloat16)
+        self.norm = torch.nn.LayerNorm(64, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        return self.norm(self.q(x))
+
+
+class _Stack(torch.nn.Module):
+    """Three NF4 blocks and a last one kept in bf16 (as a user keeping the last layer unquantized)."""
+
+    def __init__(self, bnb) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 64, dtype=torch.bfloat16)
+        self.layers = torch.nn.ModuleList([_Block(bnb, i < 3) for i in range(4)])
+        self.head = torch.nn.Linear(64, 16, dtype=torch.bfloat16)
+
+    def forward(self, x):
+        h = self.emb(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def test_precision_with_qlora_and_folding():
+    bnb = pytest.importorskip("bitsandbytes")
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_Stack(bnb).to("cpu"), peft.LoraConfig(r=4, target_modules=["q"]))
+    with fv.record(fake=False) as trace:
+        model(torch.tensor([[1, 2, 3]])).float().sum().backward()
+    mt = trace.modules.set_index("path")["precision"]
+    root = "PeftModel.base_model.model"
+    # peft wraps each q: its base layer keeps its precision, the adapters are fp32 (peft's default)
+    assert mt[f"{root}.layers.0.q"] == "nf4+dq + LoRA fp32" and mt[f"{root}.layers.3.q"] == "bf16 + LoRA fp32"
+    assert mt[f"{root}.layers.0.q.base_layer"] == "nf4+dq" and mt[f"{root}.layers.0.q.lora_A"] == "fp32"
+    assert mt[f"{root}.layers.0"] == "mixed" and mt[f"{root}.layers.3.norm"] == "bf16"
+    folded = trace.folded_modules().set_index("path")
+    # layers quantized differently never fold together: the bf16 one is its own row, the odd one out
+    assert folded.loc[f"{root}.layers.0-2", "count"] == 3 and folded.loc[f"{root}.layers.3", "odd"]
+    assert folded.loc[f"{root}.layers.0-2.q", "precision"] == "nf4+dq + LoRA fp32"
+    assert folded.loc[f"{root}.layers.3.q", "precision"] == "bf16 + LoRA fp32"
+    rows = {r["precision"]: r for r in weight_precisions(trace)}
+    assert set(rows) == {"nf4+dq", "bf16", "LoRA fp32"}
+    assert rows["nf4+dq"]["kinds"] == "3 linear" and rows["LoRA fp32"]["kinds"] == "4 adapted layers"
+    assert rows["bf16"]["kinds"] == "4 norm, 2 linear, emb"  # layers.3.q.base_layer and head; the embedding alone
+    own = {n: p for n, p in model.named_parameters()}
+    lora_bytes = sum(p.numel() * p.element_size() for n, p in own.items() if ".lora_" in n)
+    assert rows["LoRA fp32"]["param_bytes"] == lora_bytes and rows["LoRA fp32"]["modules"] == 8
+
+
+def test_records_without_precision_read_the_parameter_dtypes():
+    """A record made before the recorder noted precision (an old .fvz) reads each module's parameter dtypes."""
+    trace, _ = _gpt2_trace()
+    noted = trace.modules["precision"].tolist()
+    assert set(noted) == {"fp32", ""}
+    trace.meta.pop("weight_precision")
+    trace.clear_memo()
+    assert trace.modules["precision"].tolist() == noted
+    trace.meta["weight_precision"] = {"GPT2LMHeadModel.lm_head": 7, "GPT2LMHeadModel.transformer.ln_f": "x" * 200}
+    trace.clear_memo()  # a file's labels are data: what is not a string is no label, a long one is cut
+    mt = trace.modules.set_index("path")["precision"]
+    assert mt["GPT2LMHeadModel.lm_head"] == "" and mt["GPT2LMHeadModel.transformer.ln_f"] == "x" * 80
+
+
+def test_precision_of_a_dora_layer():
+    peft = pytest.importorskip("peft")
+    base = torch.nn.Sequential(torch.nn.Linear(16, 16, dtype=torch.bfloat16), torch.nn.LayerNorm(16))
+    model = peft.get_peft_model(base, peft.LoraConfig(r=2, target_modules=["0"], use_dora=True))
+    with fv.record(fake=False) as trace:
+        model(torch.ones(1, 16, dtype=torch.bfloat16)).float().sum().backward()
+    mt = trace.modules.set_index("path")["precision"]
+    root = "PeftModel.base_model.model"
+    assert mt[f"{root}.0"] == "bf16 + DoRA fp32" and mt[f"{root}.0.lora_magnitude_vector"] == "fp32"
+    assert mt[f"{root}.1"] == "fp32" and mt[root] == "mixed"

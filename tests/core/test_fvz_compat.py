@@ -10,7 +10,11 @@ value): ``memory`` gained the "KV cache" column (``test_memory_is_the_old_table_
 table without it is still the pre-move one), and the plotly views, the explorer's payload and
 ``repr_html`` changed with issue 15 (the one "reserved at peak", labelled alias graph, axes that fit the
 data, the static summary) and issue 16 (the KV cache category in the payload); ``explorer_summary`` again with
-issue 17 (each device of the verdict names its own capacity: GPUs of different sizes).
+issue 17 (each device of the verdict names its own capacity: GPUs of different sizes); ``modules``, ``folded``,
+``summary``, ``repr_html`` and ``explorer_tree`` with issue 31 (the precision of the weights: a ``precision`` column,
+a "weights:" line, the tree pack's precisions; read from the file's parameter dtypes, since it predates them), and
+``test_the_old_tables_and_texts_plus_the_weights_precision`` checks that without those additions they are still
+the pre-move ones.
 """
 
 from __future__ import annotations
@@ -54,3 +58,25 @@ def test_memory_is_the_old_table_plus_kv_cache() -> None:
     assert (memory["KV cache"] == 0).all()
     pre_move = "2aa1d24f85a758817ca5d6bde8b40975e1059bb54b374b065f4da44a3399a65c"  # the digest written at d1f67a0
     assert make_pre_move.digest(memory.drop(columns=["KV cache"])) == pre_move
+
+
+def test_the_old_tables_and_texts_plus_the_weights_precision() -> None:
+    """Issue 31 added the precision of the weights (Note: [weight precision]); the file predates it, so it is read
+    from the parameter dtypes (GPT-2 in fp32), and without it every table and text is the one written at d1f67a0."""
+    import re
+
+    from fakeviz._views.text import summary
+
+    trace = fv.load(FIXTURES / "pre_move.fvz")
+    pre_move = {"modules": "93c719ec66bfe70a00d24c156895732edeab2148828303ea7cd33e40c579b17b",
+                "folded": "031406f5fd1e22b52a7e12ed113156001e47f95206289c26b1cdc5b73aee2e50",
+                "summary": "9831e80d5bf3000a10cf3ce1d62ffe2b83fb447416ad1d38fab74cb36308a7d9",
+                "repr_html": "1d95e003d86e3d815e81ccf5b02999148794711fa1acdc5270c59252239c755a"}  # fmt: skip
+    assert set(trace.modules["precision"]) == {"fp32", ""} and "weight_precision" not in trace.meta
+    assert make_pre_move.digest(trace.modules.drop(columns=["precision"])) == pre_move["modules"]
+    assert make_pre_move.digest(trace.folded_modules().drop(columns=["precision"])) == pre_move["folded"]
+    lines = summary(trace).splitlines()
+    assert "weights: fp32 (8 conv, 5 norm, 2 embedding, lm_head)" in lines
+    assert make_pre_move.digest("\n".join(x for x in lines if not x.startswith("weights: "))) == pre_move["summary"]
+    html, n = re.subn(r"<div class='fv-weights'><b>weights</b>: [^<]*</div>", "", trace._repr_html_())
+    assert n == 1 and make_pre_move.digest(html) == pre_move["repr_html"]

@@ -580,3 +580,35 @@ def test_tree_colour_keys_follow_the_parameters(bundle):
         colors = dict(zip(s[f"color_{color}"], widget.summary["palette"]["tree"][color]))
         assert colors == {k: data.colors[k] for k in colors}
         assert colors["no parameters"] == palette()["none"]
+
+
+def test_tree_names_the_precision_of_the_weights(bundle):
+    """Each tree row carries the folded tree's ``precision`` (Note: [weight precision]) and a colour key for it."""
+    from fakeviz._core.palette import palette
+    from fakeviz._views.explorer import Explorer
+
+    class Half(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8, dtype=torch.float16) for _ in range(3)])
+            self.head = torch.nn.Linear(8, 4)
+            self.act = torch.nn.ReLU()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for b in self.blocks:
+                x = self.act(b(x))
+            return self.head(x.float())
+
+    with fv.record(device="cuda:0") as trace:
+        Half()(torch.randn(2, 8, dtype=torch.float16, device="cuda:0")).sum().backward()
+    widget = Explorer.from_trace(trace)
+    _, a, s = widget.decoded("tree")
+    folded = trace.folded_modules()
+    assert s["precision"] == folded["precision"].tolist()
+    got = dict(zip(s["path"], s["precision"]))
+    assert got == {"Half": "mixed", "Half.blocks": "fp16", "Half.blocks.0-2": "fp16", "Half.head": "fp32",
+                   "Half.act": ""}  # fmt: skip
+    keys = [s["color_precision"][i] for i in a["color_precision"]]
+    assert keys == [p or "no parameters" for p in s["precision"]]
+    colors = dict(zip(s["color_precision"], widget.summary["palette"]["tree"]["precision"]))
+    assert colors["no parameters"] == palette()["none"] and len(set(colors.values())) == len(colors)

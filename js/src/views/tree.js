@@ -15,11 +15,16 @@ export function treeView(ctx) {
   const icicleEl = h("div", { class: "fv-icicle", role: "tree" });
   const detail = h("div", { class: "fv-tree-detail", "data-testid": "fv-tree-detail" });
   const hint = h("span", { class: "fv-hint" });
-  // colour the boxes by the device or dtype holding most of each module's parameters
+  // colour the boxes by the device or dtype holding most of each module's parameters, or by the precision of its weights
   const colorBy = h(
     "select",
     { class: "fv-color-by", "data-testid": "fv-color-by", "aria-label": "colour the tree by" },
-    [["", "no colour"], ["device", "colour by device"], ["dtype", "colour by dtype"]].map(([v, label]) => h("option", { value: v, text: label })),
+    [
+      ["", "no colour"],
+      ["device", "colour by device"],
+      ["dtype", "colour by dtype"],
+      ["precision", "colour by precision"],
+    ].map(([v, label]) => h("option", { value: v, text: label })),
   );
   colorBy.addEventListener("change", () => store.set({ colorBy: colorBy.value }));
   const colorLegend = h("ul", { class: "fv-legend fv-color-legend", "data-testid": "fv-color-legend" });
@@ -73,7 +78,7 @@ export function treeView(ctx) {
           tabindex: 0,
           "data-path": tree.path[r],
           "data-row": r,
-          title: `${tree.path[r]}\n${tree.cls[r]}${tree.count[r] > 1 ? ` x${tree.count[r]}` : ""}\n${size.label}: ${size.fmt(v)}${colorTitle(r)}`,
+          title: `${tree.path[r]}\n${tree.cls[r]}${tree.count[r] > 1 ? ` x${tree.count[r]}` : ""}${weightsTitle(r)}\n${size.label}: ${size.fmt(v)}${colorTitle(r)}`,
           style: {
             left: `${(b.x0 * 100).toFixed(4)}%`,
             width: `${((b.x1 - b.x0) * 100).toFixed(4)}%`,
@@ -117,6 +122,13 @@ export function treeView(ctx) {
   function colorKey(r) {
     const c = colorTable();
     return c ? c.code[r] ?? -1 : -1;
+  }
+
+  // "weights: nf4+dq + LoRA bf16" (Note: [weight precision]); nothing for a module without weights, or when the
+  // tree is coloured by precision (colorTitle says it then)
+  function weightsTitle(r) {
+    const p = tree.precision[r];
+    return p && store.get().colorBy !== "precision" ? `\nweights: ${p}` : "";
   }
 
   function colorTitle(r) {
@@ -172,6 +184,7 @@ export function treeView(ctx) {
     const fig = (k) => (f[k] ? f[k][r] : undefined);
     const rows = [
       ["class", tree.cls[r]],
+      ["weights", tree.precision[r] || "none"],
       ["folded", tree.count[r] > 1 ? `${tree.count[r]} modules${tree.odd[r] ? " (odd one out)" : ""}` : "no"],
       ["parameters", fmtSI(fig("params"))],
       ["parameter bytes", fmtBytes(fig("param_bytes"))],
