@@ -505,6 +505,8 @@ _Q = "fakeviz._engine.quant.bnb"
 declare("fake-param-subclass", "torch.Tensor", "_make_subclass", scope="session", by=_Q,
         why="Note: [bitsandbytes under fake tensors]: a Parameter subclass (Params4bit, Int8Params) made from a fake "
             "tensor; everything else goes to torch's own")  # fmt: skip
+declare("fake-tolist", "torch._subclasses.fake_tensor.FakeTensor", "tolist", scope="session", by=_Q,
+        why="Note: [tolist of known values]: no ops where the real tolist dispatches none")  # fmt: skip
 declare("bnb-qmap", "bitsandbytes.functional.name2qmap, bitsandbytes.functional", ("dynamic", "quantize_blockwise"),
         scope="session", by=_Q,
         why="Note: [bitsandbytes under fake tensors]: the 8-bit dynamic map made on the real CPU, never a fake tensor "

@@ -149,3 +149,34 @@ def test_bad_values_are_refused_naming_what_is_accepted(bad: Any) -> None:
 def test_build_refuses_before_building() -> None:
     with pytest.raises(ArgumentError, match="quantization='nf5'"):
         fv.models.build(LLAMA, quantization="nf5", num_hidden_layers=1)
+
+
+def test_qlora_step_fake_equals_real() -> None:
+    """QLoRA as a script does it: NF4 weights, peft's prepare_model_for_kbit_training and LoRA, bitsandbytes'
+    AdamW8bit on the adapters: the whole step, fake == real on the CPU."""
+    peft = pytest.importorskip("peft")
+    traces = {}
+    for fake in (False, True):
+        torch.manual_seed(0)
+        gc.collect()
+        gc.disable()
+        try:
+            with fv.record(fake=fake, device="cpu") as t:
+                m = fv.models.build(LLAMA, quantization="nf4", dtype="bf16", **TINY)
+                m = peft.prepare_model_for_kbit_training(m, use_gradient_checkpointing=False)
+                m = peft.get_peft_model(m, peft.LoraConfig(r=8, target_modules="all-linear"))
+                opt = bnb.optim.AdamW8bit([p for p in m.parameters() if p.requires_grad], lr=1e-4, min_8bit_size=16)
+                ids = torch.randint(0, 256, (2, 16))
+                m(ids, labels=ids).loss.backward()
+                opt.step()
+        finally:
+            gc.enable()
+        assert t.error is None, t.error
+        traces[fake] = t
+    a, b = traces[False].oplog_lines(), traces[True].oplog_lines()
+    i = first_diff(a, b)
+    assert i is None, window_diff(a, b, i)
+    assert first_diff(_rows(traces[False].storages), _rows(traces[True].storages)) is None
+    assert "bitsandbytes.optimizer_update_8bit_blockwise.default" in traces[True].ops["op"].tolist()
+    cats = traces[True].memory(allocator=False)
+    assert cats["Optimizer state"].max() > 0 and cats["Gradient"].max() > 0

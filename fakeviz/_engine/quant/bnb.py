@@ -169,6 +169,25 @@ def weight_parts(t: Any) -> list[Any]:
     return parts
 
 
+# ------------------------------------------------------------------------------------------------ tolist
+# Note: [tolist of known values]
+# A real tensor's ``.tolist()`` reads its memory in C++ and dispatches no op; FakeTensor's reads element by element
+# (an ``unbind`` and one ``_local_scalar_dense`` per element), so a fake record of code that calls it (bitsandbytes
+# makes its 8-bit maps with ``.tolist()`` of small tensors, in ``create_dynamic_map``; the 8-bit optimizers call it
+# at construction) held ops the real record does not. While a fake session is active, ``.tolist()`` of a fake tensor
+# whose values the run knows (``FakeTensor.constant``, Note: [values under fake tensors]) answers from them without
+# dispatching, as the real call does; a 0-d tensor (``.item()``, an op in the real run too) and unknown values go
+# to FakeTensor's own.
+_original_tolist = FakeTensor.tolist
+
+
+def _tolist(self: Any) -> Any:
+    c = self.__dict__.get("constant")
+    if c is None or self.dim() == 0 or tuple(c.shape) != tuple(self.shape):
+        return _original_tolist(self)
+    return c.tolist()
+
+
 # ------------------------------------------------------------------------------------------------ dynamic map
 _original_quantize_blockwise: Any = None
 _MAPS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()  # fake mode -> device -> map
@@ -276,6 +295,7 @@ def patch(on: bool) -> None:
             _patches.pop(_tokens.pop())
         return
     _tokens.append(_patches.push(torch.Tensor, "_make_subclass", _make_subclass, entry="fake-param-subclass"))
+    _tokens.append(_patches.push(FakeTensor, "tolist", _tolist, entry="fake-tolist"))
     functional = sys.modules.get("bitsandbytes.functional")
     if functional is not None:
         _install(functional)
