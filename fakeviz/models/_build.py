@@ -169,6 +169,13 @@ def spec_of(
     """
     import transformers
 
+    local = isinstance(spec, (transformers.PretrainedConfig, dict)) or (
+        isinstance(spec, (str, os.PathLike)) and _is_local(Path(spec).expanduser())
+    )
+    if revision is not None and local:  # refused, never ignored: a revision names files of a hub repo
+        raise ArgumentError("revision", revision, "a revision names a hub repo's files, and the model given is "
+                            "a local folder, config.json, dict or config", "Leave revision out, or give a hub id "
+                            "(owner/name).")  # fmt: skip
     if isinstance(spec, transformers.PretrainedConfig):
         return _spec_of_config(copy.deepcopy(spec), overrides)
     if isinstance(spec, dict):
@@ -179,7 +186,7 @@ def spec_of(
             f"expected a model name, a folder, a config.json or a transformers config, got {type(spec).__name__}"
         )
     path = Path(spec).expanduser()
-    if path.is_dir() or (path.is_file() and path.suffix == ".json"):
+    if _is_local(path):
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
             raise CheckpointError(f"{path}: no config.json in this folder\nPoint at a folder that holds config.json.")
@@ -206,6 +213,10 @@ def config(name_or_path: Any, *, revision: str | None = None, trust_remote_code:
     """The transformers config of a folder, ``config.json``, catalog name or hub id (``owner/name``: its
     ``config.json`` through ``huggingface_hub``, at ``revision``); ``overrides`` replace fields."""
     return spec_of(name_or_path, overrides, revision=revision, trust_remote_code=trust_remote_code).config
+
+
+def _is_local(path: Path) -> bool:
+    return path.is_dir() or (path.is_file() and path.suffix == ".json")
 
 
 def _spec_of_config(cfg: Any, overrides: dict[str, Any], model_class: type | None = None) -> Spec:

@@ -179,7 +179,7 @@ def from_pretrained(
         return _fake_model(spec, read_hub_checkpoint(hub), repo, device, dtype, strict, q)
     config = checkpoint_file(folder, "config.json", what="config")  # Note: [hostile checkpoints]
     ckpt = read_checkpoint(folder)
-    return _fake_model(spec_of(config, {}), ckpt, str(folder), device, dtype, strict, q)
+    return _fake_model(spec_of(config, {}, revision=revision), ckpt, str(folder), device, dtype, strict, q)
 
 
 def _hub_id(name: str) -> str | None:

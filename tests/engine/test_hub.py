@@ -18,7 +18,7 @@ from sparse_safetensors import write_raw_safetensors, write_sparse_safetensors
 
 import fakeviz as fv
 from fakeviz import models
-from fakeviz._core.errors import CheckpointError, FakeVizWarning, HubError, UnknownModelError
+from fakeviz._core.errors import ArgumentError, CheckpointError, FakeVizWarning, HubError, UnknownModelError
 from fakeviz._engine import checkpoint as ck
 
 transformers = pytest.importorskip("transformers")
@@ -243,6 +243,10 @@ def test_revision(hub):
     sha = hub.repos["stub-org/qwen-copy"].sha
     assert models.config("stub-org/qwen-copy", revision=sha).hidden_size == 896
     assert all(sha in r.path for r in hub.log if r.file)
+    with pytest.raises(ArgumentError, match="revision='main': a revision names a hub repo's files"):
+        models.build(models.config(QWEN), revision="main")  # refused, never ignored
+    with pytest.raises(ArgumentError, match="revision='main'"):
+        models.from_pretrained(hub.repos["stub-org/qwen-copy"].folder, revision="main")
     with pytest.raises(HubError) as ei:
         models.config("stub-org/qwen-copy", revision="no-such-branch")
     text = _short(ei.value)
