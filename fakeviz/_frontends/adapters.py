@@ -26,8 +26,8 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["Adapted", "apply", "build_key", "check_finetune", "lora_config", "lora_key", "lora_label", "quant_label", "quantize",
-           "resolve_quantization"]  # fmt: skip
+__all__ = ["Adapted", "apply", "build_key", "check_finetune", "logical_numel", "lora_config", "lora_key", "lora_label",
+           "quant_label", "quantize", "resolve_quantization"]  # fmt: skip
 
 _TASKS = {"causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
 
@@ -110,6 +110,13 @@ def quant_label(quantization: Any) -> str | None:
     """The short name of ``quantization=`` (``"nf4"``, ``"int8 weight-only"``); None for None."""
     q = resolve_quantization(quantization)
     return None if q is None else str(q.label)
+
+
+def logical_numel(p: torch.Tensor) -> int:
+    """The elements a parameter stands for: a bitsandbytes 4-bit weight packs two in a byte (its ``quant_state``
+    keeps the shape it was quantized from); any other its ``numel()``."""
+    shape = getattr(getattr(p, "quant_state", None), "shape", None)
+    return int(torch.Size(shape).numel()) if shape is not None else p.numel()
 
 
 @dataclass

@@ -404,6 +404,8 @@ def _adapt(model: Any, args: argparse.Namespace) -> Any:
 
 
 def _describe(model: Any) -> dict[str, Any]:
+    from .adapters import logical_numel
+
     params = {id(p): p for p in model.parameters()}.values()
     dtypes: dict[str, int] = {}
     for p in params:
@@ -411,7 +413,7 @@ def _describe(model: Any) -> dict[str, Any]:
         dtypes[key] = dtypes.get(key, 0) + p.numel() * p.element_size()
     return {
         "class": type(model).__name__,
-        "parameters": int(sum(p.numel() for p in params)),
+        "parameters": int(sum(logical_numel(p) for p in params)),  # a packed 4-bit weight: the weights it holds
         "parameter_bytes": int(sum(dtypes.values())),
         "dtype": max(dtypes, key=dtypes.__getitem__) if dtypes else None,
     }

@@ -691,7 +691,8 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest
 
 def max_batch(model: Any, *, gpus: Any, seq: int = 2048, train: bool = False, limit: int = 4096, **kw: Any) -> Largest:
     """The largest batch that fits at ``seq`` (doubling, then bisection: a logarithmic number of recordings),
-    with the plan at it and the plan at one more that fails (which device, which op)."""
+    with the plan at it and the plan at one more that fails (which device, which op). ``**kw``: :func:`plan`'s
+    (``dtype``, ``checkpointing``, ``quantization``, ``lora``, ``optimizer``, ``device_map``, ...); one build."""
     return _largest("batch", model, gpus, limit, seq=seq, train=train, **kw)
 
 

@@ -212,15 +212,17 @@ TINY_LLAMA_ARGV = ["meta-llama/Llama-3.1-8B", *(a for k, v in TINY_LLAMA.items()
                    "--seq", "16", "--batch", "2"]  # fmt: skip
 
 
-def _api_lora_run(optim: str, lora: int) -> tuple[fv.Trace, int]:
-    """What ``--lora R --train --steps 1 --optim NAME`` does, with the API and peft as a script uses them: the model
-    and its adapters made in one fake mode, one training step recorded."""
+def _api_lora_run(optim: str, lora: int, quantization: str | None = None) -> tuple[fv.Trace, int]:
+    """What ``--lora R --train --steps 1 --optim NAME [--quant Q]`` does, with the API and peft as a script uses
+    them: the (quantized) model and its adapters made in one fake mode, one training step recorded."""
     peft = pytest.importorskip("peft")
     from transformers.optimization import Adafactor
 
     gc.collect()
     with fv.fake_mode(device="cuda:0"):
-        model = models.build("meta-llama/Llama-3.1-8B", **TINY_LLAMA)
+        model = models.build("meta-llama/Llama-3.1-8B", quantization=quantization, **TINY_LLAMA)
+        if quantization is not None:
+            peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         pm = peft.get_peft_model(model, peft.LoraConfig(r=lora, target_modules="all-linear", task_type="CAUSAL_LM"))
     with fv.record(device="cuda:0", gpu="H100", gpus=1, modules=[model]) as trace:
         pm.train()
@@ -257,3 +259,27 @@ def test_lora_report_equals_the_api_run(tmp_path, capsys, optim):
     assert grads == 4 * trainable  # the adapters' float32 gradients only
     out = capsys.readouterr().out
     assert f"LoRA r=8; {trainable:,} trainable" in out and f"train, 1 step, {optim}" in out
+
+
+def test_qlora_report_equals_the_api_run(tmp_path, capsys):
+    """``--quant nf4 --lora 8 --train --steps 1``: as a QLoRA script (NF4 weights, prepare_model_for_kbit_training,
+    LoRA), recorded with the API."""
+    pytest.importorskip("bitsandbytes")
+    js = tmp_path / "r.json"
+    rc = main(
+        ["report", *TINY_LLAMA_ARGV, "--train", "--steps", "1", "--lora", "8", "--quant", "nf4", "--json", str(js)]
+    )
+    assert rc == 0
+    data = json.loads(js.read_text())
+    trace, trainable = _api_lora_run("adamw", 8, quantization="nf4")
+    assert data["quantization"] == "nf4" and data["lora"] == "LoRA r=8"
+    assert data["trainable_parameters"] == trainable
+    # the weights a 4-bit parameter stands for, not its packed bytes
+    plain = fv.models.build("meta-llama/Llama-3.1-8B", **TINY_LLAMA)
+    assert data["parameters"] == sum(q.numel() for q in plain.parameters()) + trainable
+    assert data["ops"] == trace.num_ops
+    pk = trace.peak()["cuda:0"]
+    dev = data["devices"]["cuda:0"]
+    assert dev["tensors"] == pk.bytes and dev["by_category"] == {c: pk.by_category[c] for c in fv.CATEGORIES}
+    assert int(trace.memory(device="cuda:0", allocator=False)["Gradient"].max()) == 4 * trainable
+    assert "nf4, LoRA r=8" in capsys.readouterr().out

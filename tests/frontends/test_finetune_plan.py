@@ -152,8 +152,7 @@ def test_qlora_plan(cfg: Any) -> None:
     """``quantization="nf4", lora=8``: NF4 linears (packed uint8, half a byte per weight), the rest cast to float32 by
     ``prepare_model_for_kbit_training``, gradients and AdamW state on the adapters only; the compute dtype stays."""
     pytest.importorskip("bitsandbytes")
-    model = fv.models.build(cfg, device="cuda:0")
-    p = fv.plan(model, gpus="H100", train=True, seq=32, lora=R, quantization="nf4")
+    p = fv.plan(cfg, gpus="H100", train=True, seq=32, lora=R, quantization="nf4")
     assert p.trace.error is None and p.fits
     n = _lora_numel(cfg, R)
     assert _max(p.trace, "Gradient") == 4 * n
@@ -173,6 +172,7 @@ def test_qlora_plan(cfg: Any) -> None:
 
 
 def test_sweep_quantization_axis(cfg: Any) -> None:
+    """On a module the user built (the plan quantizes its copy): the user's model keeps its bf16 weights."""
     pytest.importorskip("bitsandbytes")
     model = fv.models.build(cfg, device="cuda:0")
     df = fv.sweep(model, gpus="H100", train=True, seq=16, lora=16, quantization=[None, "nf4"], progress=False,
@@ -195,6 +195,8 @@ def test_sweep_quantization_axis(cfg: Any) -> None:
     assert df["cuda:0 weights"].iloc[1] == nf4 + 4 * rest + lora + buf
     with pytest.raises(ArgumentError, match="give lora=16 too"):
         fv.sweep(model, gpus="H100", train=True, quantization=[None, "nf4"], progress=False)
+    assert {q.dtype for q in model.parameters()} == {torch.bfloat16}
+    assert not any("lora_" in k for k, _ in model.named_parameters())
 
 
 def _adafactor_numel(shape: tuple[int, ...]) -> int:
