@@ -248,15 +248,22 @@ def build(spec: Spec, ckpt: Checkpoint, dtype: torch.dtype | None, where: str = 
         return None
     where = where or "config.json"
     method = _method(qc, where)
+    make = _maker(method, qc, where)  # an unsupported format is refused first
     layers = _layers(ckpt, method)
+    if not layers:
+        marks = " or ".join(f"*{m}" for m in _MARKERS[method])
+        raise CheckpointError(f"{where}: the quantization_config says {method}, but no tensor of the checkpoint is a "
+                              f"quantized layer's ({marks})\nRemove the quantization_config from config.json for an "
+                              "unquantized checkpoint.")  # fmt: skip
     model = instantiate(spec, dtype or _base_dtype(ckpt, layers, spec))
     device = next(model.parameters()).device
-    make = _maker(method, qc, where)
     for prefix, tensors in layers.items():
         path = _module_path(model, prefix)
         if path is None:
             raise CheckpointError(f"{where}: quantized tensors {prefix}.* ({method}) name no linear layer of "
-                                  f"{type(model).__name__}; the checkpoint does not fit its config.json")  # fmt: skip
+                                  f"{type(model).__name__}\nfakeviz builds quantized linear layers; per-expert "
+                                  "weights that transformers fuses (mixture of experts) are not rebuilt "
+                                  "quantized.")  # fmt: skip
         model.set_submodule(path, make(model.get_submodule(path), tensors, device))
     model.config.quantization_config = qc
     model.quantization_method = method  # as transformers marks a quantized model (peft reads it)

@@ -349,6 +349,22 @@ def test_unsupported_quantization_is_a_short_error(tmp_path, qc, words):
     assert len(msg.splitlines()) <= 3 and "Traceback" not in msg
 
 
+def test_quantization_config_without_quantized_tensors(tmp_path):
+    write_checkpoint(tmp_path, "fp8", qc=FORMATS["gptq"][0])  # fp8 tensors, a GPTQ config
+    with pytest.raises(CheckpointError, match=r"says gptq, but no tensor of the checkpoint is a quantized layer's "
+                       r"\(\*\.qweight\)"):  # fmt: skip
+        models.from_pretrained(tmp_path)
+
+
+def test_quantized_tensors_of_no_linear_layer(tmp_path):
+    header = write_checkpoint(tmp_path, "gptq")
+    header["model.layers.0.mlp.experts.0.up_proj.qweight"] = ("I32", (8, 16))
+    write_sparse_safetensors(tmp_path / "model.safetensors", {k: (c, s, SIZE[c]) for k, (c, s) in header.items()})
+    with pytest.raises(CheckpointError, match=r"model\.layers\.0\.mlp\.experts\.0\.up_proj\.\* \(gptq\) name no "
+                       "linear layer of LlamaForCausalLM"):  # fmt: skip
+        models.from_pretrained(tmp_path)
+
+
 def test_real_bitsandbytes_checkpoint(tmp_path):
     """A checkpoint bitsandbytes itself quantized and saved (on the CPU, real bytes): the fake model's state dict
     has exactly its names, dtypes and shapes, the packed quant-state JSON included."""
