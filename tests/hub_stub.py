@@ -4,9 +4,10 @@
 files and sparse safetensors files (``sparse_safetensors.py``: a header and a hole). It answers what the client
 asks, as the hub does:
 
-* ``HEAD``/``GET /{owner}/{name}/resolve/{revision}/{file}``: ``ETag``, ``X-Repo-Commit``, ``Content-Length``
-  (``X-Linked-Size``/``X-Linked-Etag`` for LFS-sized files), ``Accept-Ranges``; a ``Range: bytes=a-b`` GET is a
-  206 with ``Content-Range``;
+* ``HEAD``/``GET /{owner}/{name}/resolve/{revision}/{file}``: ``ETag``, ``X-Repo-Commit``, ``Content-Length``,
+  ``Accept-Ranges``; a ``Range: bytes=a-b`` GET is a 206 with ``Content-Range``. A file over 10 MiB is an LFS file,
+  as on the hub: the ``resolve`` URL answers 302 to a CDN URL (``/cdn/...``, here on the same server) with
+  ``X-Linked-Size``, ``X-Linked-Etag`` and ``X-Repo-Commit``, and the CDN serves the bytes and ranges;
 * ``GET /api/models/{owner}/{name}[/revision/{revision}]``: the model info (``sha``, ``siblings``);
 * errors with the hub's ``X-Error-Code``: ``RepoNotFound`` (404), ``RevisionNotFound`` (404), ``EntryNotFound``
   (404), ``GatedRepo`` (401 without a token that has access, 403 with a token that has none).
@@ -111,10 +112,20 @@ class HubStub:
         """The logged requests for files ending in ``file_suffix``."""
         return [r for r in self.log if r.file is not None and r.file.endswith(file_suffix)]
 
+    def served(self, file_suffix: str = "") -> list[Request]:
+        """The GETs that sent bytes of files ending in ``file_suffix`` (200 or 206: a redirect sends none)."""
+        return [r for r in self.requests(file_suffix) if r.method == "GET" and r.status in (200, 206)]
+
 
 _RESOLVE = re.compile(r"^/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$")
 _INFO = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+?)(?:/revision/(?P<rev>[^/]+))?$")
+_CDN = re.compile(r"^/cdn/(?P<repo>[^/]+/[^/]+)/(?P<sha>[0-9a-f]{40})/(?P<file>.+)$")
 _RANGE = re.compile(r"^bytes=(\d+)-(\d*)$")
+LFS_SIZE = 10 * 2**20
+
+
+def _etag(repo: StubRepo, file: Path) -> str:
+    return hashlib.sha256(f"{repo.sha}/{file.name}/{file.stat().st_size}".encode()).hexdigest()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -135,6 +146,14 @@ class _Handler(BaseHTTPRequestHandler):
         path = unquote(urlsplit(self.path).path)
         entry = Request(self.command, path, self.headers.get("Range"), 0)
         self.hub.log.append(entry)
+        cdn = _CDN.match(path)
+        if cdn is not None:  # a signed CDN URL: no token needed, the commit in the path
+            repo = self.hub.repos.get(cdn.group("repo"))
+            entry.file = cdn.group("file")
+            file = repo.file(cdn.group("file")) if repo is not None and repo.sha == cdn.group("sha") else None
+            if file is None:
+                return self._error(entry, 404, "", "Not found")
+            return self._file(entry, repo, file, body)
         m = _RESOLVE.match(path)
         info = _INFO.match(path)
         repo = self.hub.repos.get((m or info).group("repo")) if (m or info) else None
@@ -161,11 +180,25 @@ class _Handler(BaseHTTPRequestHandler):
         entry.file = m.group("file")
         if file is None:
             return self._error(entry, 404, "EntryNotFound", f"{m.group('file')} does not exist")
+        if file.stat().st_size > LFS_SIZE:
+            return self._redirect(entry, repo, file, m.group("file"))
         self._file(entry, repo, file, body)
+
+    def _redirect(self, entry: Request, repo: StubRepo, file: Path, name: str) -> None:
+        size = file.stat().st_size
+        entry.status = 302
+        self.send_response(302)
+        self.send_header("Location", f"{self.hub.url}/cdn/{repo.repo_id}/{repo.sha}/{name}")
+        self.send_header("X-Repo-Commit", repo.sha)
+        self.send_header("X-Linked-Size", str(size))
+        self.send_header("X-Linked-Etag", f'"{_etag(repo, file)}"')
+        self.send_header("ETag", '"pointer"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _file(self, entry: Request, repo: StubRepo, file: Path, body: bool) -> None:
         size = file.stat().st_size
-        etag = hashlib.sha256(f"{repo.sha}/{file.name}/{size}".encode()).hexdigest()
+        etag = _etag(repo, file)
         start, end, status = 0, size - 1, 200
         m = _RANGE.match(entry.range or "") if body else None
         if entry.range and body and not repo.ignore_range:
@@ -179,9 +212,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("ETag", f'"{etag}"')
         self.send_header("X-Repo-Commit", repo.sha)
         self.send_header("Accept-Ranges", "bytes")
-        if size > 10 * 2**20:  # the hub serves large files from LFS: the linked size and etag
-            self.send_header("X-Linked-Size", str(size))
-            self.send_header("X-Linked-Etag", f'"{etag}"')
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
         self.send_header("Content-Length", str(end - start + 1 if body else size))
