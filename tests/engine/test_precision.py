@@ -224,3 +224,62 @@ def test_saved_and_loaded(tmp_path) -> None:
     back = fv.load(trace.save(tmp_path / "p.fvz"))
     assert back.meta["weight_precision"] == trace.meta["weight_precision"] == {"Sequential.0": "fp16",
                                                                                "Sequential.1": "fp32"}  # fmt: skip
+
+
+LLAMA = "meta-llama/Llama-3.1-8B"
+TINY = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=256, bos_token_id=1, eos_token_id=2)  # fmt: skip
+
+
+@pytest.mark.parametrize(("quantization", "label"), [("nf4", "nf4"), ("fp4", "fp4"), ("int8", "int8")])
+def test_models_built_quantized_fake_equals_real(quantization: str, label: str) -> None:
+    """``fv.models.build(quantization=...)`` quantizes with bitsandbytes' own code (fakeviz/models/_quant.py): the
+    fake record notes what the real CPU record notes, the linears of the decoder layers in ``label``, the rest
+    (embeddings, norms, the output head transformers leaves unquantized) bf16."""
+    pytest.importorskip("bitsandbytes")
+    notes = {}
+    for fake in (False, True):
+        with fv.record(fake=fake, device="cpu") as trace:
+            torch.manual_seed(0)
+            model = fv.models.build(LLAMA, quantization=quantization, dtype="bf16", **TINY)
+            model(torch.randint(0, 256, (1, 8)))
+        assert trace.error is None, trace.error
+        notes[fake] = trace.meta["weight_precision"]
+    assert notes[True] == notes[False]
+    linears = {n for n, m in model.named_modules() if ".layers." in n and isinstance(m, nn.Linear)}
+    assert len(linears) == 14
+    for name, got in notes[True].items():
+        path = name.removeprefix("LlamaForCausalLM.")
+        assert got == (label if path in linears else "bf16"), (path, got)
+
+
+def test_torchao_int4_on_a_fake_gpu() -> None:
+    pytest.importorskip("torchao")
+    with fv.record(device="cuda:0", gpu="H100") as trace:
+        model = fv.models.build(LLAMA, quantization="int4", dtype="bf16", **TINY)
+        model(torch.randint(0, 256, (1, 8), device="cuda:0"))
+    assert trace.error is None, trace.error
+    want = {f"LlamaForCausalLM.{n}": module_precision(m) for n, m in model.named_modules() if module_precision(m)}
+    assert trace.meta["weight_precision"] == want  # the end state of the model, as the recorder saw it
+    assert "int4 weight-only" in want.values() and want["LlamaForCausalLM.lm_head"] == "bf16"
+
+
+def test_pre_quantized_layers() -> None:
+    """fakeviz's layers for pre-quantized checkpoints (fakeviz/models/_prequantized.py): GPTQ and AWQ keep the packed
+    weight in buffers and say their method and width; compressed-tensors 8-bit layers hold an fp8 or int8 weight."""
+    from fakeviz._engine.checkpoint import TensorInfo
+    from fakeviz.models import _prequantized as pq
+
+    cpu, i, o = torch.device("cpu"), 128, 64
+
+    def info(dtype: torch.dtype, shape: tuple[int, ...]) -> TensorInfo:
+        return TensorInfo(dtype, shape, "model.safetensors")
+
+    gptq = pq.GPTQLinear({"qweight": info(torch.int32, (i * 4 // 32, o)), "qzeros": info(torch.int32, (i // 32, 8)),
+                          "scales": info(torch.float16, (i // 32, o)), "g_idx": info(torch.int32, (i,))}, 4, 32, cpu)  # fmt: skip
+    awq = pq.AWQLinear({"qweight": info(torch.int32, (i, o // 8)), "qzeros": info(torch.int32, (i // 32, o // 8)),
+                        "scales": info(torch.float16, (i // 32, o))}, 4, 32, cpu)  # fmt: skip
+    scales = {"weight_scale": info(torch.float32, (o, 1))}
+    fp8 = pq.CompressedLinear({"weight": info(torch.float8_e4m3fn, (o, i)), **scales}, None, True, cpu)
+    int8 = pq.CompressedLinear({"weight": info(torch.int8, (o, i)), **scales}, None, True, cpu)
+    assert [module_precision(m) for m in (gptq, awq, fp8, int8)] == ["gptq int4", "awq int4", "fp8", "int8"]
