@@ -13,8 +13,10 @@ Note: [hub headers by range]
     asked for, then ``bytes=8-(7+n)``: the bytes received are the headers, and the same parser and limits as a
     local folder's check them (:func:`~fakeviz._engine.checkpoint.parse_safetensors_header`, ``gather``). A
     response is read as a stream and cut at the bytes asked for, so a server that ignores ``Range`` and sends the
-    whole file costs no more. The index and ``config.json`` are sized with a ``HEAD`` (``dry_run``) before they
-    are downloaded into the hub cache, and read with a bounded read. Shards are read by up to 8 threads.
+    whole file costs no more. The index and ``config.json`` are sized with one ``HEAD`` (``get_hf_file_metadata``,
+    no retries) before ``hf_hub_download`` puts them in the hub cache, and read with a bounded read. Up to 8 threads
+    fetch shard headers ahead (at most 8 raw headers in memory); each is parsed in the caller's thread, in order,
+    so the limits on tensors and header bytes stop the reading as they stop a local folder's.
 """
 
 from __future__ import annotations
@@ -121,8 +123,8 @@ def _explain(exc: BaseException, repo: str, revision: str | None, file: str, wei
         tried = f"HF_HUB_OFFLINE is set and {file} of {name} is not in the hub cache ({constants.HF_HUB_CACHE})"
         fix = f"Unset HF_HUB_OFFLINE to fetch it from {endpoint}."
     else:
-        cause = _cause(exc)
-        tried = (f"{endpoint} could not be reached for {file} of {name} ({cause}), and it is not in the hub cache "
+        what = f"answered HTTP {status}" if status else "could not be reached"  # a server error; no answer
+        tried = (f"{endpoint} {what} for {file} of {name} ({_cause(exc)}), and it is not in the hub cache "
                  f"({constants.HF_HUB_CACHE})")  # fmt: skip
         fix = "Check the network and HF_ENDPOINT."
     return HubError(f"{name}: {tried}\n{fix} {_local(repo, weights)}", repo=repo, endpoint=endpoint,
@@ -244,11 +246,12 @@ def remote_code(hub: HubConfig, trust_remote_code: bool) -> tuple[Any, type] | N
     auto_map = hub.raw.get("auto_map")
     if not isinstance(auto_map, dict) or not auto_map:
         return None
-    known = hub.raw.get("model_type") in CONFIG_MAPPING
+    model_type = hub.raw.get("model_type")
+    known = isinstance(model_type, str) and model_type in CONFIG_MAPPING
     if not trust_remote_code:
         if known:  # transformers, too, uses its own classes then
             return None
-        shown = ", ".join(f"{k} -> {v}" for k, v in list(auto_map.items())[:3])
+        shown = ", ".join(f"{k} -> {v}" for k, v in list(auto_map.items())[:3])[:240]  # the repo's text: bounded
         raise HubError(
             f"{_name(hub.repo, hub.revision)}: its config.json needs the repo's own Python code (auto_map: {shown}), "
             "which fakeviz runs only when asked\nPass trust_remote_code=True if you trust this repo (its code then "
