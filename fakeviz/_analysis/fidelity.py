@@ -186,6 +186,7 @@ def _assumptions(trace: Record, table: Any) -> Any:
 
     from .._engine.moe import op_assumption
     from .._engine.quant_kernels import op_assumption as kernel_assumption
+    from .._engine.torchao_patches import op_assumption as torchao_assumption
 
     rows = []
     for seq, op, text, *where in trace.meta.get("assumptions") or []:
@@ -195,6 +196,7 @@ def _assumptions(trace: Record, table: Any) -> Any:
         table.op.tolist(), table.first_seq.tolist(), table["count"].tolist(), table.module.tolist(), table.user_line
     ):
         text = op_assumption(op) or kernel_assumption(op)  # Note: [quantized kernels through fake rules]
+        text = text or torchao_assumption(op)  # torchao's CUDA-only kernels (fakeviz._engine.torchao_patches)
         if text is not None:
             rows.append((int(first), op, text, int(count), module, line))
     rows.extend(_cuda_api_rows(trace.meta.get("cuda_api") or {}))

@@ -515,6 +515,9 @@ declare("bnb-qmap", "bitsandbytes.functional.name2qmap, bitsandbytes.functional"
 declare("bnb-paged", "bitsandbytes.functional", ("get_paged", "elementwise_func", "prefetch_tensor"), scope="session",
         by=_Q, why="Note: [paged optimizer state]: unified memory as a fake tensor on the device, marked paged; its "
                    "ctypes fill and prefetch on a fake tensor: a fill_, nothing")  # fmt: skip
+declare("torchao-eager-step", "torch", "compile", scope="session", by="fakeviz._engine.torchao_patches",
+        why="Note: [torchao optimizers in a record]: torchao's optimizer step functions run uncompiled (dynamo "
+            "refuses a dispatch mode); every other function goes to torch.compile")  # fmt: skip
 # gpu-session scope (Note: [torch.cuda on fake GPUs]); the leaves are listed in cuda_api.patches._LEAVES
 declare("torch-cuda-leaves", "torch.cuda, torch.cuda.memory, torch.cuda.random, torch.cuda.graphs, "
         "torch.cuda.streams, torch.accelerator, torch.accelerator.memory", "cuda_api.patches._LEAVES",

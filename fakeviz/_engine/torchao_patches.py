@@ -21,6 +21,16 @@ FakeTensorMode rule did not apply to fakeviz's subclass of it ("no rule register
 out_dtype"). fakeviz's mode class gets a rule that runs the op's dense kernel (``out_dtype_dense``: ``torch._int_mm``
 for int8 inputs) in the mode, so the record holds the ops a real GPU run records (import scope; no other mode
 class sees a change).
+
+Note: [torchao optimizers in a record]
+torchao's ``AdamW8bit`` / ``AdamW4bit`` / ``AdamWFp8`` keep their state as tensor subclasses (``OptimState8bit``:
+int8 codes + one fp32 scale per block of 256 (``block_size``); ``OptimState4bit``: packed 4-bit codes + scales per
+block of 128; ``OptimStateFp8``: fp8 codes + scales), and step each parameter with
+``torch.compile(single_param_adam, fullgraph=True)``. Dynamo refuses to compile under a dispatch mode (the
+recorder's, real or fake: "non-infra torch dispatch mode present"), so inside a session ``torch.compile`` gives
+torchao's optimizer functions back uncompiled (any other function goes to torch's own): the step runs eagerly, op
+by op, in the fake run and in its real CPU twin alike. The state's storages are torchao's own; on a GPU the step is
+one fused kernel per parameter, whose temporaries the eager ops over-count (an assumption in ``fidelity()``).
 """
 
 from __future__ import annotations
@@ -35,11 +45,34 @@ import torch
 
 from . import patches as _patches
 
-__all__ = ["SM_CHECKS", "install_hop_rules", "session_patches"]
+__all__ = ["EAGER_STEP", "KERNEL_ASSUMPTIONS", "SM_CHECKS", "install_hop_rules", "op_assumption", "session_patches"]
 
 #: torchao's capability checks and the capability each needs.
 SM_CHECKS = {"is_sm_at_least_89": (8, 9), "is_sm_at_least_90": (9, 0), "is_sm_at_least_100": (10, 0)}
 _UTILS = "torchao.utils"
+
+
+#: What a record of torchao's CUDA-only kernels rests on (``fidelity()["assumptions"]``, one row per op).
+KERNEL_ASSUMPTIONS = {
+    "aten._convert_weight_to_int4pack.default": (
+        "CUDA-only kernel (tinygemm's int4 packing: torchao Int4WeightOnlyConfig, tile_packed_to_4d): recorded "
+        "through its meta rule, the CUDA kernel's output shape and dtype (int32 [n/8, k/128, 32, 4]); not compared "
+        "with a GPU run here"
+    ),
+    "aten._weight_int4pack_mm.default": (
+        "CUDA-only kernel (tinygemm's int4 matmul): recorded through its meta rule (the kernel's output shape and "
+        "dtype; memory the kernel may allocate inside it is not counted); not compared with a GPU run here"
+    ),
+    "aten._scaled_mm.default": (
+        "fp8 matmul (torch._scaled_mm: torchao's Float8Tensor on sm89+, chosen by the capability of the GPU the "
+        "record answers as): recorded through its meta rule (cuBLASLt's output; its workspace is not counted)"
+    ),
+}
+
+
+def op_assumption(op: str) -> str | None:
+    """The assumption a record of op ``op`` (its name, ``aten._weight_int4pack_mm.default``) rests on, if any."""
+    return KERNEL_ASSUMPTIONS.get(op)
 
 
 def install_hop_rules(mode_cls: type) -> None:
@@ -133,10 +166,42 @@ class _OnUtils(importlib.abc.MetaPathFinder):
         return spec
 
 
+#: What a record of torchao's low-bit optimizers assumes (Note: [torchao optimizers in a record]).
+EAGER_STEP = (
+    "torchao's low-bit optimizer step runs torch.compile(single_param_adam) on a GPU (one fused kernel per "
+    "parameter); torch.compile cannot run under a dispatch mode, so it ran eagerly here: the state (codes and "
+    "scales) is exact, the step's temporaries (the dequantized fp32 state of one parameter) are an upper bound"
+)
+
+
+def _eager_compile(original: Any) -> Any:
+    """``torch.compile`` that gives torchao's optimizer step function back as it is (Note: [torchao optimizers in a
+    record]); anything else goes to torch's own."""
+
+    @functools.wraps(original)
+    def compile(model: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if callable(model) and str(getattr(model, "__module__", "")).startswith("torchao.optim"):
+            mode = torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE)
+            values = getattr(mode, "_fv_values", None)
+            rec = getattr(values, "recorder", None)
+            if rec is not None and not any(r[2] == EAGER_STEP for r in rec.trace.meta.get("assumptions") or ()):
+                values.assume(f"{model.__module__}.{model.__name__}", EAGER_STEP)
+            return model
+        return original(model, *args, **kwargs)
+
+    return compile
+
+
 def session_patches(on: bool) -> None:
-    """Note: [torchao on fake GPUs]: called when the first fake session starts (``on``) and the last one ends. Only
-    on a build without CUDA (the shim), where ``torch.version.cuda`` is None."""
+    """Note: [torchao on fake GPUs], Note: [torchao optimizers in a record]: called when the first session starts
+    (``on``; a real record opens one too) and the last one ends. The capability checks only on a build without CUDA
+    (the shim), where ``torch.version.cuda`` is None."""
+    if on:
+        _TOKENS.append(_patches.push(torch, "compile", _eager_compile(torch.compile), entry="torchao-eager-step"))
     if torch.version.cuda or torch.version.hip:
+        if not on:
+            while _TOKENS:
+                _patches.pop(_TOKENS.pop())
         return
     if on:
         utils = sys.modules.get(_UTILS)

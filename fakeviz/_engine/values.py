@@ -56,6 +56,17 @@ this order:
 4. **Routing** (``record(routing=...)``): a MoE router's ``topk`` of unknown scores gets assumed indices
    (Note: [routing under fake tensors] in :mod:`fakeviz._engine.routing`).
 
+Note: [tensor subclasses under the values layer]
+A tensor subclass that wraps fake tensors (torchao's ``Int8Tensor``, ``Float8Tensor``, ``Int4TilePackedTo4dTensor``,
+its optimizer states ``OptimState8bit`` / ``OptimState4bit``; a DTensor) is not a FakeTensor and has no ``constant``:
+it is neither a real tensor to lift nor a value. An op with one among its arguments goes to FakeTensorMode's own
+rule, which answers ``NotImplemented``; the subclass's ``__torch_dispatch__`` then runs the op on its inner tensors
+(int8 data and scales, fp8 data and scales, packed int4 and scales/zeros), which reach this layer as ordinary fake
+tensors with or without values. The recorder's real-run mode answers ``NotImplemented`` for them too
+(``recorder/modes.py``), so a real CPU run records the same inner ops as the fake one (the outer call is not an op:
+Note: [wrapper calls are not ops]), and a wrapper's memory is its inner tensors' storages (Note: [wrapper tensors
+hold no memory]).
+
 Otherwise the value is unknown. A read the library code makes for a known reason is answered by a
 **documented assumption** (``value_reads.ASSUMPTIONS``: no early stop in ``generate()``, no padding in its
 inputs, labels in range, no re-draw in ``trunc_normal_``). An op whose output *size* depends on unknown

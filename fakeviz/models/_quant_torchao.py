@@ -60,7 +60,7 @@ def is_torchao_config(obj: Any) -> bool:
 
 def _require_torchao(what: str) -> None:
     if _base_config_type() is None:
-        raise ArgumentError(f"{what} needs torchao, which is not installed: pip install torchao")
+        raise ArgumentError("quantization", what, "needs torchao, which is not installed", "pip install torchao")
 
 
 def config_for(short: str) -> Any:
@@ -73,10 +73,11 @@ def config_for(short: str) -> Any:
     key = str(short).strip().lower().replace("_", "-")
     if key not in SHORT:
         raise ArgumentError(
-            f"quantization={short!r}: not a torchao short name; give one of {', '.join(map(repr, SHORT))} "
-            "or a torchao config object"
-        )
-    _require_torchao(f"quantization={short!r}")
+            "quantization", short, "not a torchao short name",
+            f"give one of {', '.join(map(repr, SHORT))} or a torchao config object",
+            suggestions=tuple(k for k in SHORT if k.split("-")[0] in key or key in k),
+        )  # fmt: skip
+    _require_torchao(short)
     from torchao.quantization import (
         Float8DynamicActivationFloat8WeightConfig,
         Int4WeightOnlyConfig,
@@ -153,8 +154,10 @@ def apply(model: torch.nn.Module, config: Any) -> None:
     what transformers' ``TorchAoHfQuantizer`` skips (``lm_head``, tied weights, ``modules_to_not_convert``) and
     quantizing ``nn.Linear`` weights only (``nn.Embedding`` too with ``include_input_output_embeddings``)."""
     if not is_torchao_config(config):
-        raise ArgumentError(f"quantization={config!r}: not a torchao config; give a torchao config object")
-    _require_torchao("a torchao quantization config")
+        raise ArgumentError(
+            "quantization", config, "not a torchao config", "give a torchao config object (Int8WeightOnlyConfig(), ...)"
+        )
+    _require_torchao(config)
     from torchao.quantization import quantize_
 
     inner, user_skip, embeddings = _unwrap(config)
@@ -168,7 +171,9 @@ def apply(model: torch.nn.Module, config: Any) -> None:
         quantize_(model, inner, filter_fn=filter_fn)
     except ImportError as exc:
         raise ArgumentError(
-            f"quantization={label(config)}: torchao needs a package that is not installed here ({exc}); "
-            "for int4 give Int4WeightOnlyConfig(int4_packing_format='tile_packed_to_4d') (PyTorch's own kernels) "
-            "or the short name 'int4'"
+            "quantization",
+            config,
+            f"{label(config)}: torchao needs a package that is not installed here ({exc})",
+            "for int4 give Int4WeightOnlyConfig(int4_packing_format='tile_packed_to_4d') (PyTorch's own kernels) or "
+            "the short name 'int4'",
         ) from exc

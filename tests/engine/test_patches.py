@@ -62,6 +62,8 @@ CHILD = textwrap.dedent(
             out[f"foreach-list-{i}"] = tuple(lst)
         for op, rule in list(fake_impls.op_implementations_dict.items()):
             out[f"fake-rule:{op}"] = rule
+        for mode_cls, rule in list(import_module("torch._higher_order_ops.out_dtype").out_dtype.python_key_table.items()):
+            out[f"out-dtype-rule:{mode_cls}"] = rule  # torchao-out-dtype: a rule for fakeviz's mode class
         return out
 
     def diff(a, b):
@@ -143,8 +145,9 @@ def test_import_changes_only_what_is_declared_for_import(report: dict) -> None:
     changed = set(report["import"])
     assert changed, "import fakeviz changes the fake-rule table and the fallback probe"
     named = {
-        f"fake-rule:{name}" if e == "fake-rules" else f"{owner}.{name}" for e, owner, name in report["import_active"]
-    }
+        f"fake-rule:{name}" if e == "fake-rules" else f"out-dtype-rule:{name}" if e == "torchao-out-dtype"
+        else f"{owner}.{name}" for e, owner, name in report["import_active"]
+    }  # fmt: skip
     assert changed == named
 
 

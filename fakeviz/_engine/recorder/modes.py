@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import patches as _patches
 from .. import torchao_patches as _torchao_patches
+from .. import value_args as _value_args
 from .. import values as _values
 from .common import _DETACH, _get_ident, _Tensor
 from .fastpath import _fake_detach, _fake_dispatch, _fake_make_entry, _fast_key, _fast_output_from_entry
@@ -235,6 +236,10 @@ class _RealRecordingMode(TorchDispatchMode):
 
 
 def _real_dispatch(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+    if _value_args.has_subclass(args, kwargs):
+        # Note: [tensor subclasses under the values layer]: as FakeTensorMode does, so a real run records the
+        # subclass's ops on its inner tensors (torchao's optimizer state: its codes and scales), as the fake run does
+        return NotImplemented
     return func(*args, **(kwargs or {}))
 
 
