@@ -365,32 +365,62 @@ def test_quantized_tensors_of_no_linear_layer(tmp_path):
         models.from_pretrained(tmp_path)
 
 
-def test_real_bitsandbytes_checkpoint(tmp_path):
-    """A checkpoint bitsandbytes itself quantized and saved (on the CPU, real bytes): the fake model's state dict
-    has exactly its names, dtypes and shapes, the packed quant-state JSON included."""
+def _bnb_saved(folder: Path, fmt: str) -> torch.nn.Module:
+    """A tiny Llama quantized by bitsandbytes itself on the CPU (real bytes) and saved with its quantization_config,
+    as transformers' save_pretrained of a quantized model writes it; returns the real model."""
     bnb = pytest.importorskip("bitsandbytes")
     safetensors = pytest.importorskip("safetensors.torch")
+    qc = dict(FORMATS[fmt][0], **({"llm_int8_threshold": 0.0} if fmt == "int8" else {}))
+    dtype = DTYPE[FORMATS[fmt][2]]
     config = transformers.LlamaConfig(**{k: v for k, v in LLAMA.items() if k not in ("architectures", "model_type")})
     torch.manual_seed(0)
-    real = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    real = transformers.LlamaForCausalLM._from_config(config, dtype=dtype)  # as from_pretrained builds it
     for name, lin in [(n, m) for n, m in real.named_modules() if isinstance(m, torch.nn.Linear) and "layers" in n]:
-        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=False, compute_dtype=torch.bfloat16,
-                              compress_statistics=True, quant_type="nf4")  # fmt: skip
-        q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, compress_statistics=True, quant_type="nf4",
-                                     module=q)  # fmt: skip
+        if fmt == "int8":
+            q = bnb.nn.Linear8bitLt(
+                lin.in_features, lin.out_features, bias=False, has_fp16_weights=False, threshold=0.0
+            )
+            q.weight = bnb.nn.Int8Params(lin.weight.data, requires_grad=False, has_fp16_weights=False)
+        else:
+            nested = qc["bnb_4bit_use_double_quant"]
+            q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=False, compute_dtype=torch.bfloat16,
+                                  compress_statistics=nested, quant_type=fmt)  # fmt: skip
+            q.weight = bnb.nn.Params4bit(lin.weight.data, requires_grad=False, compress_statistics=nested,
+                                         quant_type=fmt, module=q)  # fmt: skip
         real.set_submodule(name, q.to("cpu"))  # quantized here, by bitsandbytes
-    sd = {k: v.contiguous() for k, v in real.state_dict().items()}
-    safetensors.save_file(sd, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, "torch_dtype": "bfloat16",
-                                                      "quantization_config": FORMATS["nf4"][0]}))  # fmt: skip
-    fake = models.from_pretrained(tmp_path, strict=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    safetensors.save_file({k: v.contiguous() for k, v in real.state_dict().items()}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps({**LLAMA, "torch_dtype": str(dtype).removeprefix("torch."),
+                                                    "quantization_config": qc}))  # fmt: skip
+    return real
+
+
+@pytest.mark.parametrize("fmt", ["nf4", "fp4", "int8"])
+def test_real_bitsandbytes_checkpoint_fake_equals_real(tmp_path, fmt):
+    """A checkpoint bitsandbytes quantized and saved: the fake model read from its headers has exactly its state
+    dict's names, dtypes and shapes (the packed quant-state JSON included) and quant states, and a training step of
+    it records what the real model's step records on the CPU, op by op and byte by byte."""
+    real = _bnb_saved(tmp_path, fmt)
+    fake = models.from_pretrained(tmp_path, device="cpu", strict=True)
+    sd = real.state_dict()
     assert {k: (v.dtype, tuple(v.shape)) for k, v in fake.state_dict().items()} == {
         k: (v.dtype, tuple(v.shape)) for k, v in sd.items()
     }
     w, rw = fake.model.layers[0].mlp.down_proj.weight, real.model.layers[0].mlp.down_proj.weight
-    for attr in ("blocksize", "quant_type", "dtype", "shape", "nested"):
-        assert getattr(w.quant_state, attr) == getattr(rw.quant_state, attr), attr
-    assert w.quant_state.state2.blocksize == rw.quant_state.state2.blocksize
+    if fmt != "int8":
+        for attr in ("blocksize", "quant_type", "dtype", "shape", "nested"):
+            assert getattr(w.quant_state, attr) == getattr(rw.quant_state, attr), attr
+    ids = torch.randint(0, V, (2, 8))
+    traces = []
+    for model, is_fake in ((real, False), (fake, True)):
+        with fv.record(fake=is_fake, device="cpu") as trace:
+            model(input_ids=ids.clone(), labels=ids.clone()).loss.backward()
+        assert trace.error is None
+        traces.append(trace)
+    assert traces[0].oplog_lines() == traces[1].oplog_lines()
+    cols = ["nbytes", "alloc_seq", "free_seq", "op", "category"]
+    assert traces[0].storages[cols].values.tolist() == traces[1].storages[cols].values.tolist()
+    assert traces[0].peak()["cpu"].bytes == traces[1].peak()["cpu"].bytes
 
 
 @pytest.mark.parametrize("fmt", ["gptq", "awq"])
