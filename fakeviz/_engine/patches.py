@@ -512,6 +512,9 @@ declare("bnb-qmap", "bitsandbytes.functional.name2qmap, bitsandbytes.functional"
         why="Note: [bitsandbytes under fake tensors]: the 8-bit dynamic map made on the real CPU, never a fake tensor "
             "in the library's cache (a table item), and on a fake device the map on that device; also a "
             "sys.meta_path finder while bitsandbytes is not yet imported")  # fmt: skip
+declare("bnb-gemm-workspace", "bitsandbytes", "matmul_4bit", scope="session", by=_Q,
+        why="Note: [4-bit matmul workspace on cuda]: the dequantized weight the CUDA kernel allocates inside the op, "
+            "on fake cuda")  # fmt: skip
 declare("bnb-paged", "bitsandbytes.functional", ("get_paged", "elementwise_func", "prefetch_tensor"), scope="session",
         by=_Q, why="Note: [paged optimizer state]: unified memory as a fake tensor on the device, marked paged; its "
                    "ctypes fill and prefetch on a fake tensor: a fill_, nothing")  # fmt: skip

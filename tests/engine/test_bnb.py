@@ -195,3 +195,49 @@ def test_nothing_stays_patched() -> None:
     assert {k: getattr(bnb.functional, k) for k in before} == before
     assert bnb.functional.name2qmap.get("dynamic") is qmap
     assert not fv.is_fake(qmap)
+
+
+@pytest.mark.parametrize(("rows", "double"), [(2, False), (16, False), (16, True)])
+def test_4bit_matmul_workspace_on_fake_cuda(rows: int, double: bool) -> None:
+    # Note: [4-bit matmul workspace on cuda]: past 4 rows the CUDA kernel dequantizes the weight inside the op
+    with fv.record(device="cuda:0") as t:
+        layer = bnb.nn.Linear4bit(256, 128, bias=False, quant_type="nf4", compress_statistics=double,
+                                  compute_dtype=torch.bfloat16).to(torch.bfloat16).to("cuda")  # fmt: skip
+        n0 = len(t.ops)
+        layer(torch.randn(rows, 256, dtype=torch.bfloat16, device="cuda"))
+    assert t.error is None
+    ops = t.ops.iloc[n0:]
+    gemm = int(ops.index[ops["op"] == "bitsandbytes.gemm_4bit.default"][0])
+    s = t.storages
+    across = s[(s.alloc_seq < gemm) & (s.alloc_seq >= n0) & (s.free_seq > gemm) & (s.category == "Temporary")]
+    got = sorted(int(b) for b in across.nbytes)
+    assumptions = t.fidelity()["assumptions"]
+    if rows <= 4:
+        assert got == [] and len(assumptions) == 0
+    else:
+        blocks = 256 * 128 // 64
+        assert got == sorted([128 * 256 * 2] + ([blocks * 4, blocks * 4] if double else []))
+        assert len(assumptions) == 1 and "dequantize + F.linear" in assumptions["assumption"].iloc[0]
+
+
+def test_import_inside_a_fake_cuda_record(tmp_path: Any) -> None:
+    # bitsandbytes first imported inside a fake cuda session: real import (no CUDA backend on a CPU build), patched
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, fakeviz as fv, sys\n"
+        "with fv.record(device='cuda:0') as t:\n"
+        "    from fakeviz._engine.quant.bnb import import_bitsandbytes\n"
+        "    bnb = import_bitsandbytes()\n"
+        "    layer = bnb.nn.Linear4bit(64, 64, bias=False).to(torch.bfloat16).to('cuda')\n"
+        "    layer(torch.randn(8, 64, dtype=torch.bfloat16, device='cuda'))\n"
+        "    print('PATCHED', bnb.matmul_4bit.__module__)\n"
+        "print('ERROR', t.error)\n"
+        "print('AFTER', bnb.matmul_4bit.__module__, type(bnb.functional.name2qmap.get('dynamic')).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "PATCHED fakeviz._engine.quant.bnb" in out.stdout
+    assert "ERROR None" in out.stdout
+    assert "AFTER bitsandbytes.autograd._functions NoneType" in out.stdout

@@ -30,6 +30,16 @@ things stop or spoil a fake run, and fakeviz answers each while a fake session i
 * paged optimizers (``PagedAdamW8bit``) allocate their state with ``get_paged`` as CUDA unified memory (Note:
   [paged optimizer state]).
 
+Note: [4-bit matmul workspace on cuda]
+On a GPU, ``bitsandbytes::gemm_4bit`` (every 4-bit forward: ``matmul_4bit``) runs a fused kernel for a few rows and
+otherwise dequantizes the weight into a temporary ``[N, K]`` of the input's dtype (with double quantization also
+two float32 absmax buffers) and calls ``F.linear``: its CUDA heuristic takes that path past 1536 rows always and on
+an H100 / H200 for nearly every shape past 4 rows. Those buffers are allocated inside the op, where the op's fake
+kernel (which returns the output only) cannot show them, yet they count in ``max_memory_allocated``. On fake cuda,
+for more than 4 rows, :func:`_matmul_4bit` allocates them as empty tensors live across the op (freed right after,
+as the kernel frees them) and lists the assumption in ``fidelity()``; up to 4 rows (decoding) nothing is added. On
+fake cpu nothing is added: the CPU kernel's own temporaries are as invisible to a real CPU record as to a fake one.
+
 Note: [quantized weights in the record]
 A bitsandbytes weight is more than its parameter's storage: the packed 4-bit data (``uint8``, numel / 2 bytes,
 ``[(numel + 1) // 2, 1]``) plus its ``quant_state``: the blockwise absmax (float32, one per block of 64), its 16-value
@@ -205,6 +215,43 @@ def _quantize_blockwise(A: Any, code: Any = None, *args: Any, **kwargs: Any) -> 
     return _original_quantize_blockwise(A, code, *args, **kwargs)
 
 
+# ------------------------------------------------------------------------------------------------ 4-bit matmul
+_original_matmul_4bit: Any = None
+_FUSED_ROWS = 4  # bitsandbytes' _GEMM_4BIT_CUSTOM_FLOOR_M: up to this many rows its fused kernel always runs
+
+
+def _matmul_4bit(A: Any, B: Any, quant_state: Any, out: Any = None, bias: Any = None) -> Any:
+    """``bitsandbytes.matmul_4bit`` with the CUDA kernel's dequantized-weight workspace on fake cuda (Note: [4-bit
+    matmul workspace on cuda])."""
+    qs = quant_state
+    if not (isinstance(A, FakeTensor) and A.device.type == "cuda" and qs is not None and len(qs.shape) == 2):
+        return _original_matmul_4bit(A, B, quant_state, out=out, bias=bias)
+    n, k = (int(x) for x in qs.shape)
+    rows = A.numel() // A.shape[-1] if A.shape[-1] else 0
+    if rows <= _FUSED_ROWS or A.shape[-1] != k:
+        return _original_matmul_4bit(A, B, quant_state, out=out, bias=bias)
+    work = [torch.empty((n, k), dtype=A.dtype, device=A.device)]
+    if qs.nested:
+        work += [torch.empty(qs.absmax.shape, dtype=torch.float32, device=A.device) for _ in range(2)]
+    from torch._guards import detect_fake_mode
+
+    state = getattr(detect_fake_mode(), "_fv_state", None)
+    if state is not None and state.active:
+        size = sum(w.numel() * w.element_size() for w in work)
+        state.note_assumption(
+            "bitsandbytes.gemm_4bit.default",
+            f"bitsandbytes' CUDA gemm_4bit for {rows} rows takes its dequantize + F.linear path: its {size:,}-byte "
+            f"workspace (the [{n}, {k}] weight in {str(A.dtype).replace('torch.', '')}"
+            + (" and two float32 absmax buffers" if qs.nested else "")
+            + ") is recorded as empty tensors live across the op; the GPU's heuristic may pick its fused kernel, "
+            "without it, up to 1536 rows",
+        )
+    try:
+        return _original_matmul_4bit(A, B, quant_state, out=out, bias=bias)
+    finally:
+        del work
+
+
 # ------------------------------------------------------------------------------------------------ paged state
 _original_get_paged: Any = None
 
@@ -268,19 +315,23 @@ def _dynamic_map(functional: Any) -> Any:
         return functional.create_dynamic_map()
 
 
-def _install(functional: Any) -> None:
-    global _original_get_paged
-    global _original_quantize_blockwise
+def _install(_: Any = None) -> None:
+    """Make the changes once bitsandbytes is imported (the package, its ``functional``)."""
+    global _original_get_paged, _original_quantize_blockwise, _original_elementwise, _original_prefetch
+    global _original_matmul_4bit
+    functional = sys.modules["bitsandbytes.functional"]
     _tokens.append(_patches.push_item(functional.name2qmap, "dynamic", _dynamic_map(functional), entry="bnb-qmap"))
     _original_quantize_blockwise = _patches.original(functional, "quantize_blockwise")
     _tokens.append(_patches.push(functional, "quantize_blockwise", _quantize_blockwise, entry="bnb-qmap"))
-    global _original_elementwise, _original_prefetch
     _original_get_paged = _patches.original(functional, "get_paged")
     _original_elementwise = _patches.original(functional, "elementwise_func")
     _original_prefetch = _patches.original(functional, "prefetch_tensor")
     _tokens.append(_patches.push(functional, "get_paged", _get_paged, entry="bnb-paged"))
     _tokens.append(_patches.push(functional, "elementwise_func", _elementwise_func, entry="bnb-paged"))
     _tokens.append(_patches.push(functional, "prefetch_tensor", _prefetch_tensor, entry="bnb-paged"))
+    package = sys.modules["bitsandbytes"]
+    _original_matmul_4bit = _patches.original(package, "matmul_4bit")
+    _tokens.append(_patches.push(package, "matmul_4bit", _matmul_4bit, entry="bnb-gemm-workspace"))
 
 
 def patch(on: bool) -> None:
@@ -296,11 +347,11 @@ def patch(on: bool) -> None:
         return
     _tokens.append(_patches.push(torch.Tensor, "_make_subclass", _make_subclass, entry="fake-param-subclass"))
     _tokens.append(_patches.push(FakeTensor, "tolist", _tolist, entry="fake-tolist"))
-    functional = sys.modules.get("bitsandbytes.functional")
-    if functional is not None:
-        _install(functional)
+    package = sys.modules.get("bitsandbytes")
+    if package is not None and hasattr(package, "matmul_4bit"):  # imported (not halfway through its import)
+        _install()
     else:
-        _finder = _patches.push_member(sys.meta_path, _OnImport("bitsandbytes.functional", _install), entry="bnb-qmap")
+        _finder = _patches.push_member(sys.meta_path, _OnImport("bitsandbytes", _install), entry="bnb-qmap")
         # first in line: move it to the front (push_member appends)
         sys.meta_path.insert(0, sys.meta_path.pop())
 
