@@ -94,8 +94,8 @@ def _write_repo(folder: Path, config: dict, shards: list[dict[str, torch.Tensor]
     return folder
 
 
-def _state(name: str) -> dict[str, torch.Tensor]:
-    """The catalog model's state dict (fake tensors), tied copies once, as save_pretrained writes it."""
+def _state(name: str | dict) -> dict[str, torch.Tensor]:
+    """The model's state dict (fake tensors), tied copies once, as save_pretrained writes it."""
     model = models.build(name)
     seen, out = set(), {}
     for k, v in model.state_dict(keep_vars=True).items():
@@ -149,6 +149,9 @@ def stub(tmp_path_factory):
     (huge / "config.json").write_text(json.dumps(_catalog_config(QWEN)))
     write_raw_safetensors(huge / "model.safetensors", b"{}", 2**30, length=ck.MAX_HEADER_BYTES + 1)
     hub.add("stub-org/huge-header", huge)
+    tiny = {**_catalog_config(LLAMA), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256}  # fmt: skip
+    hub.add("stub-org/tiny-llama", _write_repo(root / "tiny", tiny, [_state(tiny)]))
     noconfig = root / "no-config"
     noconfig.mkdir()
     (noconfig / "README.md").write_text("weights elsewhere")
@@ -344,6 +347,21 @@ def test_offline_from_pretrained_without_cached_weights(hub, monkeypatch):
     text = _short(ei.value)
     assert "HF_HUB_OFFLINE" in text and "not in the hub cache" in text and "from_pretrained('/path/to/folder')" in text
     assert ei.value.offline
+
+
+def test_offline_from_pretrained_reads_cached_weights(hub, monkeypatch):
+    """Weights downloaded before (``hf download``) are read offline from the hub cache, headers only."""
+    from huggingface_hub import constants, hf_hub_download
+
+    online = models.from_pretrained("stub-org/tiny-llama")
+    for file in ("config.json", "model.safetensors"):
+        hf_hub_download("stub-org/tiny-llama", file)
+    hub.log.clear()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FakeVizWarning)
+        offline = models.from_pretrained("stub-org/tiny-llama")
+    assert hub.log == [] and _layout(offline) == _layout(online)
 
 
 # ---------------------------------------------------------------------------------------------- errors
