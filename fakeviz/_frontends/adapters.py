@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["Adapted", "apply", "build_key", "check_finetune", "logical_numel", "lora_config", "lora_key", "lora_label",
+__all__ = ["Adapted", "apply", "build_key", "check_backward", "check_finetune", "logical_numel", "lora_config", "lora_key", "lora_label",
            "quant_label", "quantize", "resolve_quantization"]  # fmt: skip
 
 _TASKS = {"causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
@@ -80,6 +81,20 @@ def check_finetune(train: bool, quantization: Any, lora: Any) -> None:
         raise ArgumentError("quantization", quantization, "quantized weights do not train (they hold no gradients)",
                             "Train adapters on them (QLoRA): give lora=16 too, or drop quantization= for full "
                             "fine-tuning.")  # fmt: skip
+
+
+def check_backward(exc: BaseException, settings: dict[str, Any]) -> None:
+    """An ArgumentError in place of autograd's "derivative for OP is not implemented" when adapters train over
+    quantized weights whose matmul kernel has no backward (torchao's int4 ``_weight_int4pack_mm``, fp8
+    ``_scaled_mm``): a real run stops at the same place, as no gradient can flow below those layers."""
+    found = re.search(r"derivative for (\S+) is not implemented", str(exc))
+    q = settings.get("quantization")
+    if found is None or q is None or not settings.get("train"):
+        return
+    raise ArgumentError("quantization", q, f"adapters cannot train over these weights: their matmul ({found[1]}) has "
+                        "no backward in torch, so no gradient flows below them (a real run stops there too)",
+                        "Train LoRA over bitsandbytes weights (quantization='nf4', 'fp4' or 'int8'), or plan "
+                        "inference (train=False).") from exc  # fmt: skip
 
 
 def build_key(point: dict[str, Any]) -> tuple[str, ...]:

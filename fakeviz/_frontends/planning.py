@@ -233,15 +233,22 @@ class _Built:
 
 
 def _build(model: Any, dtype: torch.dtype | None, *, quantization: Any = None, lora: Any = None,
-           train: bool = False) -> _Built:  # fmt: skip
+           train: bool = False, gpus: list[Capacity] | None = None) -> _Built:  # fmt: skip
     """``model`` built (a name, folder or config) or copied (a module) into a new fake session's mode, on cuda:0,
-    quantized and with adapters when asked (:mod:`.adapters`; ``train``: QLoRA's preparation for training)."""
+    quantized and with adapters when asked (:mod:`.adapters`; ``train``: QLoRA's preparation for training). A
+    quantization library asks ``torch.cuda`` what the GPU can do (torchao's fp8 needs compute capability 8.9):
+    ``torch.cuda`` answers as the plan's ``gpus`` while it quantizes."""
     from .._api import FakeSession
+    from .._engine import cuda_api
     from .._engine.session import fakeify, session_patches
 
     q = adapters.resolve_quantization(quantization)
     session = FakeSession()
-    with session_patches(), session.mode:
+    kind = gpus[0].gpu if gpus and all(c.gpu == gpus[0].gpu for c in gpus) else None
+    machine = (
+        cuda_api.gpu_session(on=True, gpu=kind, count=len(gpus or [0])) if q is not None else contextlib.nullcontext()
+    )
+    with session_patches(), session.mode, machine:
         if isinstance(model, torch.nn.Module):
             mod = fakeify(model, mode=session.mode, device="cuda:0")
             if dtype is not None:
@@ -355,6 +362,9 @@ def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity]
                               new_tokens=s["new_tokens"], optimizer=opt)  # fmt: skip
             except RecordError as exc:  # the step failed: the partial record says where (never "fits")
                 trace = exc.trace if exc.trace is not None else trace
+            except RuntimeError as exc:
+                adapters.check_backward(exc, s)  # adapters over a kernel torch has no backward for: said shortly
+                raise
     finally:
         for h in handles:
             h.remove()
@@ -446,7 +456,7 @@ def plan(
         raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
     adapters.check_finetune(train, quantization, lora)
     built = _built if _built is not None else _build(model, _dtype(dtype), quantization=quantization, lora=lora,
-                                                     train=train)  # fmt: skip
+                                                     train=train, gpus=caps)  # fmt: skip
     mod, label = built.model, built.label
     models.check_seq(mod, seq, new_tokens)  # a sequence past the context is refused, never shortened
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
@@ -512,9 +522,11 @@ _EXAMPLE = {"batch": [1, 2, 4], "seq": [2048, 8192], "dtype": ["bf16", "fp32"], 
 _BUILT_BY = ("dtype", "quantization", "lora")  # the axes a point's model depends on: outermost, one build per value
 
 
-def _build_point(model: Any, c: dict[str, Any]) -> _Built:
+def _build_point(model: Any, c: dict[str, Any], caps: list[Capacity]) -> _Built:
     q, lora = c.get("quantization"), c.get("lora")
-    extra = {k: v for k, v in (("quantization", q), ("lora", lora)) if v is not None}
+    extra: dict[str, Any] = {k: v for k, v in (("quantization", q), ("lora", lora)) if v is not None}
+    if q is not None:
+        extra["gpus"] = caps  # torch.cuda answers as them while quantizing
     if q is not None and lora is not None and c.get("train"):
         extra["train"] = True  # QLoRA's preparation for training
     return _build(model, _dtype(c.get("dtype")), **extra)
@@ -565,7 +577,7 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     built: dict[Any, _Built] = {}
     rows, plans = [], []
     if any(k in grid for k in ("seq", "new_tokens")):  # every point's sequence, before any recording
-        built[adapters.build_key(combos[0])] = first = _build_point(model, combos[0])
+        built[adapters.build_key(combos[0])] = first = _build_point(model, combos[0], caps)
         for c in combos:
             models.check_seq(first.model, c.get("seq", 2048), c.get("new_tokens", 0))
     bar = progress_bar(len(combos)) if progress else None
@@ -573,7 +585,7 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         key = adapters.build_key(c)
         if key not in built:
             built.clear()  # one model alive at a time
-            built[key] = _build_point(model, c)
+            built[key] = _build_point(model, c, caps)
         p = plan(model, gpus=caps, device_map=device_map, _built=built[key],
                  **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
         plans.append(p)
@@ -648,7 +660,7 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest
     kw["optimizer"] = steps.check_optimizer(kw.get("optimizer", "adamw"))
     adapters.check_finetune(bool(kw.get("train")), kw.get("quantization"), kw.get("lora"))
     built = _build(model, _dtype(kw.pop("dtype", None)), quantization=kw.get("quantization"), lora=kw.get("lora"),
-                   train=bool(kw.get("train")))  # fmt: skip
+                   train=bool(kw.get("train")), gpus=caps)  # fmt: skip
     bound = ""
     if axis == "seq":  # never past the model's context (models.check_seq would refuse it)
         ctx = models.context(built.model)

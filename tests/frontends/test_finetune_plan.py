@@ -326,3 +326,14 @@ def test_parallel_plans_refuse_adapters() -> None:
         fv.plan("meta-llama/Llama-3.1-8B", gpus="8xH100", parallel={"dp_shard": 8}, train=True, lora=16)
     with pytest.raises(ArgumentError, match="parallel plan"):
         fv.plan("meta-llama/Llama-3.1-8B", gpus="8xH100", parallel={"dp_shard": 8}, train=True, optimizer="sgd")
+
+
+def test_adapters_over_weights_without_a_backward_are_refused_shortly(cfg: Any) -> None:
+    """torchao's int4 weights run ``aten::_weight_int4pack_mm``, which has no derivative in torch: no gradient flows
+    below them, so LoRA cannot train there (a real run stops at the same backward); inference plans run."""
+    pytest.importorskip("torchao")
+    with pytest.raises(ArgumentError, match=r"_weight_int4pack_mm\) has no backward") as info:
+        fv.plan(cfg, gpus="H100", train=True, seq=16, lora=R, quantization="int4")
+    assert info.value.argument == "quantization" and "nf4" in str(info.value)
+    p = fv.plan(cfg, gpus="H100", seq=16, lora=R, quantization="int4")
+    assert p.trace.error is None and p.settings["quantization"] == "int4"
