@@ -442,3 +442,34 @@ def test_lora_on_a_pre_quantized_model(tmp_path, fmt):
     assert trained and all(".lora_" in n for n in trained)
     assert len(trained) == 2 * 3 * L  # lora_A and lora_B of three layers per decoder layer
     assert trace.fidelity()["ops"].set_index("op").loc[KERNEL[fmt], "count"] == 7 * L
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "nf4"])
+def test_pre_quantized_hub_repo_reads_headers_only(tmp_path, monkeypatch, fmt):
+    """A pre-quantized repo on the hub (a stand-in of its HTTP API, tests/hub_stub.py, with the real client): the
+    same model as from the local folder, and every byte of the weight file sent is its header's."""
+    pytest.importorskip("huggingface_hub")
+    from hub_stub import HubStub
+    from huggingface_hub import constants
+
+    header = write_checkpoint(tmp_path / "repo", fmt)
+    with HubStub() as stub:
+        stub.add("stub-org/tiny-quantized", tmp_path / "repo")
+        monkeypatch.setattr(constants, "ENDPOINT", stub.url)
+        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            stub.url + "/{repo_id}/resolve/{revision}/{filename}")  # fmt: skip
+        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+        for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+            monkeypatch.delenv(var, raising=False)
+        fetched = models.from_pretrained("stub-org/tiny-quantized", strict=True)
+        gets = stub.served(".safetensors")
+    local = models.from_pretrained(tmp_path / "repo", strict=True)
+    layout = {k: (v.dtype, tuple(v.shape)) for k, v in fetched.state_dict().items()}
+    assert layout == {k: (v.dtype, tuple(v.shape)) for k, v in local.state_dict().items()}
+    assert layout == {k: (DTYPE[c], s) for k, (c, s) in header.items()}
+    assert type(fetched.model.layers[0].mlp.up_proj).__name__ == LAYER[fmt]
+    with open(tmp_path / "repo" / "model.safetensors", "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+    assert sum(r.sent for r in gets) == 8 + n  # the header, no weight byte
