@@ -326,3 +326,34 @@ def test_tiny_llama_bytes_by_precision() -> None:
     assert totals["int8-wo"] == rest + sum(n * k + n * 4 + n for n, k in shapes)
     assert totals["int4"] == rest + sum(sum(_int4_bytes(n, k)) for n, k in shapes)
     assert totals["fp8"] == rest + sum(n * k + 4 for n, k in shapes)
+
+
+def test_int4_plain_without_mslk_is_a_short_error() -> None:
+    # torchao 0.18's default int4 packing ("plain") needs the mslk package (CUDA kernels); without it apply() says
+    # what to give instead, where quantize_ raises torchao's ImportError
+    from torchao.quantization import Int4WeightOnlyConfig
+    from torchao.quantization.quantize_.workflows.int4 import int4_tensor
+
+    if int4_tensor.int4_row_quantize_zp is not None:
+        pytest.skip("mslk is installed: plain int4 runs")
+    with fv.fake_mode(device="cuda:0"):
+        model = _tiny_llama(hidden=128, inter=256)
+        with pytest.raises(ArgumentError, match="tile_packed_to_4d"):
+            qt.apply(model, Int4WeightOnlyConfig())
+
+
+def test_low_bit_optimizer_state_on_fake_cuda() -> None:
+    import torchao.optim
+
+    with fv.record(device="cuda:0") as trace:
+        m = torch.nn.Linear(512, 256, device="cuda")
+        opt = torchao.optim.AdamW4bit(m.parameters(), lr=1e-3)
+        m(torch.randn(8, 512, device="cuda")).sum().backward()
+        opt.step()
+    st = opt.state[m.weight]["exp_avg"]
+    assert type(st).__name__ == "OptimState4bit" and st.codes.device.type == "cuda" and fv.is_fake(st.codes)
+    live = trace.storages[trace.storages.free_seq < 0]
+    # two 4-bit states of the weight (codes: two per byte; an fp32 scale per block of 128; a 16-entry code book each),
+    # two fp32 states of the bias (256 elements is under 4096: not quantized) and two step counters
+    weight = 2 * (512 * 256 // 2 + 512 * 256 // 128 * 4 + 16 * 4)
+    assert int(live[live.category == "Optimizer state"].nbytes.sum()) == weight + 2 * 256 * 4 + 2 * 4
