@@ -89,6 +89,8 @@ def color_keys(split: pd.DataFrame, classes: list[str], color: str) -> list[str]
 def _tree_hover(row: dict[str, Any], measure: str, split_cols: list[str], split_row: np.ndarray) -> str:
     """The hover text of one tree row: every figure of the module, escaped."""
     lines = [f"<b>{esc(row['path'])}</b>", f"class: {esc(row['class'])}"]
+    if row.get("precision"):  # Note: [weight precision] in fakeviz/_engine/precision.py
+        lines.append(f"weights: {esc(row['precision'])}")
     if row["count"] > 1:
         lines.append(f"folded: {row['count']} modules ({esc(row['label'])})")
     if row["odd"]:

@@ -11,7 +11,7 @@ table without it is still the pre-move one), and the plotly views, the explorer'
 ``repr_html`` changed with issue 15 (the one "reserved at peak", labelled alias graph, axes that fit the
 data, the static summary) and issue 16 (the KV cache category in the payload); ``explorer_summary`` again with
 issue 17 (each device of the verdict names its own capacity: GPUs of different sizes); ``modules``, ``folded``,
-``summary``, ``repr_html`` and ``explorer_tree`` with issue 31 (the precision of the weights: a ``precision`` column,
+``summary``, ``repr_html``, ``explorer_tree`` and ``view_layer_tree`` with issue 31 (the precision of the weights: a ``precision`` column,
 a "weights:" line, the tree pack's precisions; read from the file's parameter dtypes, since it predates them), and
 ``test_the_old_tables_and_texts_plus_the_weights_precision`` checks that without those additions they are still
 the pre-move ones.
@@ -65,13 +65,15 @@ def test_the_old_tables_and_texts_plus_the_weights_precision() -> None:
     from the parameter dtypes (GPT-2 in fp32), and without it every table and text is the one written at d1f67a0."""
     import re
 
+    from fakeviz import views
     from fakeviz._views.text import summary
 
     trace = fv.load(FIXTURES / "pre_move.fvz")
     pre_move = {"modules": "93c719ec66bfe70a00d24c156895732edeab2148828303ea7cd33e40c579b17b",
                 "folded": "031406f5fd1e22b52a7e12ed113156001e47f95206289c26b1cdc5b73aee2e50",
                 "summary": "9831e80d5bf3000a10cf3ce1d62ffe2b83fb447416ad1d38fab74cb36308a7d9",
-                "repr_html": "1d95e003d86e3d815e81ccf5b02999148794711fa1acdc5270c59252239c755a"}  # fmt: skip
+                "repr_html": "1d95e003d86e3d815e81ccf5b02999148794711fa1acdc5270c59252239c755a",
+                "view_layer_tree": "57b0ab52776895731c1aba399ab79b56307a87f10e815944b064f7ad9477fa80"}  # fmt: skip
     assert set(trace.modules["precision"]) == {"fp32", ""} and "weight_precision" not in trace.meta
     assert make_pre_move.digest(trace.modules.drop(columns=["precision"])) == pre_move["modules"]
     assert make_pre_move.digest(trace.folded_modules().drop(columns=["precision"])) == pre_move["folded"]
@@ -80,3 +82,6 @@ def test_the_old_tables_and_texts_plus_the_weights_precision() -> None:
     assert make_pre_move.digest("\n".join(x for x in lines if not x.startswith("weights: "))) == pre_move["summary"]
     html, n = re.subn(r"<div class='fv-weights'><b>weights</b>: [^<]*</div>", "", trace._repr_html_())
     assert n == 1 and make_pre_move.digest(html) == pre_move["repr_html"]
+    # the layer tree's hover names each module's weights ("<br>weights: fp32", escaped in the figure's JSON)
+    figure, n = re.subn(r"\\u003cbr\\u003eweights: [^\\\"]*", "", views.layer_tree(trace).to_json())
+    assert n == 16 and make_pre_move.digest(figure) == pre_move["view_layer_tree"]

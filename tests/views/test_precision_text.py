@@ -64,3 +64,14 @@ def test_the_notebook_and_html_summaries_say_it_too() -> None:
         )
     line = "<b>weights</b>: bf16 (1 linear)"  # a root module is counted by its kind: its path is only its class
     assert line in static_html(trace) and line in summary_html(trace) and line in trace._repr_html_()
+
+
+def test_the_plotly_layer_tree_hover_names_the_weights() -> None:
+    from fakeviz import views
+
+    with fv.record(device="cuda:0") as trace:
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4).half(), torch.nn.ReLU()).to("cuda:0")
+        m(torch.ones(1, 4, dtype=torch.float16, device="cuda:0"))
+    data = views.tree_data(trace).table.set_index("path")
+    assert "<br>weights: fp16<br>" in data.loc["Sequential.0", "hover"]
+    assert "weights:" not in data.loc["Sequential.1", "hover"]  # a ReLU holds none
