@@ -39,6 +39,10 @@ kernel (which returns the output only) cannot show them, yet they count in ``max
 for more than 4 rows, :func:`_matmul_4bit` allocates them as empty tensors live across the op (freed right after,
 as the kernel frees them) and lists the assumption in ``fidelity()``; up to 4 rows (decoding) nothing is added. On
 fake cpu nothing is added: the CPU kernel's own temporaries are as invisible to a real CPU record as to a fake one.
+Measured on an H100 (``benchmarks/qlora_gpu.py``, ``benchmarks/results/qlora_gpu_h100.json``: a QLoRA step of a
+4-layer Llama-3.1-8B in NF4, LoRA r=16, activation checkpointing, AdamW8bit, batch 1): the fake step's peak is
+0.995 of ``max_memory_allocated`` at 2048 tokens (8.036 GB live, 8.042 GB with the allocator model, against
+8.076 GB) and 0.999 at 512 tokens (5.551 GB with the allocator model, against 5.551 GB, 2 KB apart).
 
 Note: [quantized weights in the record]
 A bitsandbytes weight is more than its parameter's storage: the packed 4-bit data (``uint8``, numel / 2 bytes,
