@@ -3,6 +3,8 @@ reports it, ``gpus="24GB"`` 24e9 bytes; the same run is recorded for both, and e
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import fakeviz as fv
@@ -28,3 +30,14 @@ def test_a_4090_and_24gb_plan_the_same_run_on_their_own_capacities() -> None:
     assert by_name.trace.peak_bytes() == by_size.trace.peak_bytes()
     assert 24 * 10**9 < GPUS["RTX 4090"] <= PUBLISHED_GB["RTX 4090"] * 2**30
     assert by_size.fits and by_name.fits
+
+
+def test_the_command_line_takes_the_same_names(tmp_path, capsys) -> None:
+    from fakeviz._frontends.cli import main
+
+    out = tmp_path / "r.json"
+    assert main(["report", "gpt2", "--set", "n_layer=1", "--seq", "16", "--gpus", "2x4090", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["gpus"] == 2 and data["capacity"] == "4090" and data["verdict"]["fits"] is True
+    text = capsys.readouterr().out
+    assert "capacity 2 x RTX 4090 (24.0 GiB)" in text and "time: step" in text and "on RTX 4090" in text
