@@ -28,7 +28,7 @@ import torch
 from .._core.errors import ArgumentError
 
 __all__ = ["Adapted", "apply", "build_key", "check_backward", "check_finetune", "logical_numel", "lora_config", "lora_key", "lora_label",
-           "quant_label", "quantize", "resolve_quantization"]  # fmt: skip
+           "quant_label", "quantize", "quantizing", "resolve_quantization"]  # fmt: skip
 
 _TASKS = {"causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
 
@@ -119,6 +119,21 @@ def quantize(model: torch.nn.Module, q: Any) -> None:
     from ..models import _quant
 
     _quant.apply(model, q)
+
+
+@contextlib.contextmanager
+def quantizing(q: Any, gpu: str | None) -> Iterator[None]:
+    """A library's refusal of the GPU while it quantizes (torchao's ``assert`` that fp8 needs compute capability
+    8.9) as an ArgumentError naming ``quantization=`` and the GPU; nothing else is caught."""
+    try:
+        yield
+    except AssertionError as exc:
+        if q is None:
+            raise
+        on = f" on {gpu}" if gpu else ""
+        raise ArgumentError("quantization", str(q.label), f"{q.library} refuses it{on}: {exc}",
+                            "Plan it on a GPU that has the kernels it needs (fp8: H100, H200, L4, L40S, RTX 4090), "
+                            "or give another quantization ('nf4', 'int8').") from exc  # fmt: skip
 
 
 def quant_label(quantization: Any) -> str | None:

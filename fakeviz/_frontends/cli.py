@@ -326,9 +326,16 @@ def _report_model(args: argparse.Namespace) -> int:
     progress.say("building the model", force=True)
     # Built before the recording, in a fake mode of its own that the recording adopts: the record starts
     # with the weights in place, as after loading a checkpoint, without what __init__ allocates and drops.
-    model = _build(models, args, overrides)
-    models.check_seq(model, args.seq, args.generate or 0)  # refused before recording, never shortened
-    runner = _adapt(model, args)  # LoRA (QLoRA) before the recording, as a script sets it up before training
+    # a quantization library asks torch.cuda what the GPU can do (torchao's fp8: compute capability 8.9)
+    machine = contextlib.nullcontext()
+    if args.quant and on_cuda:
+        from .._engine import cuda_api
+
+        machine = cuda_api.gpu_session(on=True, gpu=capacity if named else None, count=n_gpus)
+    with machine:
+        model = _build(models, args, overrides)
+        models.check_seq(model, args.seq, args.generate or 0)  # refused before recording, never shortened
+        runner = _adapt(model, args)  # LoRA (QLoRA) before the recording, as a script sets it up before training
     info.update(_describe(model))
     info.update(
         quantization=args.quant, lora=runner.lora, trainable_parameters=sum(p.numel() for p in runner.trainable)

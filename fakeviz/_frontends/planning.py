@@ -248,7 +248,7 @@ def _build(model: Any, dtype: torch.dtype | None, *, quantization: Any = None, l
     machine = (
         cuda_api.gpu_session(on=True, gpu=kind, count=len(gpus or [0])) if q is not None else contextlib.nullcontext()
     )
-    with session_patches(), session.mode, machine:
+    with session_patches(), session.mode, machine, adapters.quantizing(q, kind):
         if isinstance(model, torch.nn.Module):
             mod = fakeify(model, mode=session.mode, device="cuda:0")
             if dtype is not None:

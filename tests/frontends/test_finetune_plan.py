@@ -337,3 +337,13 @@ def test_adapters_over_weights_without_a_backward_are_refused_shortly(cfg: Any) 
     assert info.value.argument == "quantization" and "nf4" in str(info.value)
     p = fv.plan(cfg, gpus="H100", seq=16, lora=R, quantization="int4")
     assert p.trace.error is None and p.settings["quantization"] == "int4"
+
+
+def test_quantization_the_plans_gpu_cannot_run_is_refused_shortly(cfg: Any) -> None:
+    """torchao's fp8 asks torch.cuda for compute capability 8.9: the plan quantizes as its GPUs (an A100 is 8.0)."""
+    pytest.importorskip("torchao")
+    with pytest.raises(ArgumentError, match="torchao refuses it on A100") as info:
+        fv.plan(cfg, gpus="A100", seq=16, quantization="fp8")
+    assert info.value.argument == "quantization"
+    p = fv.plan(cfg, gpus="H100", seq=16, quantization="fp8")
+    assert p.trace.error is None and p.settings["quantization"] == "fp8"
