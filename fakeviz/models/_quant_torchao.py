@@ -21,6 +21,8 @@ __all__ = ["SHORT", "apply", "config_for", "is_torchao_config", "label"]
 #: The short spellings :func:`config_for` knows, with what each means.
 SHORT = {
     "int4": "Int4WeightOnlyConfig(group_size=128, int4_packing_format='tile_packed_to_4d'): tinygemm's int4 layout",
+    "int4-cpu": "IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32)): int4 values one per int8 "
+    "byte (unpacked_to_int8), the int4 weight-only format torchao 0.18 runs on a CPU",
     "int8-wo": "Int8WeightOnlyConfig()",
     "int8-dyn": "Int8DynamicActivationInt8WeightConfig()",
     "fp8": "Float8DynamicActivationFloat8WeightConfig(): fp8 e4m3 weights and activations, one scale per row",
@@ -64,7 +66,7 @@ def _require_torchao(what: str) -> None:
 
 
 def config_for(short: str) -> Any:
-    """The torchao config for a short spelling: ``"int4"``, ``"fp8"``, ``"int8-wo"``, ``"int8-dyn"``.
+    """The torchao config for a short spelling: ``"int4"``, ``"fp8"``, ``"int8-wo"``, ``"int8-dyn"``, ``"int4-cpu"``.
 
     ``"int4"`` is torchao's tinygemm layout (``int4_packing_format="tile_packed_to_4d"``, group size 128), the
     int4 weight-only format torchao runs on A100/H100 with PyTorch's own kernels (``_weight_int4pack_mm``);
@@ -87,6 +89,11 @@ def config_for(short: str) -> Any:
 
     if key == "int4":
         return Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")
+    if key == "int4-cpu":
+        from torchao.quantization import IntxWeightOnlyConfig
+        from torchao.quantization.granularity import PerGroup
+
+        return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
     if key == "int8-wo":
         return Int8WeightOnlyConfig()
     if key == "int8-dyn":
@@ -110,6 +117,10 @@ def label(config: Any) -> str:
     inner, _, _ = _unwrap(config)
     name = type(inner).__name__
     text = _LABELS.get(name, name)
+    if name == "IntxWeightOnlyConfig":
+        bits = str(getattr(inner, "weight_dtype", "")).replace("torch.", "")
+        fmt = getattr(inner, "intx_packing_format", None)
+        text = f"{bits} weight-only (intx, {getattr(fmt, 'value', fmt)})"
     if name == "Int4WeightOnlyConfig":
         fmt = getattr(inner, "int4_packing_format", None)
         fmt = getattr(fmt, "value", fmt)

@@ -37,7 +37,8 @@ from fakeviz.models import _quant_torchao as qt  # noqa: E402
 BF16 = torch.bfloat16
 OUTPUT_COLS = ["seq", "shape", "stride", "dtype", "device", "storage", "storage_offset", "nbytes"]
 STORAGE_COLS = ["storage", "device", "nbytes", "category", "roles", "name", "alloc_seq", "free_seq", "owner"]
-CPU_CONFIGS = {"int8-wo": Int8WeightOnlyConfig, "int8-dyn": Int8DynamicActivationInt8WeightConfig}
+CPU_CONFIGS = {"int8-wo": Int8WeightOnlyConfig, "int8-dyn": Int8DynamicActivationInt8WeightConfig,
+               "int4-cpu": lambda: qt.config_for("int4-cpu")}  # fmt: skip
 
 
 def _mlp(dev: str = "cpu", k: int = 64, n: int = 128) -> torch.nn.Module:
@@ -122,7 +123,7 @@ def test_quantized_forward_equals_real(config: str, backward: bool) -> None:
 
     real, fake = _pair(run)
     _assert_same(real, fake)
-    assert "aten._int_mm.default" in " ".join(fake.oplog_lines()) or config == "int8-wo"
+    assert ("aten._int_mm.default" in " ".join(fake.oplog_lines())) == (config == "int8-dyn")  # int8 x int8
 
 
 @pytest.mark.parametrize("name", ["AdamW8bit", "AdamW4bit", "AdamWFp8"])
@@ -168,14 +169,17 @@ def test_low_bit_optimizer_step_equals_real(name: str) -> None:
 
 
 # -------------------------------------------------------------------------- bytes = torchao's own layout
-@pytest.mark.parametrize("shape", [(64, 128), (96, 256), (200, 72), (512, 1024)])
+@pytest.mark.parametrize("shape", [(64, 128), (96, 256), (200, 96), (512, 1024)])
 @pytest.mark.parametrize("config", list(CPU_CONFIGS))
-def test_int8_weight_bytes_are_torchaos(config: str, shape: tuple[int, int]) -> None:
+def test_cpu_weight_bytes_are_torchaos(config: str, shape: tuple[int, int]) -> None:
     n, k = shape
     real = torch.nn.Linear(k, n, dtype=BF16)
     quantize_(real, CPU_CONFIGS[config]())
     expect = sorted(getattr(real.weight, a).untyped_storage().nbytes() for a in real.weight.__tensor_flatten__()[0])
-    assert expect == sorted([n * k, n * 4, n])  # int8 data, fp32 scale per row, int8 zero point per row
+    if config == "int4-cpu":  # int4 values one per int8 byte; a bf16 scale and an int8 zero point per group of 32
+        assert expect == sorted([n * k, n * k // 32 * 2, n * k // 32])
+    else:  # int8 data, fp32 scale per row, int8 zero point per row
+        assert expect == sorted([n * k, n * 4, n])
     with fv.record(device="cuda:0") as trace:
         m = torch.nn.Linear(k, n, dtype=BF16)
         quantize_(m, CPU_CONFIGS[config]())
@@ -298,6 +302,7 @@ def test_config_for_and_labels() -> None:
     assert qt.label(qt.config_for("int4")) == "int4 weight-only (group 128, tile_packed_to_4d)"
     assert qt.label(qt.config_for("fp8")) == "fp8 dynamic activation, fp8 weight"
     assert qt.label(qt.config_for("int8_dyn")) == "int8 dynamic activation, int8 weight"
+    assert qt.label(qt.config_for("int4-cpu")) == "int4 weight-only (intx, unpacked_to_int8)"
     assert qt.is_torchao_config(Int8WeightOnlyConfig()) and not qt.is_torchao_config("int8")
     with pytest.raises(ArgumentError, match="int4"):
         qt.config_for("int3")
