@@ -38,6 +38,7 @@ from .._core.errors import CheckpointError
 from .._engine.checkpoint import Checkpoint, TensorInfo
 from .._engine.quant_kernels import AWQ_DEQUANT_ROWS, awq_dequantize, awq_gemm, gptq_gemm, scaled_matmul
 from ._build import Spec, instantiate
+from ._prequantized_config import layers_from_config
 
 __all__ = [
     "SUPPORTED",
@@ -235,9 +236,11 @@ def _base_dtype(ckpt: Checkpoint, layers: dict[str, dict[str, TensorInfo]], spec
     return max(counts, key=counts.__getitem__) if counts else spec.dtype
 
 
-def build(spec: Spec, ckpt: Checkpoint, dtype: torch.dtype | None, where: str = "") -> nn.Module | None:
+def build(spec: Spec, ckpt: Checkpoint | None, dtype: torch.dtype | None, where: str = "") -> nn.Module | None:
     """The model of a pre-quantized checkpoint (Note: [pre-quantized checkpoints]), or None when ``spec`` has no
-    ``quantization_config``; built in the current context (``building(device)``).
+    ``quantization_config``; built in the current context (``building(device)``). Without ``ckpt`` (``models.build``
+    of a config alone) the quantized layers are those the config describes (Note: [pre-quantized layers from a
+    config]).
 
     Raises:
         CheckpointError: a ``quant_method`` (or format) fakeviz does not read, naming what it reads, or a quantized
@@ -249,13 +252,17 @@ def build(spec: Spec, ckpt: Checkpoint, dtype: torch.dtype | None, where: str = 
     where = where or "config.json"
     method = _method(qc, where)
     make = _maker(method, qc, where)  # an unsupported format is refused first
-    layers = _layers(ckpt, method)
-    if not layers:
-        marks = " or ".join(f"*{m}" for m in _MARKERS[method])
-        raise CheckpointError(f"{where}: the quantization_config says {method}, but no tensor of the checkpoint is a "
-                              f"quantized layer's ({marks})\nRemove the quantization_config from config.json for an "
-                              "unquantized checkpoint.")  # fmt: skip
-    model = instantiate(spec, dtype or _base_dtype(ckpt, layers, spec))
+    if ckpt is None:
+        model = instantiate(spec, dtype or spec.dtype)
+        layers = layers_from_config(model, method, qc)
+    else:
+        layers = _layers(ckpt, method)
+        if not layers:
+            marks = " or ".join(f"*{m}" for m in _MARKERS[method])
+            raise CheckpointError(f"{where}: the quantization_config says {method}, but no tensor of the checkpoint "
+                                  f"is a quantized layer's ({marks})\nRemove the quantization_config from config.json "
+                                  "for an unquantized checkpoint.")  # fmt: skip
+        model = instantiate(spec, dtype or _base_dtype(ckpt, layers, spec))
     device = next(model.parameters()).device
     for prefix, tensors in layers.items():
         path = _module_path(model, prefix)
@@ -268,7 +275,7 @@ def build(spec: Spec, ckpt: Checkpoint, dtype: torch.dtype | None, where: str = 
     model.config.quantization_config = qc
     model.quantization_method = method  # as transformers marks a quantized model (peft reads it)
     if method == "bitsandbytes":
-        model.is_loaded_in_4bit = any(".weight.absmax" in k for k in ckpt.tensors)
+        model.is_loaded_in_4bit = any("weight.absmax" in tensors for tensors in layers.values())
         model.is_loaded_in_8bit = not model.is_loaded_in_4bit
     return model
 

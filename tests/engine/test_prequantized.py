@@ -15,7 +15,7 @@ from sparse_safetensors import write_sparse_safetensors
 
 import fakeviz as fv
 from fakeviz import models
-from fakeviz._core.errors import CheckpointError, FakeVizWarning
+from fakeviz._core.errors import ArgumentError, CheckpointError, FakeVizWarning
 from fakeviz._engine import quant_kernels
 from fakeviz._engine.checkpoint import read_checkpoint
 from fakeviz.models import _prequantized as pq
@@ -473,3 +473,32 @@ def test_pre_quantized_hub_repo_reads_headers_only(tmp_path, monkeypatch, fmt):
     with open(tmp_path / "repo" / "model.safetensors", "rb") as f:
         n = int.from_bytes(f.read(8), "little")
     assert sum(r.sent for r in gets) == 8 + n  # the header, no weight byte
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_build_from_the_config_alone_gives_the_checkpoints_layers(tmp_path, fmt):
+    """models.build reads config.json only (a hub id's too): the quantized layers its quantization_config describes
+    are the ones a checkpoint of that config stores, tensor for tensor (Note: [pre-quantized layers from a config])."""
+    if fmt in ("nf4", "fp4", "int8") and importlib.util.find_spec("bitsandbytes") is None:
+        pytest.skip("bitsandbytes is not installed")
+    header = write_checkpoint(tmp_path, fmt)
+    model = models.build(tmp_path, device="cuda:0")
+    assert type(model.model.layers[1].self_attn.k_proj).__name__ == LAYER[fmt]
+    assert type(model.lm_head) is torch.nn.Linear  # the output head stays unquantized, as the quantizers leave it
+    assert {k: (v.dtype, tuple(v.shape)) for k, v in model.state_dict().items()} == {
+        k: (DTYPE[c], s) for k, (c, s) in header.items()
+    }
+    if fmt != "int8":  # LLM.int8's outlier columns at threshold 6.0: see test_forward_records_with_the_right_shapes
+        with fv.record(device="cuda:0") as trace:
+            model(input_ids=torch.randint(0, V, (1, 8)))
+        assert trace.error is None
+    with pytest.raises(ArgumentError, match="already quantized"):
+        models.build(tmp_path, quantization="nf4")
+
+
+def test_build_follows_the_configs_skip_list(tmp_path):
+    qc = {**FORMATS["fp8"][0], "modules_to_not_convert": ["mlp.down_proj"]}
+    write_checkpoint(tmp_path, "fp8", qc=qc)
+    model = models.build(tmp_path)
+    layer = model.model.layers[0]
+    assert type(layer.mlp.down_proj) is torch.nn.Linear and type(layer.mlp.up_proj).__name__ == "FineGrainedFP8Linear"
