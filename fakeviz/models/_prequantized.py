@@ -29,12 +29,13 @@ call ``from_pretrained`` before the block to record only what runs.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
-from .._core.errors import CheckpointError
+from .._core.errors import CheckpointError, FakeVizWarning
 from .._engine.checkpoint import Checkpoint, TensorInfo
 from .._engine.quant_kernels import AWQ_DEQUANT_ROWS, awq_dequantize, awq_gemm, gptq_gemm, scaled_matmul
 from ._build import Spec, instantiate
@@ -255,6 +256,11 @@ def build(spec: Spec, ckpt: Checkpoint | None, dtype: torch.dtype | None, where:
     if ckpt is None:
         model = instantiate(spec, dtype or spec.dtype)
         layers = layers_from_config(model, method, qc)
+        experts = [n for n, m in model.named_modules() if n.endswith(".experts") and not isinstance(m, nn.Linear)]
+        if experts:
+            warnings.warn(f"{where}: the {len(experts)} mixture-of-experts blocks ({experts[0]}, ...) stay unquantized "
+                          f"at {next(model.parameters()).dtype}: fakeviz does not rebuild fused experts {method}-"
+                          "quantized, so their memory is overstated", FakeVizWarning, stacklevel=3)  # fmt: skip
     else:
         layers = _layers(ckpt, method)
         if not layers:

@@ -502,3 +502,14 @@ def test_build_follows_the_configs_skip_list(tmp_path):
     model = models.build(tmp_path)
     layer = model.model.layers[0]
     assert type(layer.mlp.down_proj) is torch.nn.Linear and type(layer.mlp.up_proj).__name__ == "FineGrainedFP8Linear"
+
+
+def test_build_warns_that_fused_experts_stay_unquantized(tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    mixtral = dict(LLAMA, architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=4,
+                   num_experts_per_tok=2, torch_dtype="bfloat16", quantization_config=FORMATS["fp8"][0])  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(mixtral))
+    with pytest.warns(FakeVizWarning, match=r"the 2 mixture-of-experts blocks \(model\.layers\.0\.mlp\.experts, "
+                      r"\.\.\.\) stay unquantized at torch\.bfloat16"):  # fmt: skip
+        model = models.build(tmp_path)
+    assert type(model.model.layers[0].self_attn.q_proj).__name__ == "FineGrainedFP8Linear"
