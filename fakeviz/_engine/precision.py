@@ -11,8 +11,10 @@ kind of weight reads as:
 
 * a plain tensor: its dtype, ``"bf16"`` / ``"fp16"`` / ``"fp32"`` / ``"fp8"`` (any float8), ``"int8"``, ...;
 * bitsandbytes ``Params4bit`` (its ``quant_type``, ``"nf4"`` / ``"fp4"``): ``"+dq"`` when its absmax is itself
-  quantized (``compress_statistics``, ``quant_state.nested``: double quantization); before it is quantized (a
-  ``Params4bit`` still holding its float data, until ``.cuda()``), its dtype, since that is what memory holds;
+  quantized (``compress_statistics``, ``quant_state.nested``: double quantization), whatever dtype stores the
+  packed data (``uint8``, or ``bnb_4bit_quant_storage=bfloat16`` for FSDP); before it is quantized (a
+  ``Params4bit`` still holding its float data, until ``.cuda()``: ``bnb_quantized`` False), its dtype, since that
+  is what memory holds;
 * bitsandbytes ``Int8Params`` holding int8 data (LLM.int8, ``has_fp16_weights=False``): ``"int8"``;
 * torchao tensor subclasses (``Int8Tensor``, ``Int4*Tensor``, ``Float8Tensor``, ``IntxUnpackedToInt8Tensor``,
   the older ``AffineQuantizedTensor`` and ``LinearActivationQuantizedTensor``): the weight's kind and, when
@@ -89,7 +91,10 @@ def tensor_precision(t: Any) -> str:
     name = cls.__name__
     dtype = getattr(t, "dtype", None)
     if name == "Params4bit" or (hasattr(t, "quant_type") and hasattr(t, "compress_statistics")):
-        if dtype is not None and str(dtype) != "torch.uint8":  # not quantized yet: the float data is what is held
+        quantized = getattr(t, "bnb_quantized", None)  # packed data may be stored as bf16 (quant_storage, FSDP)
+        if quantized is None:
+            quantized = getattr(t, "quant_state", None) is not None or str(dtype) == "torch.uint8"
+        if not quantized and dtype is not None:  # not quantized yet: the float data is what memory holds
             return dtype_label(dtype)
         kind = str(getattr(t, "quant_type", "4bit"))
         state = getattr(t, "quant_state", None)

@@ -52,6 +52,16 @@ def test_bitsandbytes_4bit(quant_type: str, double: bool, label: str) -> None:
     assert module_precision(lin) == label == tensor_precision(lin.weight)
 
 
+def test_bitsandbytes_4bit_stored_as_bf16() -> None:
+    """``bnb_4bit_quant_storage=torch.bfloat16`` (FSDP-QLoRA): the packed NF4 bytes in a bf16 tensor are still NF4."""
+    bnb = pytest.importorskip("bitsandbytes")
+    lin = bnb.nn.Linear4bit(64, 32, compute_dtype=torch.bfloat16, quant_type="nf4", quant_storage=torch.bfloat16)
+    assert module_precision(lin) == "fp32"
+    lin = lin.to("cpu")
+    assert lin.weight.dtype == torch.bfloat16 and lin.weight.numel() == 64 * 32 // 4  # two bytes hold four weights
+    assert module_precision(lin) == "nf4+dq"
+
+
 def test_bitsandbytes_int8() -> None:
     bnb = pytest.importorskip("bitsandbytes")
     lin = bnb.nn.Linear8bitLt(64, 32, has_fp16_weights=False)
