@@ -512,6 +512,10 @@ declare("bnb-qmap", "bitsandbytes.functional.name2qmap, bitsandbytes.functional"
         why="Note: [bitsandbytes under fake tensors]: the 8-bit dynamic map made on the real CPU, never a fake tensor "
             "in the library's cache (a table item), and on a fake device the map on that device; also a "
             "sys.meta_path finder while bitsandbytes is not yet imported")  # fmt: skip
+declare("quant-deferred-linears", "torch.nn.modules.module", "module parameter registration", scope="session",
+        by="fakeviz.models._quant", kind="global hook",
+        why="Note: [quantizing a built model]: while build(quantization=) builds, each nn.Linear weight kept on meta "
+            "until it is quantized (the building thread only)")  # fmt: skip
 declare("bnb-gemm-workspace", "bitsandbytes", "matmul_4bit", scope="session", by=_Q,
         why="Note: [4-bit matmul workspace on cuda]: the dequantized weight the CUDA kernel allocates inside the op, "
             "on fake cuda")  # fmt: skip

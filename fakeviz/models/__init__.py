@@ -74,12 +74,12 @@ def build(
     """
     spec = spec_of(name_or_path_or_config, config_overrides, revision=revision, trust_remote_code=trust_remote_code)
     q = None if quantization is None else _quant.resolve(quantization)
-    with building(device):
+    with building(device), _quant.deferring(q) as deferred:  # Note: [quantizing a built model]
         model = _prequantized.build(spec, None, as_dtype(dtype))  # a pre-quantized config's layers; None: not one
         if model is not None and q is not None:
             raise ArgumentError("quantization", q.label, "the model's config is already quantized (it has a "
                                 "quantization_config)", "Leave quantization= out for a pre-quantized model.")  # fmt: skip
         model = model if model is not None else instantiate(spec, as_dtype(dtype))
         if q is not None:
-            _quant.apply(model, q)  # Note: [quantizing a built model]
+            _quant.apply(model, q, deferred)
         return model

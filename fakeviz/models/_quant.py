@@ -11,14 +11,23 @@ bnb loader does it: ``replace_with_bnb_linear`` with the quantizer's modules-not
 value.to("cpu"), ...).to(device)`` for LLM.int8 (its detour through host memory included), one layer after the
 other, each high-precision weight freed once its layer holds the quantized one. Biases stay in the model's dtype.
 Under a fake mode all of it runs on fake tensors (Note: [bitsandbytes under fake tensors] in
-``fakeviz/_engine/quant/bnb.py``). The model is built at its dtype first, as ``build`` builds any model, so a
-record that includes the build holds the high-precision weights at its start (transformers' loader holds one
-tensor at a time); records of a step on a built model (plans, sweeps) are not affected.
+``fakeviz/_engine/quant/bnb.py``). transformers' loader never holds the model's high-precision linear weights
+together: it makes the model on meta and reads one tensor at a time. ``build(..., quantization=...)`` does the same
+for them (:func:`deferring`, a parameter-registration hook while the model is built): each ``nn.Linear`` weight
+is made where the model is built and at once replaced by a meta twin (its initialisation runs on meta), and
+:func:`apply` makes it on that device just before quantizing it, as the loader reads it; the weights of the
+layers left unquantized (the head, unless tied to the embeddings) are made after. So a record that includes the
+build peaks at the quantized model plus one high-precision weight, not at the high-precision model. A model given
+to :func:`apply` already built (``from_pretrained``, a module of the caller's) is quantized layer by layer from the
+weights it holds.
 torchao (``"int4"``, ``"fp8"``, a torchao config) is ``models._quant_torchao.apply`` (torchao's ``quantize_``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +35,7 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["SHORT", "Quantization", "apply", "resolve"]
+__all__ = ["SHORT", "Deferred", "Quantization", "apply", "deferring", "resolve"]
 
 #: The short strings ``quantization=`` takes, with what each means.
 SHORT = {
@@ -114,7 +123,7 @@ def resolve(quantization: Any) -> Quantization:
     raise _refuse(quantization, f"a {type(quantization).__name__} is not a quantization config")
 
 
-def apply(model: torch.nn.Module, q: Any) -> None:
+def apply(model: torch.nn.Module, q: Any, deferred: Deferred | None = None) -> None:
     """Quantize ``model`` in place with ``q`` (anything :func:`resolve` takes) by its library's own code, under
     whatever (fake) mode is current (Note: [quantizing a built model])."""
     q = resolve(q)
@@ -123,10 +132,71 @@ def apply(model: torch.nn.Module, q: Any) -> None:
 
         _quant_torchao.apply(model, q.config)
         return
-    _apply_bnb(model, q.config)
+    where: dict[int, Any] = {}
+    if deferred is not None:
+        deferred.on = False  # the layers made from here on are the quantized ones, as they are
+        where = deferred.where
+    _apply_bnb(model, q.config, where)
 
 
-def _apply_bnb(model: torch.nn.Module, cfg: Any) -> None:
+class Deferred:
+    """The ``nn.Linear`` weights :func:`deferring` kept on meta: meta weight id -> the device it was made on."""
+
+    def __init__(self) -> None:
+        self.where: dict[int, Any] = {}
+        self.on = False
+
+
+@contextlib.contextmanager
+def deferring(q: Any) -> Iterator[Deferred]:
+    """While a model is built for bitsandbytes quantization (``q`` resolves to it; None or another library: nothing
+    is deferred), keep each ``nn.Linear`` weight on meta (Note: [quantizing a built model]); :func:`apply` takes what
+    it yields, and ends the deferral."""
+    out = Deferred()
+    if q is None or resolve(q).library != "bitsandbytes":
+        yield out
+        return
+    from torch.nn.modules.module import register_module_parameter_registration_hook
+
+    from .._engine import patches as _patches
+
+    owner = threading.get_ident()
+    others: set[int] = set()  # parameters of other modules (an embedding a head is tied to): never deferred
+
+    def hook(module: torch.nn.Module, name: str, param: Any) -> Any:
+        if not out.on or param is None or threading.get_ident() != owner:
+            return None
+        if type(module) is not torch.nn.Linear or name != "weight":
+            others.add(id(param))
+            return None
+        if id(param) in others or param.device.type == "meta":
+            return None
+        meta = torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device="meta"),
+                                  requires_grad=param.requires_grad)  # fmt: skip
+        out.where[id(meta)] = param.device
+        return meta
+
+    handle: list[Any] = []
+    token = _patches.push_call(lambda: handle.append(register_module_parameter_registration_hook(hook)),
+                               lambda: handle.pop().remove(), entry="quant-deferred-linears")  # fmt: skip
+    out.on = True
+    try:
+        yield out
+    finally:
+        out.on = False
+        _patches.pop(token)
+
+
+def _materialize(model: torch.nn.Module, where: dict[int, Any]) -> None:
+    """Deferred weights left on meta (the layers not quantized: the head) made on their device, as loaded."""
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and id(p) in where and p.device.type == "meta":
+                new = torch.empty(p.shape, dtype=p.dtype, device=where[id(p)])
+                setattr(mod, name, torch.nn.Parameter(new, requires_grad=p.requires_grad))
+
+
+def _apply_bnb(model: torch.nn.Module, cfg: Any, where: dict[int, Any]) -> None:
     from .._engine.quant.bnb import import_bitsandbytes
 
     bnb = import_bitsandbytes()
@@ -153,7 +223,10 @@ def _apply_bnb(model: torch.nn.Module, cfg: Any) -> None:
         module = model.get_submodule(name)
         if not isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
             continue
-        value = weight.data
+        if id(weight) in where:  # kept on meta while the model was built: the weight as a loader reads it
+            value = torch.empty(weight.shape, dtype=weight.dtype, device=where[id(weight)])
+        else:
+            value = weight.data
         del weight
         if isinstance(getattr(module, "source_cls", None), type) and Conv1D and issubclass(module.source_cls, Conv1D):
             value = value.T
@@ -168,6 +241,7 @@ def _apply_bnb(model: torch.nn.Module, cfg: Any) -> None:
         if bias is not None:
             module.bias = torch.nn.Parameter(bias.data, requires_grad=False)
         del new, bias
+    _materialize(model, where)
     model.is_loaded_in_4bit = not eight
     model.is_loaded_in_8bit = eight
     model.quantization_method = cfg.quant_method
