@@ -227,6 +227,10 @@ def test_forward_records_with_the_right_shapes(tmp_path, fmt):
         rows = f["assumptions"][f["assumptions"].op == KERNEL[fmt]]
         assert len(rows) == 1 and rows.assumption.iloc[0].startswith("recorded through a fake rule, not the library's")
         assert rows.calls.iloc[0] == 7 * L
+        # their FLOPs: the matmul each computes, 2 * rows * in * out
+        names = list(trace.string_tables()["ops"])
+        flops = trace.col("flops")[trace.col("op") == names.index(KERNEL[fmt])]
+        assert int(flops.sum()) == L * sum(2 * 80 * n_in * n_out for n_in, n_out in LINEARS.values())
     else:  # bitsandbytes' own ops
         assert any(op.startswith("bitsandbytes.") for op in ops.index)
         assert not any(op.startswith("fakeviz.") for op in ops.index)

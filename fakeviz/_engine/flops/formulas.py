@@ -503,6 +503,21 @@ def _grouped_mm_fallback(*, backward: bool) -> _Factory:
     return factory
 
 
+def _quantized_matmul(weight: str, dim: int) -> _Factory:
+    """A pre-quantized layer's kernel (``fakeviz::gptq_gemm``, ``awq_gemm``, ``scaled_matmul``; Note: [quantized
+    kernels through fake rules]): the matmul it computes, ``2 * rows * K * N``, ``N`` from ``weight``'s ``dim``."""
+
+    def factory(func: OpOverload) -> Formula:
+        get_x, get_w = _getter(func, "x"), _getter(func, weight)
+
+        def flops(args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> int:
+            return 2 * _numel(get_x(args, kwargs)) * _as_int(get_w(args, kwargs).shape[dim])
+
+        return flops
+
+    return factory
+
+
 _FLASH = aten._scaled_dot_product_flash_attention
 _FLASH_BWD = aten._scaled_dot_product_flash_attention_backward
 
@@ -532,6 +547,10 @@ ADDED_FORMULAS: dict[str, _Factory] = {
     "_grouped_mm": _grouped_mm,
     "transformers::grouped_mm_fallback": _grouped_mm_fallback(backward=False),
     "transformers::grouped_mm_fallback_backward": _grouped_mm_fallback(backward=True),
+    # pre-quantized layers' kernels (the dequantizations are elementwise: not counted)
+    "fakeviz::gptq_gemm": _quantized_matmul("scales", -1),
+    "fakeviz::awq_gemm": _quantized_matmul("scales", -1),
+    "fakeviz::scaled_matmul": _quantized_matmul("weight", 0),
     # softmax
     "_softmax": per_elem(5),
     "_log_softmax": per_elem(5),
