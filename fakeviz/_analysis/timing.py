@@ -112,6 +112,7 @@ _NO_KERNEL = frozenset(
 )
 _GEMM = frozenset(
     "mm addmm bmm baddbmm addbmm _scaled_mm _int_mm addmv mv dot vdot _addmm_activation addr matmul linear".split()
+    + "gptq_gemm awq_gemm scaled_matmul".split()  # pre-quantized layers' kernels (fakeviz._engine.quant_kernels)
 )
 _GROUPED_GEMM = frozenset("_grouped_mm _scaled_grouped_mm".split())
 _CONV = re.compile(r"^(_?convolution|cudnn_convolution|conv\w*|miopen_convolution\w*|_convolution_double_backward)")
