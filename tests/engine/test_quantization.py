@@ -180,3 +180,29 @@ def test_qlora_step_fake_equals_real() -> None:
     assert "bitsandbytes.optimizer_update_8bit_blockwise.default" in traces[True].ops["op"].tolist()
     cats = traces[True].memory(allocator=False)
     assert cats["Optimizer state"].max() > 0 and cats["Gradient"].max() > 0
+
+
+@pytest.mark.parametrize("quantization", ["nf4", "int8"])
+def test_a_quantized_build_never_holds_the_high_precision_model(quantization: str) -> None:
+    # Note: [quantizing a built model]: the linear weights are made one at a time, as transformers' loader reads them
+    cfg = fv.models.config(LLAMA, num_hidden_layers=2)
+    with fv.record(device="cuda:0") as t:
+        m = fv.models.build(LLAMA, quantization=quantization, num_hidden_layers=2)
+    assert t.error is None and m is not None
+    s = t.storages
+    cuda = s[s.device == "cuda:0"]
+    final = int(cuda[(cuda.free_seq < 0) & (cuda.category == "Parameter")].nbytes.sum())
+    largest = cfg.intermediate_size * cfg.hidden_size * 2  # one bf16 MLP weight
+    peak = t.peak()["cuda:0"].bytes
+    assert final <= peak <= final + largest
+    with fv.record(device="cuda:0") as dense:
+        fv.models.build(LLAMA, num_hidden_layers=2)
+    assert peak < dense.peak()["cuda:0"].bytes
+
+
+def test_a_tied_head_stays_tied() -> None:
+    with fv.record(device="cuda:0") as t:
+        m = fv.models.build("Qwen/Qwen2.5-0.5B", quantization="nf4", num_hidden_layers=1)
+    assert t.error is None
+    assert m.config.tie_word_embeddings and m.lm_head.weight is m.get_input_embeddings().weight
+    assert all(p.device.type == "cuda" for p in m.parameters())
