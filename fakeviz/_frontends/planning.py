@@ -6,7 +6,9 @@ module), computes a device map, moves each placed module to its fake GPU *before
 starts with the weights in place, as after loading a checkpoint with that map), hooks each placed module so
 its inputs move to its device as accelerate's hooks do (every such move is a recorded ``_to_copy``: the
 transfers table), and records one step: a forward (inference), ``generate`` of ``new_tokens`` with a KV cache,
-or a training step with AdamW. The peaks per device, the verdict and the transfers are read from that record.
+or a training step (AdamW by default; ``optimizer=``), of the model quantized and with LoRA adapters when asked
+(``quantization=``, ``lora=``: :mod:`.adapters`). The peaks per device, the verdict and the transfers are read from
+that record.
 
 Device maps: a dict (module name -> device, transformers' shape), ``"sequential"`` and ``"auto"`` computed by
 transformers' own ``device_map`` code (``transformers.integrations.accelerate._get_device_map``, which calls
@@ -404,7 +406,7 @@ def plan(
             placement]), ``"auto"`` / ``"sequential"`` (what transformers computes with accelerate's
             functions for these capacities), or a dict ``{module name: device}`` (ints, ``"cuda:N"``).
         batch, seq: the inputs (``fakeviz.models.inputs``).
-        train: one training step with AdamW (forward with labels, backward, ``step``).
+        train: one training step with ``optimizer`` (forward with labels, backward, ``step``).
         new_tokens: with ``train=False``, ``generate`` that many tokens after the prefill (KV cache).
         dtype: parameter dtype (default: the published one).
         checkpointing: activation checkpointing of the repeated blocks (no code change needed).
