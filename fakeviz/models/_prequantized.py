@@ -20,7 +20,11 @@ for a layer that holds exactly those tensors (the headers' names, dtypes and sha
 
 GPTQ, AWQ, fp8 and compressed-tensors layers call kernels that cannot run here; they record the ops of
 :mod:`fakeviz._engine.quant_kernels` (Note: [quantized kernels through fake rules]), which ``fidelity()`` names.
-As the libraries do, GPTQ and AWQ tensors are buffers, fp8 and compressed-tensors ones parameters (frozen).
+As the libraries do, GPTQ and AWQ tensors are buffers (a record counts them as ``Buffer``), fp8 and
+compressed-tensors ones frozen parameters. The layers are ``nn.Linear`` subclasses without a dense weight, so peft
+wraps them with LoRA as it wraps the libraries' layers, and the model is marked ``quantization_method`` as
+transformers marks it (``prepare_model_for_kbit_training`` reads it). ``models.build`` of a config alone builds
+the layers the config describes (Note: [pre-quantized layers from a config]).
 
 The model is first built as the config describes and its quantized layers then replaced, as ``from_pretrained``
 builds any model: inside a ``fv.record`` block that build is recorded too (the dense layers made and dropped);
