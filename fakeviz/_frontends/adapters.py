@@ -27,7 +27,7 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["Adapted", "apply", "build_key", "check_backward", "check_finetune", "logical_numel", "lora_config", "lora_key", "lora_label",
+__all__ = ["Adapted", "apply", "build_key", "check_backward", "check_finetune", "check_parallel", "logical_numel", "lora_config", "lora_key", "lora_label",
            "quant_label", "quantize", "quantizing", "resolve_quantization"]  # fmt: skip
 
 _TASKS = {"causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
@@ -81,6 +81,17 @@ def check_finetune(train: bool, quantization: Any, lora: Any) -> None:
         raise ArgumentError("quantization", quantization, "quantized weights do not train (they hold no gradients)",
                             "Train adapters on them (QLoRA): give lora=16 too, or drop quantization= for full "
                             "fine-tuning.")  # fmt: skip
+
+
+def check_parallel(**given: Any) -> None:
+    """``plan(parallel=...)`` runs torchtitan's recipe: full-precision weights, no adapters, AdamW; anything else
+    given (``quantization``, ``lora``, ``optimizer``) is refused."""
+    for name, default in (("quantization", None), ("lora", None), ("optimizer", "adamw")):
+        v = given.get(name, default)
+        if v != default and not (name == "lora" and lora_config(v) is None):
+            raise ArgumentError(name, v, "a parallel plan runs torchtitan's recipe of full-precision weights and "
+                                "AdamW", f"Plan {name}= on a device map (no parallel=), or write the parallel step "
+                                "yourself and call fakeviz.simulate.")  # fmt: skip
 
 
 def check_backward(exc: BaseException, settings: dict[str, Any]) -> None:

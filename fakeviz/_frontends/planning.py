@@ -437,12 +437,7 @@ def plan(
     if parallel is not None:
         from .parallel import parallel_plan
 
-        for name, v, default in (("quantization", quantization, None), ("lora", lora, None),
-                                 ("optimizer", optimizer, "adamw")):  # fmt: skip
-            if v != default and not (name == "lora" and adapters.lora_config(v) is None):
-                raise ArgumentError(name, v, "a parallel plan runs torchtitan's recipe of full-precision weights "
-                                    "and AdamW", f"Plan {name}= on a device map (no parallel=), or write the "
-                                    "parallel step yourself and call fakeviz.simulate.")  # fmt: skip
+        adapters.check_parallel(quantization=quantization, lora=lora, optimizer=optimizer)
         if device_map != "balanced":
             raise ValueError("parallel= and device_map= are two ways to use the GPUs: give one of them")
         _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)

@@ -326,6 +326,9 @@ def test_parallel_plans_refuse_adapters() -> None:
         fv.plan("meta-llama/Llama-3.1-8B", gpus="8xH100", parallel={"dp_shard": 8}, train=True, lora=16)
     with pytest.raises(ArgumentError, match="parallel plan"):
         fv.plan("meta-llama/Llama-3.1-8B", gpus="8xH100", parallel={"dp_shard": 8}, train=True, optimizer="sgd")
+    with pytest.raises(ArgumentError, match="parallel plan") as info:
+        fv.plan("meta-llama/Llama-3.1-8B", gpus="8xH100", parallel={"dp_shard": 8}, quantization="nf4")
+    assert info.value.argument == "quantization"
 
 
 def test_adapters_over_weights_without_a_backward_are_refused_shortly(cfg: Any) -> None:
