@@ -53,6 +53,7 @@ __all__ = [
     "GPTQLinear",
     "PrequantizedLinear",
     "build",
+    "build_layer",
     "quant_config",
 ]
 
@@ -288,6 +289,12 @@ def build(spec: Spec, ckpt: Checkpoint | None, dtype: torch.dtype | None, where:
         model.is_loaded_in_4bit = any("weight.absmax" in tensors for tensors in layers.values())
         model.is_loaded_in_8bit = not model.is_loaded_in_4bit
     return model
+
+
+def build_layer(method: str, qc: dict[str, Any], linear: nn.Linear, tensors: dict[str, TensorInfo],
+                device: torch.device) -> nn.Module:  # fmt: skip
+    """The quantized layer of ``method`` (a ``quant_method``) that replaces ``linear``, holding ``tensors``."""
+    return _maker(method, qc, "quantization_config")(linear, tensors, device)
 
 
 def _maker(method: str, qc: dict[str, Any], where: str) -> Any:

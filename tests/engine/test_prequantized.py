@@ -297,10 +297,14 @@ def _layer_run(fmt: str, fake: bool, rows: int) -> Any:
         elif fmt == "awq":
             layer = pq.AWQLinear(tensors, 4, 32, cpu)
             layer.qweight.random_(0, 2**31 - 1), layer.qzeros.random_(0, 2**31 - 1), layer.scales.uniform_(0, 1)
+        elif fmt == "fp8":  # transformers' FP8Linear, as from_pretrained makes it
+            layer = pq.build_layer("fp8", qc, torch.nn.Linear(FF, H, bias=False, device="meta"), tensors, cpu)
+            layer.weight.data.copy_(torch.randn(H, FF).to(layer.weight.dtype))
+            layer.weight_scale_inv.data.uniform_(0, 1)
         else:
             layer = pq.CompressedLinear(tensors, None, True, cpu)
             layer.weight.data.copy_(torch.randn(H, FF).to(layer.weight.dtype)), layer.weight_scale.data.uniform_(0, 1)
-        x = torch.randn(rows, FF, dtype=torch.float16 if fmt != "ct-fp8" else torch.bfloat16, requires_grad=True)
+        x = torch.randn(rows, FF, dtype=torch.float16 if fmt in ("gptq", "awq") else torch.bfloat16, requires_grad=True)
         y = layer(x)
         y.sum().backward()
     assert trace.error is None
@@ -313,7 +317,9 @@ def _info(code: str, shape: tuple[int, ...]) -> Any:
     return TensorInfo(DTYPE[code], shape, "model.safetensors")
 
 
-@pytest.mark.parametrize(("fmt", "rows"), [("gptq", 60), ("gptq", 8), ("awq", 12), ("ct-fp8", 6)])
+@pytest.mark.parametrize(
+    ("fmt", "rows"), [("gptq", 60), ("gptq", 8), ("awq", 12), ("awq", 1100), ("fp8", 6), ("ct-fp8", 6)]
+)
 def test_fake_rules_equal_the_ops_run_for_real_on_cpu(fmt, rows):
     """Each op's real implementation (plain torch ops: unpack, dequantize, matmul) runs on the CPU: the fake record of a
     layer's forward and backward equals the real one op by op, output by output (shapes, dtypes, workspace bytes)."""
