@@ -293,3 +293,25 @@ def test_pre_quantized_layers() -> None:
     fp8 = pq.CompressedLinear({"weight": info(torch.float8_e4m3fn, (o, i)), **scales}, None, True, cpu)
     int8 = pq.CompressedLinear({"weight": info(torch.int8, (o, i)), **scales}, None, True, cpu)
     assert [module_precision(m) for m in (gptq, awq, fp8, int8)] == ["gptq int4", "awq int4", "fp8", "int8"]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "label", "rest"),
+    [("gptq", "gptq int4", "fp16"), ("awq", "awq int4", "fp16"), ("nf4", "nf4+dq", "bf16"), ("ct-fp8", "fp8", "bf16")],
+)
+def test_pre_quantized_checkpoints_in_the_record(tmp_path, fmt: str, label: str, rest: str) -> None:
+    """``from_pretrained`` of a pre-quantized checkpoint (sparse files written as the tests of
+    fakeviz/models/_prequantized.py write them): the record notes each decoder linear in the checkpoint's format."""
+    if fmt == "nf4":
+        pytest.importorskip("bitsandbytes")
+    import test_prequantized as checkpoints  # its checkpoint writers: the published repos' tensors, headers only
+
+    checkpoints.write_checkpoint(tmp_path / fmt, fmt, None)
+    with fv.record(device="cuda:0") as trace:
+        model = fv.models.from_pretrained(tmp_path / fmt, device="cuda:0")
+        model(torch.randint(0, 64, (1, 4), device="cuda:0"))
+    assert trace.error is None, trace.error
+    got = {k.removeprefix("LlamaForCausalLM."): v for k, v in trace.meta["weight_precision"].items()}
+    linears = {k for k in got if ".layers." in k and k.rsplit(".", 1)[-1].endswith("_proj")}
+    assert len(linears) == 14 and {got[k] for k in linears} == {label}
+    assert {v for k, v in got.items() if k not in linears} == {rest}  # embeddings, norms and the head as stored
