@@ -202,12 +202,13 @@ def _fake_model(
         if model is not None and q is not None:
             raise ArgumentError("quantization", q.label, f"{where} is already quantized (its config.json has a "
                                 "quantization_config)", "Leave quantization= out for a pre-quantized checkpoint.")
-        model = model if model is not None else instantiate(spec, want or ckpt.main_dtype())
+        with _quant.deferring(q) as deferred:  # Note: [quantizing a built model]
+            model = model if model is not None else instantiate(spec, want or ckpt.main_dtype())
         m = match(model, ckpt)
         if want is None:
             _swap_dtypes(model, m)
         if q is not None:  # the checkpoint's weights as loaded, then quantized (Note: [quantizing a built model])
-            _quant.apply(model, q)
+            _quant.apply(model, q, deferred)
     if not m.ok:
         msg = f"{where}: the checkpoint disagrees with the model its config.json builds\n{m.describe()}"
         if strict:

@@ -187,12 +187,22 @@ def deferring(q: Any) -> Iterator[Deferred]:
         _patches.pop(token)
 
 
+def _device(where: dict[int, Any]) -> Any:
+    """Where the deferred weights were made (a weight ``from_pretrained`` gave its checkpoint's dtype is a new meta
+    tensor, not in the map: the model's device)."""
+    return next(iter(where.values()))
+
+
 def _materialize(model: torch.nn.Module, where: dict[int, Any]) -> None:
     """Deferred weights left on meta (the layers not quantized: the head) made on their device, as loaded."""
+    if not where:
+        return
     for mod in model.modules():
+        if type(mod) is not torch.nn.Linear:
+            continue
         for name, p in list(mod._parameters.items()):
-            if p is not None and id(p) in where and p.device.type == "meta":
-                new = torch.empty(p.shape, dtype=p.dtype, device=where[id(p)])
+            if p is not None and p.device.type == "meta":
+                new = torch.empty(p.shape, dtype=p.dtype, device=where.get(id(p), _device(where)))
                 setattr(mod, name, torch.nn.Parameter(new, requires_grad=p.requires_grad))
 
 
@@ -223,8 +233,8 @@ def _apply_bnb(model: torch.nn.Module, cfg: Any, where: dict[int, Any]) -> None:
         module = model.get_submodule(name)
         if not isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
             continue
-        if id(weight) in where:  # kept on meta while the model was built: the weight as a loader reads it
-            value = torch.empty(weight.shape, dtype=weight.dtype, device=where[id(weight)])
+        if weight.device.type == "meta" and where:  # deferred while the model was built: read it as a loader does
+            value = torch.empty(weight.shape, dtype=weight.dtype, device=where.get(id(weight), _device(where)))
         else:
             value = weight.data
         del weight

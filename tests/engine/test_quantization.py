@@ -114,6 +114,11 @@ def test_from_pretrained_quantizes_the_checkpoint(tmp_path: Any) -> None:
     assert isinstance(m.model.layers[1].self_attn.q_proj, bnb.nn.Linear4bit)
     w = m.model.layers[1].self_attn.q_proj.weight
     assert w.dtype == torch.uint8 and w.numel() == 64 * 64 // 2 and w.device.type == "cuda"
+    assert all(p.device.type == "cuda" for p in m.parameters())
+    s = t.storages
+    cuda = s[s.device == "cuda:0"]
+    final = int(cuda[(cuda.free_seq < 0) & (cuda.category == "Parameter")].nbytes.sum())
+    assert final <= t.peak()["cuda:0"].bytes <= final + 128 * 64 * 2  # one bf16 weight at a time, as loaded
 
 
 # ------------------------------------------------------------------------------------------------ resolve
