@@ -11,6 +11,7 @@ library code makes for a known reason, answered by a stated assumption), and the
 from __future__ import annotations
 
 import ast
+import itertools
 import math
 import sys
 from typing import Any
@@ -37,6 +38,15 @@ _NO_EARLY_STOP = (
 )
 #: Reads of unknown values in library code, answered by a documented assumption: (file suffix, function,
 #: text the source line contains or "", answer, assumption).
+_ERRORS = itertools.count(1)
+
+
+def _decreasing() -> float:
+    """An error that every call finds lower than the last (HQQ's early-stop test never stops)."""
+    return 1.0 / (1 + next(_ERRORS))
+
+
+#: ``(file suffix, function, text on the line, answer (a value, or a callable giving it), why)``
 ASSUMPTIONS: tuple[tuple[str, str, str, Any, str], ...] = (
     ("torch/nn/init.py", "_no_grad_trunc_normal_", "", False,
      "trunc_normal_: no draw fell outside [a, b], so no re-draw (a real run re-draws the outliers: one more "
@@ -54,6 +64,9 @@ ASSUMPTIONS: tuple[tuple[str, str, str, Any, str], ...] = (
     ("transformers/models/wav2vec2/modeling_wav2vec2.py", "forward", "skip_the_layer", False,
      "Wav2Vec2 LayerDrop: no layer skipped (the draw is on the GPU, unknown here; a real run skips each layer "
      "with probability config.layerdrop, so every layer running is the upper bound on time and memory)"),
+    ("torchao/quantization/quant_primitives.py", "optimize_weights_proximal_legacy", "current_error", _decreasing,
+     "torchao HQQ (int4 choose-qparams 'hqq'): each iteration lowered the error, so no early stop: all `iters` "
+     "iterations ran (the upper bound on time; each iteration allocates the same)"),
 )  # fmt: skip
 
 
@@ -81,7 +94,7 @@ def rule_for_read() -> tuple[Any, str] | None:
             if fn.endswith(suffix) and f.f_code.co_name == name:
                 # the statement may span lines: look at the line of the read and the next few
                 if not text or text in "".join(linecache.getline(fn, f.f_lineno + i) for i in range(6)):
-                    return answer, why
+                    return (answer() if callable(answer) else answer), why
         return None
     return None
 

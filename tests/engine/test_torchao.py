@@ -362,3 +362,19 @@ def test_low_bit_optimizer_state_on_fake_cuda() -> None:
     # two fp32 states of the bias (256 elements is under 4096: not quantized) and two step counters
     weight = 2 * (512 * 256 // 2 + 512 * 256 // 128 * 4 + 16 * 4)
     assert int(live[live.category == "Optimizer state"].nbytes.sum()) == weight + 2 * 256 * 4 + 2 * 4
+
+
+def test_int4_hqq_on_fake_cuda_runs_every_iteration() -> None:
+    # HQQ's loop stops early when the error stops falling (a read of unknown values): assumed it never does
+    from torchao.quantization import Int4WeightOnlyConfig
+
+    cfg = Int4WeightOnlyConfig(
+        group_size=128, int4_packing_format="tile_packed_to_4d", int4_choose_qparams_algorithm="hqq"
+    )
+    with fv.record(device="cuda:0") as trace:
+        m = torch.nn.Linear(2048, 1024, dtype=BF16, device="cuda")
+        quantize_(m, cfg)
+    assert _weight_storages(trace, "Linear.weight") == _int4_bytes(1024, 2048)
+    rows = trace.fidelity()["assumptions"]
+    hqq = rows[rows.assumption.str.startswith("torchao HQQ")]
+    assert len(hqq) == 20  # torchao's iters
