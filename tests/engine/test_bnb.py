@@ -174,6 +174,8 @@ def test_paged_adamw8bit_state_is_marked_paged() -> None:
     s = t.storages.set_index("storage")
     assert sorted(int(s.loc[i, "nbytes"]) for i in paged) == [512 * 512, 512 * 512]  # uint8 state1, state2
     assert all(s.loc[i, "category"] == "Optimizer state" and s.loc[i, "device"] == "cuda:0" for i in paged)
+    said = t.fidelity()["assumptions"]
+    assert (said["op"] == "bitsandbytes.get_paged").sum() == 2
 
 
 def test_fake_mode_builds_and_quantizes() -> None:

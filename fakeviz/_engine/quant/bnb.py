@@ -60,8 +60,8 @@ Note: [paged optimizer state]
 memory): it lives on the GPU while the GPU uses it, and the driver evicts it to host memory when the GPU runs out,
 instead of failing. It never goes through PyTorch's allocator, so ``torch.cuda.max_memory_allocated`` does not see
 it. Under fake tensors :func:`_get_paged` makes it a fake tensor on the parameter's device (the bytes a step
-touches there), marks it ``is_paged`` as bitsandbytes does, and lists its storage in the record's
-``meta["paged"]`` (storage ids); fakeviz counts it on the GPU, in the ``Optimizer state`` category (the worst
+touches there), marks it ``is_paged`` as bitsandbytes does, lists its storage in the record's ``meta["paged"]``
+(storage ids) and says so in ``fidelity()``'s assumptions; fakeviz counts it on the GPU, in the ``Optimizer state`` category (the worst
 case: every page resident), and a verdict that misses by no more than ``meta["paged"]``'s bytes may still run,
 with the pages moving between host and GPU each step. Prefetching and synchronisation (ctypes calls) do nothing
 on fake tensors.
@@ -277,6 +277,12 @@ def _get_paged(*shape: int, dtype: torch.dtype = torch.float32, device: Any = No
         sid = state.storage_id(out, state.b.num_ops())
         if sid >= 0:
             state.trace.meta.setdefault("paged", []).append(int(sid))
+        state.note_assumption(
+            "bitsandbytes.get_paged",
+            f"paged optimizer state ({out.numel() * out.element_size():,} bytes) is CUDA unified memory: counted on "
+            f"{device} as resident; the driver moves it to host memory when the GPU runs out, and "
+            "torch.cuda.max_memory_allocated does not count it",
+        )
     return out
 
 
