@@ -435,7 +435,7 @@ def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]
 
     runner = model if runner is None else runner
     if args.train:
-        opt_name = args.optimizer or "adamw"
+        opt_name = info["optimizer"] = args.optimizer or "adamw"
         n = args.steps or 2
         info["run"] = f"train, {n} step{'s' if n > 1 else ''}" + (
             f", {opt_name}" if opt_name != "none" else ", no optimizer"

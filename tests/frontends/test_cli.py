@@ -249,7 +249,7 @@ def test_lora_report_equals_the_api_run(tmp_path, capsys, optim):
     assert rc == 0
     data = json.loads(js.read_text())
     trace, trainable = _api_lora_run(optim, 8)
-    assert data["lora"] == "LoRA r=8" and data["quantization"] is None
+    assert data["lora"] == "LoRA r=8" and data["quantization"] is None and data["optimizer"] == optim
     assert data["trainable_parameters"] == trainable
     assert data["ops"] == trace.num_ops
     pk = trace.peak()["cuda:0"]
