@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.abc
+import inspect
 import sys
 from typing import Any
 
@@ -135,7 +136,10 @@ def _patch(utils: Any) -> None:
             continue
         d = getattr(mod, "__dict__", {})
         for name, fn in originals.items():
-            if d.get(name) is fn:
+            v = d.get(name)
+            # a module imported during an earlier session bound that session's change (a registry dispatcher that
+            # now answers as torchao's own): it is torchao's check too
+            if v is fn or (callable(v) and hasattr(v, "__wrapped__") and inspect.unwrap(v) is fn):
                 _TOKENS.append(_patches.push(mod, name, new[name], entry="torchao-sm-checks"))
 
 

@@ -378,3 +378,28 @@ def test_int4_hqq_on_fake_cuda_runs_every_iteration() -> None:
     rows = trace.fidelity()["assumptions"]
     hqq = rows[rows.assumption.str.startswith("torchao HQQ")]
     assert len(hqq) == 20  # torchao's iters
+
+
+CHILD = """
+import torch, fakeviz as fv
+with fv.record(device="cuda:0"):  # torchao imported inside a session: patched when torchao.utils has run
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, quantize_
+    a = torch.nn.Linear(64, 64, dtype=torch.bfloat16)
+    quantize_(a, Float8DynamicActivationFloat8WeightConfig())
+with fv.record(device="cuda:0"):  # a later session: the names bound during the first one answer again
+    b = torch.nn.Linear(64, 64, dtype=torch.bfloat16)
+    quantize_(b, Float8DynamicActivationFloat8WeightConfig())
+import torchao.utils
+print("KINDS", type(a.weight).__name__, type(b.weight).__name__, bool(torchao.utils.is_sm_at_least_89()))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the capability patch is for a build without CUDA (the shim)")
+def test_fp8_when_torchao_is_imported_inside_a_record() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("KINDS"))
+    assert line.split()[1:] == ["Float8Tensor", "Float8Tensor", "False"]
