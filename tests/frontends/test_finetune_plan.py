@@ -350,3 +350,21 @@ def test_quantization_the_plans_gpu_cannot_run_is_refused_shortly(cfg: Any) -> N
     assert info.value.argument == "quantization"
     p = fv.plan(cfg, gpus="H100", seq=16, quantization="fp8")
     assert p.trace.error is None and p.settings["quantization"] == "fp8"
+
+
+def test_qlora_checkpointing_axis_shares_one_build(cfg: Any) -> None:
+    """QLoRA's gradient checkpointing follows each point's ``checkpointing=`` on one prepared model (Note: [adapters
+    in plans]): the blocks keep only their inputs with it on, and the model is built once."""
+    pytest.importorskip("bitsandbytes")
+    df = fv.sweep(cfg, gpus="H100", train=True, seq=64, lora=R, quantization="nf4", checkpointing=[False, True],
+                  progress=False, rank_by=None)  # fmt: skip
+    a, b = df.attrs["plans"]
+    assert a.module is b.module
+    saved = [_max(p.trace, "Activation") for p in (a, b)]
+    assert 0 < saved[1] < saved[0]
+    for p in (a, b):  # the .grad the optimizer steps on: the adapters' only (one per A and B matrix)
+        st, ops = p.trace.storages, p.trace.ops
+        step = int(ops.index[ops.phase == "optimizer"][0])
+        grads = st[(st.category == "Gradient") & ((st.free_seq < 0) | (st.free_seq > step))]
+        assert len(grads) == 2 * len(_linears(cfg)) and int(grads.nbytes.sum()) == 4 * _lora_numel(cfg, R)
+    assert _max(a.trace, "Gradient") == 4 * _lora_numel(cfg, R)
