@@ -27,8 +27,10 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["Adapted", "apply", "build_key", "check_backward", "check_finetune", "check_parallel", "logical_numel", "lora_config", "lora_key", "lora_label",
-           "quant_label", "quantize", "quantizing", "resolve_quantization"]  # fmt: skip
+__all__ = [
+    "Adapted", "apply", "build_key", "check_backward", "check_finetune", "check_parallel", "logical_numel",
+    "lora_config", "lora_key", "lora_label", "quant_label", "quantize", "quantizing", "resolve_quantization",
+]  # fmt: skip
 
 _TASKS = {"causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
 
