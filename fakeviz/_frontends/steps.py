@@ -16,8 +16,9 @@ import torch
 from .._core.schema import PHASES
 
 __all__ = [
-    "OPTIMIZERS", "Speed", "base_of", "check_optimizer", "checkpointing", "forward", "generate", "gpu_kind", "init_state",
-    "make_optimizer", "model_dtype", "run", "MATRIX_CLASSES", "speed", "step_flops", "step_start", "tokens_per_step", "train", "window_time",
+    "OPTIMIZERS", "Speed", "base_of", "check_optimizer", "checkpointing", "forward", "generate", "gpu_kind",
+    "init_state", "make_optimizer", "model_dtype", "run", "MATRIX_CLASSES", "speed", "step_flops", "step_start",
+    "tokens_per_step", "train", "window_time",
 ]  # fmt: skip
 
 
