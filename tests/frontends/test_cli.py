@@ -228,8 +228,13 @@ def _api_lora_run(optim: str, lora: int, quantization: str | None = None) -> tup
         pm.train()
         batch = models.inputs(model, batch=2, seq=16, labels=True)
         params = [p for p in pm.parameters() if p.requires_grad]
-        opt = (torch.optim.AdamW(params, lr=1e-4) if optim == "adamw"
-               else Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False))  # fmt: skip
+        if optim == "adamw8bit_ao":
+            import torchao.optim
+
+            opt = torchao.optim.AdamW8bit(params, lr=1e-4)
+        else:
+            opt = (torch.optim.AdamW(params, lr=1e-4) if optim == "adamw"
+                   else Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False))  # fmt: skip
         out = pm(**batch)
         out["loss"].backward()
         del out
@@ -240,8 +245,10 @@ def _api_lora_run(optim: str, lora: int, quantization: str | None = None) -> tup
     return trace, trainable
 
 
-@pytest.mark.parametrize("optim", ["adamw", "adafactor"])
+@pytest.mark.parametrize("optim", ["adamw", "adafactor", "adamw8bit_ao"])
 def test_lora_report_equals_the_api_run(tmp_path, capsys, optim):
+    if optim.endswith("_ao"):
+        pytest.importorskip("torchao")
     js = tmp_path / "r.json"
     rc = main(
         ["report", *TINY_LLAMA_ARGV, "--train", "--steps", "1", "--lora", "8", "--optim", optim, "--json", str(js)]
