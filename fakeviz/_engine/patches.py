@@ -519,6 +519,9 @@ declare("quant-deferred-linears", "torch.nn.modules.module", "module parameter r
 declare("bnb-gemm-workspace", "bitsandbytes", "matmul_4bit", scope="session", by=_Q,
         why="Note: [4-bit matmul workspace on cuda]: the dequantized weight the CUDA kernel allocates inside the op, "
             "on fake cuda")  # fmt: skip
+declare("bnb-outliers", "torch._library.fake_impl.FakeImplCtx", "new_dynamic_size", scope="session", by=_Q,
+        why="Note: [LLM.int8 outliers under fake tensors]: the dynamic size of a bitsandbytes op whose values are "
+            "unknown, while quant.bnb.outlier_outputs runs its fake kernel; torch's own answer otherwise")  # fmt: skip
 declare("bnb-paged", "bitsandbytes.functional", ("get_paged", "elementwise_func", "prefetch_tensor"), scope="session",
         by=_Q, why="Note: [paged optimizer state]: unified memory as a fake tensor on the device, marked paged; its "
                    "ctypes fill and prefetch on a fake tensor: a fill_, nothing")  # fmt: skip

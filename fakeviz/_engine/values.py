@@ -102,6 +102,7 @@ from . import sparse as _sparse
 from . import value_args as _args
 from . import value_reads as _reads
 from .ctc import ctc_loss_outputs
+from .quant.bnb import outlier_outputs
 from .routing import ROUTING_LIMIT, ROUTINGS, routing_indices
 from .value_reads import NORMAL_BOUND, guard_error, known_value
 
@@ -698,7 +699,8 @@ class Values:
             return FakeTensor(self.mode, torch.empty(n, dtype=t.dtype, device="meta"), t.fake_device)
         if func is aten._ctc_loss.Tensor:
             return ctc_loss_outputs(self.mode, args, kwargs, lambda text: self.assume(func, text))
-        return None
+        # LLM.int8's outlier columns (Note: [LLM.int8 outliers under fake tensors] in fakeviz/_engine/quant/bnb.py)
+        return outlier_outputs(self.mode, func, args, kwargs, lambda text: self.assume(func, text))
 
     def assume(self, func: Any, text: str) -> None:
         """List ``text`` as an assumption of op ``func`` (a row of ``fidelity()["assumptions"]``)."""

@@ -211,3 +211,19 @@ def test_a_tied_head_stays_tied() -> None:
     assert t.error is None
     assert m.config.tie_word_embeddings and m.lm_head.weight is m.get_input_embeddings().weight
     assert all(p.device.type == "cuda" for p in m.parameters())
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_llm_int8_on_fake_cuda_assumes_no_outliers(train: bool) -> None:
+    # Note: [LLM.int8 outliers under fake tensors]: threshold 6.0, activations unknown: no outlier column, said so
+    wide = {**TINY, "hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "vocab_size": 512}
+    with fv.record(device="cuda:0") as t:  # activations past the values layer's 65536 elements: values unknown
+        m = fv.models.build(LLAMA, quantization="int8", **wide).train(train)
+        ids = torch.randint(0, 256, (8, 64), device="cuda")
+        out = m(ids, labels=ids)
+        if train:
+            out.loss.backward()
+    assert t.error is None
+    assert "bitsandbytes.int8_mixed_scaled_mm.default" in t.ops["op"].tolist()
+    said = t.fidelity()["assumptions"]
+    assert len(said) and said["assumption"].str.contains("outlier columns").all()

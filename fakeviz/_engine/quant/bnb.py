@@ -44,6 +44,17 @@ Measured on an H100 (``benchmarks/qlora_gpu.py``, ``benchmarks/results/qlora_gpu
 0.995 of ``max_memory_allocated`` at 2048 tokens (8.036 GB live, 8.042 GB with the allocator model, against
 8.076 GB) and 0.999 at 512 tokens (5.551 GB with the allocator model, against 5.551 GB, 2 KB apart).
 
+Note: [LLM.int8 outliers under fake tensors]
+LLM.int8 with a threshold (transformers' default 6.0) splits off the input columns holding a value above it
+(``int8_vectorwise_quant``, ``int8_double_quant``) and multiplies them in fp16 (``int8_mixed_scaled_mm``): how many
+depends on the activations' values, so the ops' fake kernels ask for a dynamic size, which a fake mode without a
+shape environment refuses. Where the values are known (a real run's inputs and draws, Note: [values under fake
+tensors]) the values layer runs them on those values, as in a real run, fake cuda included; else its
+``dynamic`` hands the op to :func:`outlier_outputs`: the op's own fake kernel, whose dynamic size is 0 (no outlier
+column, listed in ``fidelity()``'s assumptions), or in the mixed matmul the number of columns the quantization
+split off. Each outlier column would add 8 bytes (its
+index) and, in the mixed matmul, rows x 2 bytes (its fp16 slice of the input): little next to the layer.
+
 Note: [quantized weights in the record]
 A bitsandbytes weight is more than its parameter's storage: the packed 4-bit data (``uint8``, numel / 2 bytes,
 ``[(numel + 1) // 2, 1]``) plus its ``quant_state``: the blockwise absmax (float32, one per block of 64), its 16-value
@@ -70,6 +81,7 @@ on fake tensors.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any
 
@@ -78,7 +90,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from .. import patches as _patches
 
-__all__ = ["fake_class", "import_bitsandbytes", "is_bnb_weight", "patch", "weight_parts"]
+__all__ = ["fake_class", "import_bitsandbytes", "is_bnb_weight", "outlier_outputs", "patch", "weight_parts"]
 
 _TENSOR_DATA = torch._C.TensorBase.data  # the C property behind ``t.data`` (get and set)
 _PARAM_NEW = torch.nn.Parameter.__new__
@@ -256,6 +268,50 @@ def _matmul_4bit(A: Any, B: Any, quant_state: Any, out: Any = None, bias: Any = 
         del work
 
 
+# ------------------------------------------------------------------------------------------------ outliers
+_original_dynamic_size: Any = None
+_OUTLIERS = threading.local()  # .count: the dynamic size the op's fake kernel gets now (None: torch's own answer)
+_MIXED = "bitsandbytes::int8_mixed_scaled_mm"
+
+
+def _new_dynamic_size(self: Any, *, min: int = 0, max: int | None = None) -> Any:  # noqa: A002 - torch's names
+    """``FakeImplCtx.new_dynamic_size`` while :func:`outlier_outputs` runs a bitsandbytes op's fake kernel: the
+    count it decided (Note: [LLM.int8 outliers under fake tensors]); torch's own answer otherwise."""
+    count = getattr(_OUTLIERS, "count", None)
+    if count is None:
+        return _original_dynamic_size(self, min=min, max=max)
+    return count
+
+
+def outlier_outputs(mode: Any, func: Any, args: Any, kwargs: Any, assume: Any) -> Any:
+    """The outputs of a bitsandbytes op whose size depends on values the fake run does not know (the values
+    layer's ``dynamic``): its own fake kernel, with no outlier column (an assumption, said through ``assume``), or in
+    the mixed matmul as many as the quantization split off; None for an op that is not bitsandbytes' (Note: [LLM.int8
+    outliers under fake tensors])."""
+    if func.namespace != "bitsandbytes" or _original_dynamic_size is None:
+        return None
+    from torch._library import simple_registry
+    from torch._library.fake_impl import FakeImplCtx, set_ctx_getter
+
+    kernel = simple_registry.singleton.find(func.name()).fake_impl.kernel
+    if kernel is None:
+        return None
+    count = 0
+    cols = args[5] if func.name() == _MIXED and len(args) > 5 else kwargs.get("outlier_cols")
+    if isinstance(cols, torch.Tensor) and cols.dim() == 1:
+        count = int(cols.shape[0])
+    else:
+        assume("LLM.int8's outlier columns (inputs at or above its threshold) assumed none: their count depends on "
+               "the activations' values, which the fake run does not know")  # fmt: skip
+    ctx = FakeImplCtx(mode, func)
+    _OUTLIERS.count = count
+    try:
+        with set_ctx_getter(lambda: ctx), mode:
+            return kernel(*args, **kwargs)
+    finally:
+        _OUTLIERS.count = None
+
+
 # ------------------------------------------------------------------------------------------------ paged state
 _original_get_paged: Any = None
 
@@ -339,6 +395,11 @@ def _install(_: Any = None) -> None:
     _tokens.append(_patches.push(functional, "get_paged", _get_paged, entry="bnb-paged"))
     _tokens.append(_patches.push(functional, "elementwise_func", _elementwise_func, entry="bnb-paged"))
     _tokens.append(_patches.push(functional, "prefetch_tensor", _prefetch_tensor, entry="bnb-paged"))
+    global _original_dynamic_size
+    from torch._library.fake_impl import FakeImplCtx
+
+    _original_dynamic_size = _patches.original(FakeImplCtx, "new_dynamic_size")
+    _tokens.append(_patches.push(FakeImplCtx, "new_dynamic_size", _new_dynamic_size, entry="bnb-outliers"))
     package = sys.modules["bitsandbytes"]
     _original_matmul_4bit = _patches.original(package, "matmul_4bit")
     _tokens.append(_patches.push(package, "matmul_4bit", _matmul_4bit, entry="bnb-gemm-workspace"))
