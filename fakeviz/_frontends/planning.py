@@ -33,6 +33,7 @@ import torch
 from .. import models
 from .._analysis import placement as _placement
 from .._core.errors import ArgumentError
+from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
 from . import adapters, ranking, steps
 from .progress import progress_bar
@@ -102,10 +103,13 @@ class Plan:
 
     @property
     def fit_text(self) -> str:
-        """The verdict, with what the map offloaded."""
+        """The verdict, with what the map offloaded and the optimizer state that is paged."""
         t = self.verdict["text"]
         if self.offloaded:
             t = f"does not fit on the GPUs: the map offloads {len(self.offloaded)} modules to cpu/disk; " + t
+        if self.settings.get("paged_bytes"):
+            t += (f" ({format_bytes(self.settings['paged_bytes'])} of it paged optimizer state: CUDA unified memory, "
+                  "counted on the GPU; the driver moves pages to host memory when the GPU runs out)")  # fmt: skip
         return t
 
     @property
@@ -212,15 +216,16 @@ class _Built:
     quantization: str | None = None
     optimizer_name: str = ""
 
-    def train_optimizer(self, name: str = "adamw") -> torch.optim.Optimizer | None:
-        """The optimizer ``name`` of training steps (None for ``"none"``), its state made (once per name) and on its
-        parameters' devices (a map moves them)."""
+    def train_optimizer(self, name: str = "adamw", gpus: list[Capacity] | None = None) -> torch.optim.Optimizer | None:
+        """The optimizer ``name`` of training steps (None for ``"none"``), its state made (once per name, with
+        ``torch.cuda`` answering as ``gpus``: bitsandbytes synchronizes the device) and on its parameters' devices (a
+        map moves them)."""
         params = [p for p in self.model.parameters() if p.requires_grad]
         opt = self.optimizer
         if name == "none":
             self.optimizer, self.optimizer_name = None, name
             return None
-        with _own_mode(self.model):
+        with _own_mode(self.model), _machine(len(gpus or [0]), gpus):
             if (opt is None or self.optimizer_name != name
                     or [id(p) for g in opt.param_groups for p in g["params"]] != [id(p) for p in params]):  # fmt: skip
                 self.optimizer = None  # the last one's state goes before the next is made
@@ -241,15 +246,12 @@ def _build(model: Any, dtype: torch.dtype | None, *, quantization: Any = None, l
     quantization library asks ``torch.cuda`` what the GPU can do (torchao's fp8 needs compute capability 8.9):
     ``torch.cuda`` answers as the plan's ``gpus`` while it quantizes."""
     from .._api import FakeSession
-    from .._engine import cuda_api
     from .._engine.session import fakeify, session_patches
 
     q = adapters.resolve_quantization(quantization)
     session = FakeSession()
     kind = gpus[0].gpu if gpus and all(c.gpu == gpus[0].gpu for c in gpus) else None
-    machine = (
-        cuda_api.gpu_session(on=True, gpu=kind, count=len(gpus or [0])) if q is not None else contextlib.nullcontext()
-    )
+    machine = _machine(len(gpus or [0]), gpus) if q is not None else contextlib.nullcontext()
     with session_patches(), session.mode, machine, adapters.quantizing(q, kind):
         if isinstance(model, torch.nn.Module):
             mod = fakeify(model, mode=session.mode, device="cuda:0")
@@ -271,11 +273,12 @@ def _build(model: Any, dtype: torch.dtype | None, *, quantization: Any = None, l
 
 
 @contextlib.contextmanager
-def _machine(n: int) -> Iterator[None]:
-    """``torch.cuda`` answering as ``n`` fake GPUs (for transformers' device-map code)."""
+def _machine(n: int, gpus: list[Capacity] | None = None) -> Iterator[None]:
+    """``torch.cuda`` answering as ``n`` fake GPUs (for transformers' device-map code), of the kind of ``gpus``."""
     from .._engine import cuda_api
 
-    with cuda_api.gpu_session(on=True, count=n):
+    kind = gpus[0].gpu if gpus and all(c.gpu == gpus[0].gpu for c in gpus) else None
+    with cuda_api.gpu_session(on=True, gpu=kind, count=n):
         yield
 
 
@@ -356,7 +359,8 @@ def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity]
     trace = None
     gpu = gpus[0].gpu if all(c.gpu == gpus[0].gpu for c in gpus) else None
     try:
-        opt = built.train_optimizer(s.get("optimizer") or "adamw") if s["train"] else None
+        opt = built.train_optimizer(s.get("optimizer") or "adamw", gpus) if s["train"] else None
+        s["paged_bytes"] = steps.paged_bytes(opt)
         with steps.checkpointing(model, s["checkpointing"]):
             try:
                 with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace:

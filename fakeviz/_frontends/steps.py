@@ -17,7 +17,7 @@ from .._core.schema import PHASES
 
 __all__ = [
     "OPTIMIZERS", "Speed", "base_of", "check_optimizer", "checkpointing", "forward", "generate", "gpu_kind",
-    "init_state", "make_optimizer", "model_dtype", "run", "MATRIX_CLASSES", "speed", "step_flops", "step_start",
+    "init_state", "make_optimizer", "model_dtype", "paged_bytes", "run", "MATRIX_CLASSES", "speed", "step_flops", "step_start",
     "tokens_per_step", "train", "window_time",
 ]  # fmt: skip
 
@@ -78,12 +78,23 @@ def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer |
 
         return Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False)
     if name in ("adamw8bit", "paged_adamw8bit"):
-        import bitsandbytes as bnb
+        from .._engine.quant.bnb import import_bitsandbytes
+
+        bnb = import_bitsandbytes()  # as a script's import does, also from inside a fake GPU session
 
         return (bnb.optim.PagedAdamW8bit if name.startswith("paged") else bnb.optim.AdamW8bit)(params, lr=1e-4)
     import torchao.optim
 
     return (torchao.optim.AdamW8bit if name == "adamw8bit_ao" else torchao.optim.AdamW4bit)(params, lr=1e-4)
+
+
+def paged_bytes(opt: torch.optim.Optimizer | None) -> int:
+    """Bytes of ``opt``'s state in paged memory (bitsandbytes' paged optimizers mark such tensors ``is_paged``)."""
+    if opt is None:
+        return 0
+    seen = {id(v): v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+            if isinstance(v, torch.Tensor) and getattr(v, "is_paged", False)}  # fmt: skip
+    return int(sum(seen.values()))
 
 
 def init_state(opt: torch.optim.Optimizer) -> None:

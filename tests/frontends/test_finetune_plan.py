@@ -233,9 +233,6 @@ def _bnb_8bit_bytes(numel: int) -> int:
 
 
 @pytest.mark.parametrize("name", ["adamw8bit", "paged_adamw8bit"])
-@pytest.mark.xfail(
-    strict=True, reason="bitsandbytes' 8-bit optimizers under fake cuda (issue 31, H2's part) not yet in"
-)
 def test_bnb_8bit_optimizer_state_bytes(cfg: Any, name: str) -> None:
     pytest.importorskip("bitsandbytes")
     p = fv.plan(cfg, gpus="H100", train=True, seq=16, optimizer=name)
@@ -244,6 +241,20 @@ def test_bnb_8bit_optimizer_state_bytes(cfg: Any, name: str) -> None:
     qmaps = 2 * 256 * 4  # the two dynamic code maps, one of each for the optimizer
     got = _max(p.trace, "Optimizer state")
     assert got == sum(_bnb_8bit_bytes(n) for n in numels) + qmaps
+
+
+def test_paged_optimizer_state_is_named_in_the_plan() -> None:
+    """PagedAdamW8bit keeps each 8-bit state of a tensor of at least 1e5 elements in paged (unified) memory: the plan
+    counts it on the GPU and says how much of it is paged (Note: [paged optimizer state])."""
+    pytest.importorskip("bitsandbytes")
+    cfg = fv.models.config("meta-llama/Llama-3.1-8B", **{**TINY, "vocab_size": 2048})  # embeddings and head: 131,072
+    paged = fv.plan(cfg, gpus="H100", train=True, seq=16, optimizer="paged_adamw8bit")
+    plain = fv.plan(cfg, gpus="H100", train=True, seq=16, optimizer="adamw8bit")
+    numels = [q.numel() for q in paged.module.parameters()]
+    assert paged.settings["paged_bytes"] == sum(2 * n for n in numels if n >= 100_000) == 2 * 2 * 2048 * 64
+    assert plain.settings["paged_bytes"] == 0
+    assert _max(paged.trace, "Optimizer state") == _max(plain.trace, "Optimizer state")  # counted on the GPU alike
+    assert "paged optimizer state" in paged.fit_text and "paged" not in plain.fit_text
 
 
 def _ao_bytes(numel: int, bits: int) -> int:
