@@ -212,8 +212,8 @@ TINY_LLAMA_ARGV = ["meta-llama/Llama-3.1-8B", *(a for k, v in TINY_LLAMA.items()
                    "--seq", "16", "--batch", "2"]  # fmt: skip
 
 
-def _api_lora_run(optim: str, lora: int, quantization: str | None = None) -> tuple[fv.Trace, int]:
-    """What ``--lora R --train --steps 1 --optim NAME [--quant Q]`` does, with the API and peft as a script uses
+def _api_lora_run(optim: str, lora: int | None, quantization: str | None = None) -> tuple[fv.Trace, int]:
+    """What ``[--lora R] --train --steps 1 --optim NAME [--quant Q]`` does, with the API and peft as a script uses
     them: the (quantized) model and its adapters made in one fake mode, one training step recorded."""
     peft = pytest.importorskip("peft")
     from transformers.optimization import Adafactor
@@ -223,7 +223,9 @@ def _api_lora_run(optim: str, lora: int, quantization: str | None = None) -> tup
         model = models.build("meta-llama/Llama-3.1-8B", quantization=quantization, **TINY_LLAMA)
         if quantization is not None:
             peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-        pm = peft.get_peft_model(model, peft.LoraConfig(r=lora, target_modules="all-linear", task_type="CAUSAL_LM"))
+        pm = model
+        if lora is not None:
+            pm = peft.get_peft_model(model, peft.LoraConfig(r=lora, target_modules="all-linear", task_type="CAUSAL_LM"))
     with fv.record(device="cuda:0", gpu="H100", gpus=1, modules=[model]) as trace:
         pm.train()
         batch = models.inputs(model, batch=2, seq=16, labels=True)
@@ -232,6 +234,10 @@ def _api_lora_run(optim: str, lora: int, quantization: str | None = None) -> tup
             import torchao.optim
 
             opt = torchao.optim.AdamW8bit(params, lr=1e-4)
+        elif optim == "paged_adamw8bit":
+            import bitsandbytes as bnb
+
+            opt = bnb.optim.PagedAdamW8bit(params, lr=1e-4)
         else:
             opt = (torch.optim.AdamW(params, lr=1e-4) if optim == "adamw"
                    else Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False))  # fmt: skip
@@ -245,10 +251,12 @@ def _api_lora_run(optim: str, lora: int, quantization: str | None = None) -> tup
     return trace, trainable
 
 
-@pytest.mark.parametrize("optim", ["adamw", "adafactor", "adamw8bit_ao"])
+@pytest.mark.parametrize("optim", ["adamw", "adafactor", "adamw8bit_ao", "paged_adamw8bit"])
 def test_lora_report_equals_the_api_run(tmp_path, capsys, optim):
     if optim.endswith("_ao"):
         pytest.importorskip("torchao")
+    if optim.endswith("8bit"):
+        pytest.importorskip("bitsandbytes")
     js = tmp_path / "r.json"
     rc = main(
         ["report", *TINY_LLAMA_ARGV, "--train", "--steps", "1", "--lora", "8", "--optim", optim, "--json", str(js)]
@@ -290,3 +298,21 @@ def test_qlora_report_equals_the_api_run(tmp_path, capsys):
     assert dev["tensors"] == pk.bytes and dev["by_category"] == {c: pk.by_category[c] for c in fv.CATEGORIES}
     assert int(trace.memory(device="cuda:0", allocator=False)["Gradient"].max()) == 4 * trainable
     assert "nf4, LoRA r=8" in capsys.readouterr().out
+
+
+def test_full_training_with_a_paged_8bit_optimizer_equals_the_api_run(tmp_path):
+    """Every parameter trains with ``--optim paged_adamw8bit``: the tiny Llama's matrices (at least 4,096 elements) get
+    8-bit states, as bitsandbytes' own PagedAdamW8bit made by hand in the API run."""
+    pytest.importorskip("bitsandbytes")
+    js = tmp_path / "r.json"
+    assert (
+        main(["report", *TINY_LLAMA_ARGV, "--train", "--steps", "1", "--optim", "paged_adamw8bit", "--json", str(js)])
+        == 0
+    )
+    data = json.loads(js.read_text())
+    trace, _ = _api_lora_run("paged_adamw8bit", None)
+    assert data["optimizer"] == "paged_adamw8bit" and data["lora"] is None
+    assert data["ops"] == trace.num_ops
+    pk = trace.peak()["cuda:0"]
+    assert data["devices"]["cuda:0"]["by_category"] == {c: pk.by_category[c] for c in fv.CATEGORIES}
+    assert any(".optimizer_update_8bit_blockwise" in op for op in trace.ops.op)  # the 8-bit step ran
