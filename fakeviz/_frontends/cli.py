@@ -485,8 +485,11 @@ def report_data(trace: Any, info: dict[str, Any]) -> dict[str, Any]:
             "fits": vd.get("fits"),
             "first_oom": vd.get("first_oom"),
         }
+    paged = trace.meta.get("paged") or []  # bitsandbytes' paged optimizer state (Note: [paged optimizer state])
+    st = trace.storages
     return {
         **info,
+        "paged_bytes": int(st.nbytes[st.storage.isin(paged)].sum()) if paged else 0,
         "ops": int(trace.num_ops),
         "steps": trace.meta.get("steps", []),
         "devices": devices,
@@ -550,6 +553,9 @@ def report_table(data: dict[str, Any]) -> str:
         lines.append(f"verdict: FITS {cap_text} per device (peak {format_bytes(worst['peak'])})")
     else:
         lines.append(f"verdict: DOES NOT FIT {cap_text} per device")
+    if data.get("paged_bytes"):
+        lines.append(f"  {format_bytes(data['paged_bytes'])} of the optimizer state is paged (CUDA unified memory): "
+                     "counted on the GPU; the driver moves pages to host memory when the GPU runs out")  # fmt: skip
     sp = data.get("speed")
     if sp is not None:
         lines.append(_speed_line(data, sp))

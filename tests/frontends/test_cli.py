@@ -316,3 +316,14 @@ def test_full_training_with_a_paged_8bit_optimizer_equals_the_api_run(tmp_path):
     pk = trace.peak()["cuda:0"]
     assert data["devices"]["cuda:0"]["by_category"] == {c: pk.by_category[c] for c in fv.CATEGORIES}
     assert any(".optimizer_update_8bit_blockwise" in op for op in trace.ops.op)  # the 8-bit step ran
+
+
+def test_paged_optimizer_state_is_named(tmp_path, capsys):
+    pytest.importorskip("bitsandbytes")
+    js = tmp_path / "r.json"
+    argv = [a if a != "vocab_size=256" else "vocab_size=2048" for a in TINY_LLAMA_ARGV]  # 131,072-element matrices
+    assert main(["report", *argv, "--train", "--steps", "1", "--optim", "paged_adamw8bit", "--json", str(js)]) == 0
+    data = json.loads(js.read_text())
+    # bitsandbytes pages the two uint8 states of each tensor of at least 1e5 elements: the embeddings and the head
+    assert data["paged_bytes"] == 2 * 2 * 2048 * 64
+    assert "512.0 KiB of the optimizer state is paged" in capsys.readouterr().out
