@@ -243,3 +243,15 @@ def test_import_inside_a_fake_cuda_record(tmp_path: Any) -> None:
     assert "PATCHED fakeviz._engine.quant.bnb" in out.stdout
     assert "ERROR None" in out.stdout
     assert "AFTER bitsandbytes.autograd._functions NoneType" in out.stdout
+
+
+def test_quantized_matmuls_count_their_flops() -> None:
+    with fv.record(device="cuda:0") as t:
+        four = bnb.nn.Linear4bit(256, 128, bias=False, compute_dtype=torch.bfloat16).to(torch.bfloat16).to("cuda")
+        eight = bnb.nn.Linear8bitLt(256, 128, bias=False, has_fp16_weights=False, device="cpu").to("cuda").eval()
+        x = torch.randn(2, 16, 256, dtype=torch.bfloat16, device="cuda")
+        four(x)
+        eight(x.half())
+    c = t.flop_coverage().set_index("op")
+    for op in ("bitsandbytes.gemm_4bit.default", "bitsandbytes.int8_scaled_mm.default"):
+        assert c.loc[op, "kind"] == "added" and int(c.loc[op, "flops"]) == 2 * 2 * 16 * 256 * 128

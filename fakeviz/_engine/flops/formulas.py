@@ -518,6 +518,23 @@ def _quantized_matmul(weight: str, dim: int) -> _Factory:
     return factory
 
 
+def _bnb_matmul(x: str, n_from: str, *, shape: bool = False) -> _Factory:
+    """bitsandbytes' quantized matmuls (``gemm_4bit``, ``int8_scaled_mm``, ...; Note: [bitsandbytes under fake
+    tensors]): ``2 * rows * K * N`` from the input ``x`` and the weight's ``N``, its first dimension (``n_from`` a
+    tensor ``[N, K]``, or with ``shape`` the ``[N, K]`` list a packed weight's op takes)."""
+
+    def factory(func: OpOverload) -> Formula:
+        get_x, get_n = _getter(func, x), _getter(func, n_from)
+
+        def flops(args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> int:
+            n = get_n(args, kwargs)
+            return 2 * _numel(get_x(args, kwargs)) * _as_int(n[0] if shape else n.shape[0])
+
+        return flops
+
+    return factory
+
+
 _FLASH = aten._scaled_dot_product_flash_attention
 _FLASH_BWD = aten._scaled_dot_product_flash_attention_backward
 
@@ -551,6 +568,12 @@ ADDED_FORMULAS: dict[str, _Factory] = {
     "fakeviz::gptq_gemm": _quantized_matmul("scales", -1),
     "fakeviz::awq_gemm": _quantized_matmul("scales", -1),
     "fakeviz::scaled_matmul": _quantized_matmul("weight", 0),
+    # bitsandbytes' quantized matmuls (its quantize / dequantize ops are elementwise: not counted)
+    "bitsandbytes::gemm_4bit": _bnb_matmul("A", "shapeB", shape=True),
+    "bitsandbytes::gemv_4bit": _bnb_matmul("A", "shapeB", shape=True),
+    "bitsandbytes::int8_scaled_mm": _bnb_matmul("A", "B"),
+    "bitsandbytes::int8_mixed_scaled_mm": _bnb_matmul("A", "CB"),
+    "bitsandbytes::int8_linear_matmul": _bnb_matmul("A", "B"),
     # softmax
     "_softmax": per_elem(5),
     "_log_softmax": per_elem(5),
