@@ -13,6 +13,7 @@ import contextlib
 import copy
 import linecache
 import os
+import sys
 import sysconfig
 import threading
 from collections.abc import Iterable, Iterator
@@ -72,7 +73,10 @@ def meta_like(fake: torch.Tensor) -> torch.Tensor:
 # WeakValueDictionaries, so every fake parameter has one. While a fake session
 # is active we route swap_tensors through a wrapper that first drops those memo
 # entries for the two tensors (the memo is a cache; losing an entry only costs a
-# re-conversion).
+# re-conversion). _apply swaps a fake parameter even where it sets a real one's data
+# (``param.data = param_applied``: a dtype change on the same device); after a swap the
+# old storage lives on in _apply's local ``param_applied`` until the next parameter's op,
+# so it was freed one op later than in the real run. There the wrapper sets the data too.
 _patch_lock = threading.Lock()
 _patch_depth = 0
 _original_swap = torch.utils.swap_tensors
@@ -96,6 +100,26 @@ def _remap_values(*ts: torch.Tensor) -> None:
             t.fake_mode.fake_tensor_converter.add_constant_storage_mapping(t)
 
 
+def _from_module_apply(t1: torch.Tensor, t2: torch.Tensor) -> bool:
+    """Note: [Module.to on fake parameters]: called by ``nn.Module._apply`` where a real parameter would take
+    ``param.data = param_applied`` (``compute_should_use_set_data``: a dtype change on its device)."""
+    if type(t1) is not FakeTensor or type(t2) is not FakeTensor or t1.fake_device != t2.fake_device:
+        return False
+    if torch.__future__.get_overwrite_module_params_on_conversion():
+        return False
+    f = sys._getframe(2)
+    for _ in range(4):  # this function's caller, the registry's dispatcher, then Module._apply
+        if f is None:
+            return False
+        if f.f_code.co_name == "_apply" and f.f_code.co_filename.endswith(_MODULE_PY):
+            return True
+        f = f.f_back
+    return False
+
+
+_MODULE_PY = os.path.join("torch", "nn", "modules", "module.py")
+
+
 def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
     _drop_memo(t1)
     _drop_memo(t2)
@@ -103,6 +127,10 @@ def _swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
     # objects, as `param.data = new` would in a real run (the parameter keeps its id)
     tags = (t1.__dict__.get("_fakeviz_tid"), t2.__dict__.get("_fakeviz_tid"))
     try:
+        if _from_module_apply(t1, t2):
+            # Module._apply swaps a fake parameter where it sets a real one's data: after a swap the old storage
+            # lived on in _apply's local until the next parameter's op, one op longer than in the real run
+            raise RuntimeError("fakeviz: set the data, as for a real parameter")
         result = _original_swap(t1, t2)
     except RuntimeError:
         if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)):

@@ -403,3 +403,16 @@ def test_fp8_when_torchao_is_imported_inside_a_record() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("KINDS"))
     assert line.split()[1:] == ["Float8Tensor", "Float8Tensor", "False"]
+
+
+def test_module_to_dtype_frees_as_the_real_run() -> None:
+    # Note: [Module.to on fake parameters]: a model cast to bf16 before quantize_ (the usual order) frees each old
+    # fp32 parameter at the op the real run does (a swap kept it one op longer)
+    def run() -> None:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64)).to(BF16)
+        quantize_(m, Int8WeightOnlyConfig())
+        m(torch.randn(4, 64, dtype=BF16))
+
+    real, fake = _pair(run)
+    _assert_same(real, fake)
