@@ -528,7 +528,7 @@ def _build_point(model: Any, c: dict[str, Any], caps: list[Capacity]) -> _Built:
     extra: dict[str, Any] = {k: v for k, v in (("quantization", q), ("lora", lora)) if v is not None}
     if q is not None:
         extra["gpus"] = caps  # torch.cuda answers as them while quantizing
-    if q is not None and lora is not None and c.get("train"):
+    if q is not None and adapters.lora_config(lora) is not None and c.get("train"):
         extra["train"] = True  # QLoRA's preparation for training
     return _build(model, _dtype(c.get("dtype")), **extra)
 
