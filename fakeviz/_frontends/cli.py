@@ -335,6 +335,8 @@ def _report_model(args: argparse.Namespace) -> int:
     with machine:
         model = _build(models, args, overrides)
         models.check_seq(model, args.seq, args.generate or 0)  # refused before recording, never shortened
+        # the compute dtype (MFU's peak): a quantized model's unquantized weights, before QLoRA casts them to fp32
+        compute = str(next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), "")) or None
         runner = _adapt(model, args)  # LoRA (QLoRA) before the recording, as a script sets it up before training
     info.update(_describe(model))
     info.update(
@@ -358,7 +360,7 @@ def _report_model(args: argparse.Namespace) -> int:
         raise error if error is not None else RuntimeError("nothing was recorded")
     trace.meta["capacity"] = capacity
     trace.meta["capacity_spec"] = f"{n_gpus}x{capacity}" if n_gpus > 1 else capacity
-    info["speed"] = _speed(trace, args, capacity, on_cuda).as_dict()
+    info["speed"] = _speed(trace, args, capacity, on_cuda, compute if args.quant else None).as_dict()
     data = report_data(trace, info)
     print(report_table(data))
     if error is not None:
@@ -369,7 +371,7 @@ def _report_model(args: argparse.Namespace) -> int:
     return 1 if error is not None else 0
 
 
-def _speed(trace: Any, args: argparse.Namespace, capacity: Any, on_cuda: bool) -> Any:
+def _speed(trace: Any, args: argparse.Namespace, capacity: Any, on_cuda: bool, dtype: str | None = None) -> Any:
     """How long the recorded run's step takes on the GPU given (``--gpus``, default H100): the last step of
     ``--train`` (the steady state), the whole generation of ``--generate``, the forward (:func:`.steps.speed`)."""
     from .._core.gpus import Capacity
@@ -384,7 +386,7 @@ def _speed(trace: Any, args: argparse.Namespace, capacity: Any, on_cuda: bool) -
     elif not on_cuda:
         note = f"the run is on {args.device}, and the time model covers GPUs (run on --device cuda:0)"
     tokens = args.batch * (args.generate or args.seq)
-    return _steps.speed([(trace, 1)], gpu=None if note else kind, gpus=1, tokens=tokens, note=note)
+    return _steps.speed([(trace, 1)], gpu=None if note else kind, gpus=1, tokens=tokens, note=note, dtype=dtype)
 
 
 def _build(models: Any, args: argparse.Namespace, overrides: dict[str, Any]) -> Any:

@@ -288,6 +288,7 @@ def test_qlora_report_equals_the_api_run(tmp_path, capsys):
     data = json.loads(js.read_text())
     trace, trainable = _api_lora_run("adamw", 8, quantization="nf4")
     assert data["quantization"] == "nf4" and data["lora"] == "LoRA r=8"
+    assert data["speed"]["dtype"] == "torch.bfloat16"  # MFU's peak: the compute dtype, not QLoRA's fp32 embeddings
     assert data["trainable_parameters"] == trainable
     # the weights a 4-bit parameter stands for, not its packed bytes
     plain = fv.models.build("meta-llama/Llama-3.1-8B", **TINY_LLAMA)

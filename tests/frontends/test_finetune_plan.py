@@ -169,6 +169,7 @@ def test_qlora_plan(cfg: Any) -> None:
         "torch.bfloat16",
     )
     assert "nf4, LoRA r=8" in repr(p)
+    assert p.speed.dtype == "torch.bfloat16"  # MFU's peak: the compute dtype, not the float32 of the cast embeddings
 
 
 def test_sweep_quantization_axis(cfg: Any) -> None:
