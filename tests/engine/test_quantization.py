@@ -227,3 +227,11 @@ def test_llm_int8_on_fake_cuda_assumes_no_outliers(train: bool) -> None:
     assert "bitsandbytes.int8_mixed_scaled_mm.default" in t.ops["op"].tolist()
     said = t.fidelity()["assumptions"]
     assert len(said) and said["assumption"].str.contains("outlier columns").all()
+
+
+def test_a_pre_quantized_checkpoint_refuses_quantization(tmp_path: Any) -> None:
+    from test_prequantized import write_checkpoint  # a sparse pre-quantized Llama checkpoint (headers only)
+
+    write_checkpoint(tmp_path / "nf4", "nf4")
+    with pytest.raises(ArgumentError, match="already quantized"):
+        fv.models.from_pretrained(tmp_path / "nf4", device="cuda:0", quantization="int8")
