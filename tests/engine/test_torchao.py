@@ -416,3 +416,19 @@ def test_module_to_dtype_frees_as_the_real_run() -> None:
 
     real, fake = _pair(run)
     _assert_same(real, fake)
+
+
+@pytest.mark.parametrize("config", ["int8-wo", "int8-dyn", "int4-cpu"])
+def test_tiny_llama_quantized_by_apply_equals_real(config: str) -> None:
+    # models/_quant_torchao.apply on a transformers model (lm_head skipped), forward and backward on the CPU
+    def run() -> None:
+        torch.manual_seed(0)
+        model = _tiny_llama("cpu")
+        qt.apply(model, qt.config_for(config))
+        ids = torch.randint(
+            0, 256, (2, 8)
+        )  # (batch 1: a view's stride on the size-1 dimension differs, apart from torchao)
+        model(ids, labels=ids).loss.backward()
+
+    real, fake = _pair(run)
+    _assert_same(real, fake)
