@@ -94,17 +94,18 @@ def test_lora_step_fake_equals_real_cpu(cfg: Any, dora: bool) -> None:
     assert int(real["memory"]["Gradient"].max()) == 4 * (_lora_numel(cfg, R) + extra)
 
 
-def test_qlora_step_fake_equals_real_cpu(cfg: Any) -> None:
-    """QLoRA as a script runs it (NF4 weights by bitsandbytes' own code, ``prepare_model_for_kbit_training``, LoRA
-    r=8): bitsandbytes runs NF4 for real on the CPU, so the fake record equals the real one."""
+@pytest.mark.parametrize(("quant", "kernel"), [("nf4", "quantize_4bit"), ("int8", "int8_vectorwise_quant")])
+def test_qlora_step_fake_equals_real_cpu(cfg: Any, quant: str, kernel: str) -> None:
+    """QLoRA as a script runs it (NF4 or LLM.int8 weights by bitsandbytes' own code, ``prepare_model_for_kbit_training``,
+    LoRA r=8): bitsandbytes runs both for real on the CPU, so the fake record equals the real one."""
     bnb = pytest.importorskip("bitsandbytes")
     bnb.functional.quantize_blockwise(torch.ones(64))  # its dynamic code map is made once, on first use, and kept
-    real, fake = _step(cfg, R, fake=False, quantization="nf4"), _step(cfg, R, fake=True, quantization="nf4")
+    real, fake = _step(cfg, R, fake=False, quantization=quant), _step(cfg, R, fake=True, quantization=quant)
     a, b = real["oplog"], fake["oplog"]
     i = first_diff(a, b)
     if i is not None:
         pytest.fail(f"op logs differ first at op {i} ({len(a)} real ops, {len(b)} fake):\n{window_diff(a, b, i)}")
-    assert any("quantize_4bit" in line for line in a)
+    assert any(kernel in line for line in a)
     assert fake["peak"] == real["peak"]
     for col in fv.CATEGORIES:
         assert real["memory"][col].tolist() == fake["memory"][col].tolist(), col
