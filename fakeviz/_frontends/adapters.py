@@ -44,7 +44,7 @@ def lora_config(lora: Any) -> Any:
     if lora is None or lora is False or (isinstance(lora, int) and not isinstance(lora, bool) and lora == 0):
         return None
     try:
-        import peft
+        peft = _import_peft()
     except ImportError:
         raise ArgumentError("lora", lora, "LoRA needs peft, which is not installed",
                             "pip install peft (or fakeviz[quant]).") from None  # fmt: skip
@@ -56,6 +56,22 @@ def lora_config(lora: Any) -> Any:
         return copy.deepcopy(lora)
     raise ArgumentError("lora", lora, "not a LoRA rank nor a peft.LoraConfig",
                         "Give a rank (lora=16) or peft.LoraConfig(r=16, use_dora=True, ...).")  # fmt: skip
+
+
+def _import_peft() -> Any:
+    """``import peft``, also from inside a fake GPU session: peft imports bitsandbytes where it is installed, which
+    must be imported as a script's import does (:func:`fakeviz._engine.quant.bnb.import_bitsandbytes`: on a fake GPU
+    it would load its CUDA backend, which a CPU-only torch lacks)."""
+    import importlib.util
+    import sys
+
+    if "peft" not in sys.modules and importlib.util.find_spec("bitsandbytes") is not None:
+        from .._engine.quant.bnb import import_bitsandbytes
+
+        import_bitsandbytes()
+    import peft
+
+    return peft
 
 
 def lora_label(lora: Any) -> str | None:
@@ -184,7 +200,7 @@ def apply(model: torch.nn.Module, *, lora: Any = None, quantized: bool = False, 
     cfg = lora_config(lora)
     if cfg is None:
         return Adapted(model, model, None, quantization)
-    import peft
+    peft = _import_peft()
 
     if cfg.task_type is None:
         from .. import models

@@ -353,6 +353,15 @@ def _report_model(args: argparse.Namespace) -> int:
     except RecordError as exc:  # the model's run failed: report what was recorded
         error = exc
         trace = exc.trace if exc.trace is not None else trace
+    except RuntimeError as exc:  # --lora over weights whose matmul has no backward: one line naming --quant
+        from .._core.errors import ArgumentError
+        from .adapters import check_backward
+
+        try:
+            check_backward(exc, {"quantization": args.quant, "train": args.train})
+        except ArgumentError as short:
+            raise short.reworded(f"--quant {args.quant} --lora {args.lora} --train") from exc
+        raise
     finally:
         progress.done()
     info["seconds"] = time.perf_counter() - t0

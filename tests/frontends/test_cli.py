@@ -328,3 +328,11 @@ def test_paged_optimizer_state_is_named(tmp_path, capsys):
     # bitsandbytes pages the two uint8 states of each tensor of at least 1e5 elements: the embeddings and the head
     assert data["paged_bytes"] == 2 * 2 * 2048 * 64
     assert "512.0 KiB of the optimizer state is paged" in capsys.readouterr().out
+
+
+def test_lora_over_weights_without_a_backward_is_one_line(capsys):
+    pytest.importorskip("torchao")
+    assert main(["report", *TINY_LLAMA_ARGV, "--train", "--steps", "1", "--lora", "8", "--quant", "int4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fakeviz: error: --quant int4 --lora 8 --train: adapters cannot train over these weights")
+    assert "aten::_weight_int4pack_mm" in err and "Traceback" not in err
