@@ -129,14 +129,19 @@ def fake_class(cls: type) -> type:
     return got
 
 
-def _make_subclass(cls: Any, data: Any, require_grad: bool = False, **kwargs: Any) -> Any:
+def _make_subclass(*args: Any, **kwargs: Any) -> Any:
     """``torch.Tensor._make_subclass`` that also takes fake ``data`` for a ``Parameter`` subclass (Note:
-    [bitsandbytes under fake tensors]); everything else goes to torch's own."""
-    if kwargs or not isinstance(data, FakeTensor) or not isinstance(cls, type):
-        return _original_make_subclass(cls, data, require_grad, **kwargs)
+    [bitsandbytes under fake tensors]); everything else goes to torch's own. Its signature is ``(*args,
+    **kwargs)``: torch._dynamo, imported during a session, checks the function it finds against its polyfill's
+    ``(cls, data, requires_grad=False, **kwargs)`` and accepts only that or a wildcard."""
+    if kwargs or len(args) not in (2, 3):
+        return _original_make_subclass(*args, **kwargs)
+    cls, data, require_grad = (*args, False)[:3]
+    if not isinstance(data, FakeTensor) or not isinstance(cls, type):
+        return _original_make_subclass(cls, data, require_grad)
     base = _BASES.get(cls, cls)  # Params4bit.__torch_function__'s cls(...) of a fake weight: its own class
     if issubclass(base, FakeTensor) or not issubclass(base, torch.nn.Parameter):
-        return _original_make_subclass(cls, data, require_grad, **kwargs)
+        return _original_make_subclass(cls, data, require_grad)
     t = _PARAM_NEW(torch.nn.Parameter, data, require_grad)  # its detach is not recorded (Note: [Parameter detach])
     t.__dict__.pop("_is_param", None)
     t.__class__ = fake_class(base)
