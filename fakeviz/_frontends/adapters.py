@@ -59,19 +59,10 @@ def lora_config(lora: Any) -> Any:
 
 
 def _import_peft() -> Any:
-    """``import peft``, also from inside a fake GPU session: peft imports bitsandbytes where it is installed, which
-    must be imported as a script's import does (:func:`fakeviz._engine.quant.bnb.import_bitsandbytes`: on a fake GPU
-    it would load its CUDA backend, which a CPU-only torch lacks)."""
-    import importlib.util
-    import sys
+    """``import peft``, also from inside a fake GPU session (:func:`.steps.import_library`)."""
+    from .steps import import_library
 
-    if "peft" not in sys.modules and importlib.util.find_spec("bitsandbytes") is not None:
-        from .._engine.quant.bnb import import_bitsandbytes
-
-        import_bitsandbytes()
-    import peft
-
-    return peft
+    return import_library("peft")
 
 
 def lora_label(lora: Any) -> str | None:

@@ -17,8 +17,8 @@ from .._core.schema import PHASES
 
 __all__ = [
     "OPTIMIZERS", "Speed", "base_of", "check_optimizer", "checkpointing", "forward", "generate", "gpu_kind",
-    "init_state", "make_optimizer", "model_dtype", "paged_bytes", "run", "MATRIX_CLASSES", "speed", "step_flops", "step_start",
-    "tokens_per_step", "train", "window_time",
+    "import_library", "init_state", "make_optimizer", "model_dtype", "paged_bytes", "run", "MATRIX_CLASSES", "speed",
+    "step_flops", "step_start", "tokens_per_step", "train", "window_time",
 ]  # fmt: skip
 
 
@@ -60,6 +60,22 @@ def check_optimizer(name: Any, *, written: str | None = None) -> str:
                         written=written, suggestions=near)  # fmt: skip
 
 
+def import_library(module: str) -> Any:
+    """``importlib.import_module(module)``, also from inside a fake GPU session: bitsandbytes (which peft, and
+    transformers' trainer utilities through peft, import where it is installed) is imported first as a script's import
+    does (:func:`fakeviz._engine.quant.bnb.import_bitsandbytes`: on a fake GPU it would load its CUDA backend, which a
+    CPU-only torch lacks)."""
+    import importlib
+    import importlib.util
+    import sys
+
+    if "bitsandbytes" not in sys.modules and importlib.util.find_spec("bitsandbytes") is not None:
+        from .._engine.quant.bnb import import_bitsandbytes
+
+        import_bitsandbytes()
+    return importlib.import_module(module)
+
+
 def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | None:
     """The optimizer ``name`` (:data:`OPTIMIZERS`, Note: [optimizer names]) over the trainable parameters, lr 1e-4
     (SGD: 1e-3, momentum 0.9), or None for ``"none"``."""
@@ -74,18 +90,13 @@ def make_optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer |
     if name == "adam":
         return torch.optim.Adam(params, lr=1e-4)
     if name == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False)
+        adafactor = import_library("transformers.optimization").Adafactor
+        return adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False)
     if name in ("adamw8bit", "paged_adamw8bit"):
-        from .._engine.quant.bnb import import_bitsandbytes
-
-        bnb = import_bitsandbytes()  # as a script's import does, also from inside a fake GPU session
-
-        return (bnb.optim.PagedAdamW8bit if name.startswith("paged") else bnb.optim.AdamW8bit)(params, lr=1e-4)
-    import torchao.optim
-
-    return (torchao.optim.AdamW8bit if name == "adamw8bit_ao" else torchao.optim.AdamW4bit)(params, lr=1e-4)
+        bnb = import_library("bitsandbytes.optim")
+        return (bnb.PagedAdamW8bit if name.startswith("paged") else bnb.AdamW8bit)(params, lr=1e-4)
+    ao = import_library("torchao.optim")
+    return (ao.AdamW8bit if name == "adamw8bit_ao" else ao.AdamW4bit)(params, lr=1e-4)
 
 
 def paged_bytes(opt: torch.optim.Optimizer | None) -> int:

@@ -336,3 +336,20 @@ def test_lora_over_weights_without_a_backward_is_one_line(capsys):
     err = capsys.readouterr().err
     assert err.startswith("fakeviz: error: --quant int4 --lora 8 --train: adapters cannot train over these weights")
     assert "aten::_weight_int4pack_mm" in err and "Traceback" not in err
+
+
+def test_finetune_options_in_a_fresh_process(tmp_path):
+    """In a new process, peft (``--lora`` over torchao weights, set up while torch.cuda answers as the fake GPU) and
+    transformers' Adafactor (made inside the recording) are first imported under a fake GPU, and both import
+    bitsandbytes: they import as a script's imports do (``steps.import_library``)."""
+    pytest.importorskip("bitsandbytes")
+    pytest.importorskip("torchao")
+    lora_numel = 2 * 8 * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 128))  # two blocks: q o, k v, gate up down
+    for extra, want in ((["--quant", "int4", "--lora", "8"], ("int4", "LoRA r=8", None)),
+                        (["--train", "--steps", "1", "--optim", "adafactor"], (None, None, "adafactor"))):  # fmt: skip
+        js = tmp_path / "r.json"
+        r = _cli("report", *TINY_LLAMA_ARGV, *extra, "--json", str(js))
+        assert r.returncode == 0, r.stderr
+        data = json.loads(js.read_text())
+        assert (data["quantization"], data["lora"], data.get("optimizer")) == want and data["error"] is None
+        assert data["trainable_parameters"] == (lora_numel if "--lora" in extra else data["parameters"])
