@@ -245,6 +245,26 @@ def test_import_inside_a_fake_cuda_record(tmp_path: Any) -> None:
     assert "AFTER bitsandbytes.autograd._functions NoneType" in out.stdout
 
 
+def test_users_first_import_inside_a_fake_cuda_record() -> None:
+    # a cell that starts with `import peft` (which imports bitsandbytes) inside %%fake --device cuda:0: the package
+    # executes as at the top of a script (no CUDA backend on a CPU build), and its layers then run on fake cuda
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, fakeviz as fv\n"
+        "with fv.record(device='cuda:0') as t:\n"
+        "    import peft\n"
+        "    import bitsandbytes as bnb\n"
+        "    layer = bnb.nn.Linear4bit(64, 64, compute_dtype=torch.bfloat16).to('cuda')\n"
+        "    y = layer(torch.randn(2, 64, dtype=torch.bfloat16, device='cuda'))\n"
+        "print('ERROR', t.error, tuple(y.shape), y.device, layer.weight.quant_type)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ERROR None (2, 64) cuda:0 fp4" in out.stdout  # Linear4bit's default quant_type
+
+
 def test_quantized_matmuls_count_their_flops() -> None:
     with fv.record(device="cuda:0") as t:
         four = bnb.nn.Linear4bit(256, 128, bias=False, compute_dtype=torch.bfloat16).to(torch.bfloat16).to("cuda")

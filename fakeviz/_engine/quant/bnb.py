@@ -80,9 +80,11 @@ on fake tensors.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -155,6 +157,16 @@ def import_bitsandbytes() -> Any:
     have = sys.modules.get("bitsandbytes")
     if have is not None:
         return have
+    with _as_at_the_top():
+        import bitsandbytes
+    return bitsandbytes
+
+
+@contextlib.contextmanager
+def _as_at_the_top() -> Iterator[None]:
+    """Real tensors, and ``torch.cuda`` answering as the build does, while bitsandbytes' package executes: what
+    its import at the top of a script sees. A user's first ``import peft`` / ``import bitsandbytes`` inside a fake
+    cuda block runs under this too (``_OnImport``), instead of failing on the CUDA backend a CPU-only torch lacks."""
     from ..cuda_api import stack
 
     gpu = stack.active()
@@ -162,11 +174,10 @@ def import_bitsandbytes() -> Any:
         gpu.on = False
     try:
         with unset_fake_temporarily():
-            import bitsandbytes
+            yield
     finally:
         if gpu is not None:
             gpu.on = True
-    return bitsandbytes
 
 
 # ------------------------------------------------------------------------------------------------ weights
@@ -456,7 +467,8 @@ class _OnImport:
         then = self.then
 
         def run(module: Any) -> None:
-            exec_module(module)
+            with _as_at_the_top():
+                exec_module(module)
             then(module)
 
         spec.loader.exec_module = run  # this spec's own loader instance
