@@ -44,8 +44,11 @@ SHORT = {
     "int8": "bitsandbytes LLM.int8 (BitsAndBytesConfig(load_in_8bit=True))",
     "int4": "torchao int4 weight-only (Int4WeightOnlyConfig)",
     "fp8": "torchao fp8 (Float8DynamicActivationFloat8WeightConfig)",
+    "int8-wo": "torchao int8 weight-only (Int8WeightOnlyConfig)",
+    "int8-dyn": "torchao int8 dynamic activations, int8 weights (Int8DynamicActivationInt8WeightConfig)",
+    "int4-cpu": "torchao int4 weight-only in the layout it runs on a CPU (IntxWeightOnlyConfig(int4, PerGroup(32)))",
 }
-_TORCHAO_SHORT = ("int4", "fp8")
+_TORCHAO_SHORT = ("int4", "fp8", "int8-wo", "int8-dyn", "int4-cpu")  # models._quant_torchao.SHORT
 _ACCEPTED = ("the strings " + ", ".join(map(repr, SHORT)) + "; a transformers.BitsAndBytesConfig (4-bit or 8-bit); "
              "a torchao config (Int4WeightOnlyConfig, Int8WeightOnlyConfig, Int8DynamicActivationInt8WeightConfig, "
              "Float8DynamicActivationFloat8WeightConfig)")  # fmt: skip

@@ -136,7 +136,7 @@ def test_resolve_short_strings_and_configs() -> None:
 
 def test_torchao_strings_go_to_torchao() -> None:
     pytest.importorskip("torchao")
-    for short in ("int4", "fp8"):
+    for short in ("int4", "fp8", "int8-wo", "int8-dyn", "int4-cpu"):
         q = _quant.resolve(short)
         assert q.library == "torchao" and q.label == short and q.config is not None
 
