@@ -29,7 +29,7 @@ from .._core.errors import ArgumentError
 
 __all__ = [
     "Adapted", "apply", "build_key", "check_backward", "check_finetune", "check_parallel", "logical_numel",
-    "lora_config", "lora_key", "lora_label", "quant_label", "quantize", "quantizing", "resolve_quantization",
+    "lora_config", "lora_key", "lora_label", "quantize", "quantizing", "resolve_quantization",
 ]  # fmt: skip
 
 _TASKS = {"causal_lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM"}
@@ -154,12 +154,6 @@ def quantizing(q: Any, gpu: str | None) -> Iterator[None]:
         raise ArgumentError("quantization", str(q.label), f"{q.library} refuses it{on}: {exc}",
                             "Plan it on a GPU that has the kernels it needs (fp8: H100, H200, L4, L40S, RTX 4090), "
                             "or give another quantization ('nf4', 'int8').") from exc  # fmt: skip
-
-
-def quant_label(quantization: Any) -> str | None:
-    """The short name of ``quantization=`` (``"nf4"``, ``"int8 weight-only"``); None for None."""
-    q = resolve_quantization(quantization)
-    return None if q is None else str(q.label)
 
 
 def logical_numel(p: torch.Tensor) -> int:
