@@ -103,7 +103,7 @@ def check_parallel(**given: Any) -> None:
                                 "yourself and call fakeviz.simulate.")  # fmt: skip
 
 
-def check_backward(exc: BaseException, settings: dict[str, Any]) -> None:
+def check_backward(exc: BaseException, settings: dict[str, Any], *, written: str | None = None) -> None:
     """An ArgumentError in place of autograd's "derivative for OP is not implemented" when adapters train over
     quantized weights whose matmul kernel has no backward (torchao's int4 ``_weight_int4pack_mm``, fp8
     ``_scaled_mm``): a real run stops at the same place, as no gradient can flow below those layers."""
@@ -114,7 +114,7 @@ def check_backward(exc: BaseException, settings: dict[str, Any]) -> None:
     raise ArgumentError("quantization", q, f"adapters cannot train over these weights: their matmul ({found[1]}) has "
                         "no backward in torch, so no gradient flows below them (a real run stops there too)",
                         "Train LoRA over bitsandbytes weights (quantization='nf4', 'fp4' or 'int8'), or plan "
-                        "inference (train=False).") from exc  # fmt: skip
+                        "inference (train=False).", written=written) from exc  # fmt: skip
 
 
 def build_key(point: dict[str, Any]) -> tuple[str, ...]:

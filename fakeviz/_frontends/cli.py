@@ -354,13 +354,10 @@ def _report_model(args: argparse.Namespace) -> int:
         error = exc
         trace = exc.trace if exc.trace is not None else trace
     except RuntimeError as exc:  # --lora over weights whose matmul has no backward: one line naming --quant
-        from .._core.errors import ArgumentError
         from .adapters import check_backward
 
-        try:
-            check_backward(exc, {"quantization": args.quant, "train": args.train})
-        except ArgumentError as short:
-            raise short.reworded(f"--quant {args.quant} --lora {args.lora} --train") from exc
+        check_backward(exc, {"quantization": args.quant, "train": args.train},
+                       written=f"--quant {args.quant} --lora {args.lora} --train")  # fmt: skip
         raise
     finally:
         progress.done()
