@@ -569,7 +569,8 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         adapters.lora_config(v)
     for v in grid.get("quantization", []):
         adapters.resolve_quantization(v)
-    outer = [k for k in _BUILT_BY if k in grid]  # outermost: one build per dtype, quantization and adapter
+    # outermost: one build per dtype, quantization and adapter (and train: QLoRA prepares for training only)
+    outer = [k for k in (*_BUILT_BY, "train") if k in grid and (k != "train" or "quantization" in grid)]
     grid = {**{k: grid.pop(k) for k in outer}, **grid}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     for c in combos:

@@ -381,3 +381,17 @@ def test_qlora_checkpointing_axis_shares_one_build(cfg: Any) -> None:
         grads = st[(st.category == "Gradient") & ((st.free_seq < 0) | (st.free_seq > step))]
         assert len(grads) == 2 * len(_linears(cfg)) and int(grads.nbytes.sum()) == 4 * _lora_numel(cfg, R)
     assert _max(a.trace, "Gradient") == 4 * _lora_numel(cfg, R)
+
+
+def test_qlora_sweep_over_train_builds_once_per_preparation(cfg: Any) -> None:
+    """QLoRA prepares a model for training only (prepare_model_for_kbit_training): a sweep over ``train`` builds one
+    model for the inference points and one for the training points, with ``train`` outermost."""
+    pytest.importorskip("bitsandbytes")
+    df = fv.sweep(cfg, gpus="H100", seq=16, lora=R, quantization="nf4", batch=[1, 2], train=[True, False],
+                  progress=False, rank_by=None)  # fmt: skip
+    plans = df.attrs["plans"]
+    assert df[["train", "batch"]].values.tolist() == [[True, 1], [True, 2], [False, 1], [False, 2]]
+    assert plans[0].module is plans[1].module and plans[2].module is plans[3].module
+    assert plans[0].module is not plans[2].module
+    emb = [p.module.get_input_embeddings().weight.dtype for p in (plans[0], plans[2])]
+    assert emb == [torch.float32, torch.bfloat16]  # prepare's cast in the training build only
