@@ -176,6 +176,7 @@ cells = [
         ")\n"
         "qlora = fv.plan(NAME, gpus=GPU, train=True, seq=SEQ, quantization=nf4, lora=16, checkpointing=True,\n"
         '                optimizer="paged_adamw8bit")\n'
+        "del full, lora  # done with sections 1 and 2: each plan holds its whole record (tens of MB)\n"
         'print(qlora.settings["quantization"], "|", qlora.settings["lora"], "|", qlora.settings["optimizer"])\n'
         "print(qlora.fit_text)\n"
         "by_category(qlora)"
@@ -220,8 +221,9 @@ cells = [
     code(
         "small = {}  # the peaks by category, not the plans (each holds its whole record)\n"
         'for label, quant in (("LoRA r=16 bf16", None), ("QLoRA nf4 r=16", "nf4")):\n'
-        '    plan = fv.plan("Qwen/Qwen2.5-0.5B", gpus=GPU, train=True, seq=SEQ, quantization=quant, lora=16)\n'
-        "    small[label] = by_category(plan)\n"
+        "    small[label] = by_category(\n"
+        '        fv.plan("Qwen/Qwen2.5-0.5B", gpus=GPU, train=True, seq=SEQ, quantization=quant, lora=16)\n'
+        "    )\n"
         'pd.DataFrame(small).fillna(0).loc[["Parameter", "Activation", "Temporary", "Optimizer state"]]'
     ),
     md(
@@ -247,6 +249,7 @@ cells = [
     code(
         "grid = fv.sweep(NAME, gpus=GPU, train=True, seq=SEQ, lora=16, checkpointing=True, progress=False,\n"
         '                quantization=[None, "nf4"], optimizer=["adamw", "paged_adamw8bit"])\n'
+        'del grid.attrs["plans"]  # the table is all we read here; each plan holds its whole record\n'
         'cols = ["cuda:0 peak", "cuda:0 weights", "cuda:0 optimizer", "cuda:0 activations", "cuda:0 temporaries"]\n'
         "table = grid.assign(**{c: (grid[c] / GiB).round(2) for c in cols})\n"
         'table = table.assign(quantization=table["quantization"].fillna("bf16"), step_s=table["step_s"].round(3))\n'
