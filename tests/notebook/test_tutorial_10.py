@@ -273,6 +273,11 @@ def test_trust_section_names_what_is_checked(nb) -> None:
 
 
 def test_stored_outputs_equal_a_reexecution(nb) -> None:
+    import torch
+
+    pinned = re.search(r"^torch==([\d.]+)", (ROOT / "binder" / "requirements.txt").read_text(), re.M).group(1)
+    if torch.__version__.split("+")[0] != pinned:  # scripts/test_torch.sh runs this file on another torch
+        pytest.skip(f"the stored outputs are made with the pinned torch {pinned} (binder/requirements.txt)")
     stored = nbformat.read(NB_DIR / NB, as_version=4)
     ran, kept = code_cells(nb)[1:], code_cells(stored)[1:]  # the install cell prints nothing either way
     assert [c.source for c in ran] == [c.source for c in kept]
