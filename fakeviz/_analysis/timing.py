@@ -113,7 +113,11 @@ _NO_KERNEL = frozenset(
 _GEMM = frozenset(
     "mm addmm bmm baddbmm addbmm _scaled_mm _int_mm addmv mv dot vdot _addmm_activation addr matmul linear".split()
     + "gptq_gemm awq_gemm scaled_matmul".split()  # pre-quantized layers' kernels (fakeviz._engine.quant_kernels)
+    + "gemm_4bit gemv_4bit".split()  # bitsandbytes' 4-bit matmuls: a GEMM on the dequantized weight (Note: [time model])
 )
+# GEMMs whose weight operand is stored packed (bitsandbytes' [n/2, 1] uint8): the kernel multiplies a dequantized,
+# contiguous copy, so the packed layout's strides say nothing of the GEMM's alignment
+_PACKED_GEMM = frozenset("gemm_4bit gemv_4bit".split())
 _GROUPED_GEMM = frozenset("_grouped_mm _scaled_grouped_mm".split())
 _CONV = re.compile(r"^(_?convolution|cudnn_convolution|conv\w*|miopen_convolution\w*|_convolution_double_backward)")
 _ATTENTION = re.compile(r"scaled_dot_product|_flash_attention|_efficient_attention|_cudnn_attention|flash_attn")
@@ -255,7 +259,7 @@ def gemm_alignment(name: str, mats: list[tuple[list[int], list[int]] | None], it
     (tests/fixtures/h100_time_extra.json.gz); a misaligned row count of a non-transposed operand costs nothing.
     """
     known = [m for m in mats if m is not None and len(m[0]) >= 2]
-    if len(known) < 2 or "grouped" in name:
+    if len(known) < 2 or "grouped" in name or _base(name)[1] in _PACKED_GEMM:
         return 16
     lds = []
     for shape, stride in known[-2:]:

@@ -97,6 +97,24 @@ def test_transposed_operand_takes_its_rows_as_leading_dimension():
     assert f.align[f.names.index("aten.mm.default")] == 2
 
 
+def test_a_bitsandbytes_4bit_matmul_is_a_gemm_on_its_dequantized_weight():
+    """gemm_4bit multiplies a dequantized copy of its packed [n/2, 1] uint8 weight: a GEMM at its FLOPs, aligned as
+    that copy is, and counted in the matrix FLOPs MFU reads (it was priced as an elementwise op by bytes)."""
+    bnb = pytest.importorskip("bitsandbytes")
+    with fv.record(device="cuda:0") as trace:
+        layer = bnb.nn.Linear4bit(4096, 14336, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+        layer = layer.to("cuda")
+        x = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+        layer(x)
+    assert timing.op_class("bitsandbytes.gemm_4bit.default") == "gemm"
+    f = timing.features(trace)
+    seq = f.names.index("bitsandbytes.gemm_4bit.default")
+    assert f.align[seq] == 16
+    row = _one(trace, "bitsandbytes.gemm_4bit.default")
+    assert row["cls"] == "gemm" and row["flops"] == 2 * 2048 * 4096 * 14336
+    assert row["bound"] == "compute"
+
+
 def test_causal_attention_takes_its_measured_share_of_the_unmasked_time():
     def run(causal: bool) -> fv.Trace:
         with fv.record(device="cuda:0", gpu="H100") as trace:
