@@ -42,17 +42,20 @@ another thread records is refused (``enter(..., alone=True)`` raises :class:`Bus
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
+import sys
 import threading
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["ENTRIES", "Busy", "Entry", "active", "claim", "declare", "enter", "home", "leave", "original",
-           "pop", "push", "push_call", "push_item", "push_member", "watch", "where"]  # fmt: skip
+__all__ = ["ENTRIES", "Busy", "Entry", "OnImport", "active", "claim", "declare", "enter", "home", "leave",
+           "original", "pop", "push", "push_call", "push_item", "push_member", "watch", "where"]  # fmt: skip
 
 SCOPES = ("import", "session", "gpu-session", "record")
 
@@ -588,3 +591,39 @@ declare("tracing-checks", "transformers.utils.import_utils", "is_fake_tensor", s
         by="fakeviz._engine.tracing_checks",
         why="Note: [tracing checks under fake tensors]; also a sys.meta_path finder while transformers is "
             "not yet imported")  # fmt: skip
+
+
+class OnImport:
+    """A ``sys.meta_path`` finder that calls ``then(module)`` once module ``name`` has been executed, for a change
+    to a library imported while a session is open (put it first in ``sys.meta_path``, through the registry; it
+    finds nothing itself). ``around``: a context manager factory the module's code executes in (bitsandbytes'
+    package runs as at the top of a script: Note: [bitsandbytes under fake tensors])."""
+
+    def __init__(self, name: str, then: Callable[[Any], None], around: Callable[[], Any] | None = None) -> None:
+        self.name = name
+        self.then = then
+        self.around = around
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+        then, around = self.then, self.around
+
+        def run(module: Any) -> None:
+            with around() if around is not None else contextlib.nullcontext():
+                exec_module(module)
+            then(module)
+
+        spec.loader.exec_module = run  # this spec's own loader instance
+        return spec

@@ -143,33 +143,6 @@ def _patch(utils: Any) -> None:
                 _TOKENS.append(_patches.push(mod, name, new[name], entry="torchao-sm-checks"))
 
 
-class _OnUtils(importlib.abc.MetaPathFinder):
-    """Patch ``torchao.utils`` once it has run (torchao imported during a fake session)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _UTILS:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-
-        def run(module: Any) -> None:
-            exec_module(module)
-            if _FINDER:  # the session is still open
-                _patch(module)
-
-        spec.loader.exec_module = run  # this spec's own loader instance
-        return spec
-
-
 #: What a record of torchao's low-bit optimizers assumes (Note: [torchao optimizers in a record]).
 EAGER_STEP = (
     "torchao's low-bit optimizer step runs torch.compile(single_param_adam) on a GPU (one fused kernel per "
@@ -198,6 +171,12 @@ def _eager_compile(original: Any) -> Any:
     return compile
 
 
+def _patch_if_open(module: Any) -> None:
+    """``torchao.utils`` has run during a session: patch it while the session is still open."""
+    if _FINDER:
+        _patch(module)
+
+
 def session_patches(on: bool) -> None:
     """Note: [torchao on fake GPUs], Note: [torchao optimizers in a record]: called when the first session starts
     (``on``; a real record opens one too) and the last one ends. The capability checks only on a build without CUDA
@@ -214,7 +193,7 @@ def session_patches(on: bool) -> None:
         if utils is not None:
             _patch(utils)
         elif not _FINDER:
-            finder = _OnUtils()
+            finder = _patches.OnImport(_UTILS, _patch_if_open)
             _FINDER.append(finder)
             _TOKENS.append(_patches.push_call(lambda: sys.meta_path.insert(0, finder),
                                               lambda: _remove_finder(finder), entry="torchao-sm-checks"))  # fmt: skip

@@ -136,7 +136,7 @@ def tracing_checks(mode: Any, state: Any) -> Iterator[None]:
     if utils is not None:
         wrap(utils)
     else:
-        finder = _OnImport(_UTILS, wrap)
+        finder = _patches.OnImport(_UTILS, wrap)
         sys.meta_path.insert(0, finder)
     try:
         yield
@@ -148,35 +148,3 @@ def tracing_checks(mode: Any, state: Any) -> Iterator[None]:
 
 
 _UTILS = "transformers.utils.import_utils"
-
-
-class _OnImport:
-    """A ``sys.meta_path`` finder that calls ``then(module)`` once module ``name`` has been executed."""
-
-    def __init__(self, name: str, then: Any) -> None:
-        self.name = name
-        self.then = then
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        exec_module = getattr(loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-        then = self.then
-
-        def run(module: Any) -> None:
-            exec_module(module)
-            then(module)
-
-        loader.exec_module = run  # this spec's own loader instance
-        return spec

@@ -166,7 +166,7 @@ def import_bitsandbytes() -> Any:
 def _as_at_the_top() -> Iterator[None]:
     """Real tensors, and ``torch.cuda`` answering as the build does, while bitsandbytes' package executes: what
     its import at the top of a script sees. A user's first ``import peft`` / ``import bitsandbytes`` inside a fake
-    cuda block runs under this too (``_OnImport``), instead of failing on the CUDA backend a CPU-only torch lacks."""
+    cuda block runs under this too (``patches.OnImport``), instead of failing on the CUDA backend a CPU-only torch lacks."""
     from ..cuda_api import stack
 
     gpu = stack.active()
@@ -438,38 +438,8 @@ def patch(on: bool) -> None:
     if package is not None and hasattr(package, "matmul_4bit"):  # imported (not halfway through its import)
         _install()
     else:
-        _finder = _patches.push_member(sys.meta_path, _OnImport("bitsandbytes", _install), entry="bnb-qmap")
+        _finder = _patches.push_member(
+            sys.meta_path, _patches.OnImport("bitsandbytes", _install, around=_as_at_the_top), entry="bnb-qmap"
+        )
         # first in line: move it to the front (push_member appends)
         sys.meta_path.insert(0, sys.meta_path.pop())
-
-
-class _OnImport:
-    """A ``sys.meta_path`` finder that calls ``then(module)`` once module ``name`` has been executed."""
-
-    def __init__(self, name: str, then: Any) -> None:
-        self.name = name
-        self.then = then
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-        then = self.then
-
-        def run(module: Any) -> None:
-            with _as_at_the_top():
-                exec_module(module)
-            then(module)
-
-        spec.loader.exec_module = run  # this spec's own loader instance
-        return spec
