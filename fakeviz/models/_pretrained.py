@@ -200,8 +200,12 @@ def _fake_model(
     with building(device):
         model = prequantized(spec, ckpt, want, where)  # None without a quantization_config
         if model is not None and q is not None:
-            raise ArgumentError("quantization", q.label, f"{where} is already quantized (its config.json has a "
-                                "quantization_config)", "Leave quantization= out for a pre-quantized checkpoint.")
+            raise ArgumentError(
+                "quantization",
+                q.label,
+                f"{where} is already quantized (its config.json has a quantization_config)",
+                "Leave quantization= out for a pre-quantized checkpoint.",
+            )
         with _quant.deferring(q) as deferred:  # Note: [quantizing a built model]
             model = model if model is not None else instantiate(spec, want or ckpt.main_dtype())
         m = match(model, ckpt)
