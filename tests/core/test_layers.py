@@ -12,7 +12,7 @@ Checked for every import in every function, lazy or not (imports under ``if TYPE
 * the imports between modules have no cycle;
 * ``fakeviz._core`` imports nothing else of fakeviz, and only the standard library and NumPy;
 * the engine and analysis import no IPython, ipywidgets, anywidget, traitlets or plotly;
-* no source file is much over 700 lines;
+* no source file has more than 600 lines of code (docstrings and comments are free);
 * no module reads another module's private names (``from x import _name``, ``x._name`` on a module,
   or a private attribute that only another module's classes define).
 """
@@ -303,10 +303,33 @@ def _module_aliases(mod: Module) -> dict[str, str]:
     return out
 
 
+def _code_lines(path: Path) -> int:
+    """Lines of code: not blank, not a comment, not inside a docstring (module, class or function). Long
+    explanations are welcome; what the rule limits is how much a file does."""
+    text = path.read_text()
+    skip: set[int] = set()
+    if path.suffix == ".py":
+        comment: tuple[str, ...] = ("#",)
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+                first = node.body[0]
+                if (
+                    isinstance(first, ast.Expr)
+                    and isinstance(first.value, ast.Constant)
+                    and isinstance(first.value.value, str)
+                ):
+                    skip.update(range(first.lineno - 1, first.end_lineno or first.lineno))
+    else:
+        comment = ("//", "/*", "*")
+    return sum(1 for i, line in enumerate(text.splitlines())
+               if i not in skip and line.strip() and not line.strip().startswith(comment))  # fmt: skip
+
+
 def test_no_source_file_is_too_long() -> None:
-    """About 700 lines at most (Python, C, JavaScript, CSS): a longer file is doing several jobs; split it by concern."""
+    """At most 600 lines of code (Python, C, JavaScript, CSS; docstrings, comments and blank lines not counted): a
+    longer file is doing several jobs; split it by concern, not by count."""
     repo = PKG.parent
     sources = [p for p in PKG.rglob("*") if p.suffix in (".py", ".c", ".h", ".cpp") and "static" not in p.parts]
     sources += [p for p in (repo / "js" / "src").rglob("*") if p.suffix in (".js", ".css")]
-    long = {str(p.relative_to(repo)): n for p in sources if (n := len(p.read_text().splitlines())) > 750}
+    long = {str(p.relative_to(repo)): n for p in sources if (n := _code_lines(p)) > 600}
     assert not long, long
