@@ -20,6 +20,7 @@ from traitlets import Bool, Float, Unicode
 
 from ..._api import record
 from ..._core.gpus import Capacity, gpu_capability
+from ..._engine.arguments import default_dtype
 from ..._engine.recorder import FakeSession
 from ..._engine.session import check_device, is_fake
 from ..._trace import Trace
@@ -28,23 +29,18 @@ from .errors import FakeCellError, check_names, short_error
 
 __all__ = ["FakeCellError", "FakeMagics", "load_ipython_extension", "unload_ipython_extension"]
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32, "f32": torch.float32, "float": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "f16": torch.float16, "half": torch.float16,
-    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
-}  # fmt: skip
 _ATTENTION = ("auto", "flash", "efficient", "cudnn", "math", "native")
 _MAGICS = (("cell", "fake"), ("line", "fake_reset"), ("line", "fake_trace"), ("line", "fake_tb"))
 
 
 def _parse_dtype(name: str | None) -> torch.dtype | None:
+    """``--dtype``: the block's default dtype, by the engine's one parser (:func:`default_dtype`)."""
     if not name:
         return None
-    key = name.lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise UsageError(f"--dtype {name!r}: use one of {', '.join(sorted(_DTYPES))}")
-    return _DTYPES[key]
+    try:
+        return default_dtype(name)
+    except ValueError:
+        raise UsageError(f"--dtype {name!r}: use one of bf16, fp16, fp32, fp64 (or bfloat16, float16, ...)") from None
 
 
 def _parse_device(name: str | None) -> str | None:
