@@ -14,13 +14,16 @@ group, bytes in and out and the bytes a ring algorithm sends and receives from t
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from . import patches as _patches
 
-__all__ = ["script_object_text", "snapshot"]
+__all__ = ["Mailbox", "script_object_text", "snapshot"]
 
 
 def script_object_text(a: Any) -> str:
@@ -102,3 +105,231 @@ def patch_sharding_prop(on: bool) -> None:
 
     _prop_token = _patches.push(cls, "_propagate_tensor_meta_non_cached", _propagate_tensor_meta_non_cached,
                                 entry="dtensor-shadow-prop")  # fmt: skip
+
+
+# Note: [values between simulated ranks]
+# The fake process group moves no data, yet torch's pipelining reads some values a rank receives: the warm-up vote
+# of ``PipelineStage`` (``result.item()`` of a tensor ``dist.recv``'d from its neighbour) and the metadata of its
+# shape inference (``dist.recv_object_list``: the sizes of the pickles, then the pickled ``_StageForwardMeta`` /
+# ``_StageBackwardMeta``). ``simulate`` records ranks one after another in one process, so what rank r sends is
+# known when rank r+1 is recorded: a :class:`Mailbox` (one per simulation, never a global) keeps every
+# point-to-point message a rank sends (``send``, ``batch_isend_irecv``: the values where the fake run knows them,
+# else None, in order per (source, destination) pair, as NCCL delivers them) and gives a later rank's receive the
+# values sent to it; ``_tensor_to_object`` unpickles the received bytes (the recorded ``.cpu()`` copy first, as
+# torch's own code does). torch's own code runs on both sides, op for op: only the values come from the mailbox.
+# A receive from a rank not recorded yet (the backward direction: the vote's result, the gradients' metadata) gets
+# what torch's own inference would give, assumed: the vote result is the product so far (every later stage votes
+# as given); the gradients' metadata is ``_derive_grad_metas`` of the stage's outputs (a gradient has its output's
+# shape, dtype and stride), as a STATIC stage derives it. Once the sender is recorded, every receive is checked
+# against what was really sent (:meth:`Mailbox.stale`) and a rank that received other values is recorded again;
+# a sender that is never recorded (``ranks=[k]``, a stand-in) leaves the assumption in ``fidelity()``.
+class Mailbox:
+    """The point-to-point messages of one simulation (Note: [values between simulated ranks])."""
+
+    def __init__(self) -> None:
+        self.sent: dict[int, dict[tuple[int, int], Any]] = {}  # src -> (dst, seq) -> values (None: unknown)
+        self.got: dict[int, dict[tuple[int, int], tuple[Any, str | None]]] = {}  # dst -> (src, seq) -> (values, why)
+        self._count: dict[tuple[str, int, int], int] = {}  # ("s"/"r", a, b) -> messages so far in this recording
+        self._queued: dict[tuple[int, int], list[Any]] = {}  # (src, dst) -> values assumed for the next receives
+        self._rank = -1
+
+    # ------------------------------------------------------------------------------ one rank's recording
+    @contextlib.contextmanager
+    def rank(self, rank: int) -> Iterator[None]:
+        """Rank ``rank`` is being recorded (in this thread): its sends are kept, its receives answered."""
+        self._rank = rank
+        self.sent[rank], self.got[rank] = {}, {}
+        self._count = {}
+        self._queued = {}
+        tokens = _push_exchange(self)
+        try:
+            yield
+        finally:
+            for t in reversed(tokens):
+                _patches.pop(t)
+            self._rank = -1
+
+    def post(self, dst: int, tensor: Any) -> None:
+        key = ("s", self._rank, dst)
+        seq = self._count.get(key, 0)
+        self._count[key] = seq + 1
+        self.sent[self._rank][(dst, seq)] = _values_of(tensor)
+
+    def deliver(self, src: int, tensor: Any) -> None:
+        key = ("r", src, self._rank)
+        seq = self._count.get(key, 0)
+        self._count[key] = seq + 1
+        why = None
+        if src in self.sent and src != self._rank and (self._rank, seq) in self.sent[src]:
+            value = self.sent[src][(self._rank, seq)]
+        elif self._queued.get((src, self._rank)):
+            value, why = self._queued[(src, self._rank)].pop(0)
+        else:
+            value, why = self._echo(src, tensor)
+        self.got[self._rank][(src, seq)] = (value, why)
+        if value is not None:
+            _give_values(tensor, value)
+
+    def _echo(self, src: int, tensor: Any) -> tuple[Any, str | None]:
+        """The newest values this rank sent to ``src`` in a tensor of the same shape and dtype (the vote: the
+        product so far), or unknown."""
+        for (dst, _), v in sorted(self.sent[self._rank].items(), key=lambda kv: -kv[0][1]):
+            if dst == src and v is not None and tuple(v.shape) == tuple(tensor.shape) and v.dtype == tensor.dtype:
+                return v, (f"the values received from rank {src} (not recorded before this rank) are assumed to be "
+                           f"the ones this rank sent it (PipelineStage's warm-up vote: every later stage votes "
+                           f"as the stages before it)")  # fmt: skip
+        return None, None
+
+    def assume_object(self, src: int, obj: Any, why: str) -> None:
+        """The next object receive from ``src`` gets ``obj`` unless ``src`` has sent one already: its sizes
+        tensor and its pickled bytes are queued as the next two messages."""
+        import io
+
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        c10d = torch.distributed.distributed_c10d
+        if src in self.sent and src != self._rank:
+            return
+        f = io.BytesIO()
+        c10d._pickler(f).dump(obj)
+        buf = bytearray(f.getvalue())
+        with unset_fake_temporarily():
+            data = torch.frombuffer(buf, dtype=torch.uint8).clone()
+            size = torch.tensor([data.numel()], dtype=torch.long, device="cpu")
+        self._queued[(src, self._rank)] = [(size, why), (data, why)]
+
+    # ------------------------------------------------------------------------------ after the recordings
+    def stale(self, recorded: set[int]) -> list[int]:
+        """Recorded ranks that received values other than what a recorded sender really sent: to record again."""
+        out = []
+        for dst in sorted(recorded):
+            for (src, seq), (value, _) in self.got.get(dst, {}).items():
+                if src not in recorded or src not in self.sent:
+                    continue
+                real = self.sent[src].get((dst, seq), "missing")
+                if not _same(real, value):
+                    out.append(dst)
+                    break
+        return out
+
+    def assumptions(self, rank: int, recorded: set[int]) -> list[str]:
+        """The assumptions ``rank``'s record still rests on: values from senders never recorded."""
+        return sorted({why for (src, _), (_, why) in self.got.get(rank, {}).items()
+                       if why is not None and src not in recorded})  # fmt: skip
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return False
+    if a is None or b is None:
+        return a is None and b is None
+    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and bool(torch.equal(a, b))
+
+
+def _values_of(t: Any) -> Any:
+    """The values a fake run knows of ``t`` (a CPU copy), else None."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._mode_utils import no_dispatch
+
+    if type(t) is FakeTensor:
+        c = t.constant
+        if c is None:
+            return None
+        with no_dispatch():
+            return c.detach().cpu().clone()
+    if isinstance(t, torch.Tensor) and not t.is_meta and type(t) is torch.Tensor:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return t.detach().cpu().clone()
+    return None
+
+
+def _give_values(t: Any, value: Any) -> None:
+    """``t`` (a fake receive buffer) now holds ``value``, as after a real receive."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._mode_utils import no_dispatch
+
+    if type(t) is not FakeTensor or tuple(t.shape) != tuple(value.shape) or t.dtype != value.dtype:
+        return
+    with no_dispatch():
+        t.constant = value.clone()
+
+
+def _peer(group: Any, peer: int | None, group_peer: int | None) -> int:
+    c10d = torch.distributed.distributed_c10d
+    g = c10d._group_or_default_group(group)
+    return c10d.get_global_rank(g, c10d._canonicalize_group_rank(g, peer, group_peer))
+
+
+def _push_exchange(box: Mailbox) -> list[int]:
+    """The record-scope changes of Note: [values between simulated ranks] (registry entries ``p2p-values`` and
+    ``pipeline-meta-inference``)."""
+    import torch.distributed as dist
+
+    c10d = dist.distributed_c10d
+    send0, recv0, batch0 = c10d.send, c10d.recv, c10d.batch_isend_irecv
+    to_object0, to_tensor0 = c10d._tensor_to_object, c10d._object_to_tensor
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Any:
+        out = send0(tensor, dst, group, tag, group_dst)
+        box.post(_peer(group, dst, group_dst), tensor)
+        return out
+
+    def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Any:
+        out = recv0(tensor, src, group, tag, group_src)
+        if src is not None or group_src is not None:
+            box.deliver(_peer(group, src, group_src), tensor)
+        return out
+
+    def batch_isend_irecv(p2p_op_list: list[Any]) -> Any:
+        works = batch0(p2p_op_list)
+        for op in p2p_op_list:
+            peer = c10d.get_global_rank(op.group, op.group_peer)
+            if op.op in (c10d.isend, dist.isend):
+                box.post(peer, op.tensor)
+            else:
+                box.deliver(peer, op.tensor)
+        return works
+
+    def _tensor_to_object(tensor: Any, tensor_size: Any, group: Any, *rest: Any, **kw: Any) -> Any:
+        value = _values_of(tensor)
+        if value is None:
+            return to_object0(tensor, tensor_size, group, *rest, **kw)
+        tensor.cpu()  # the device-to-host copy torch's own code makes
+        with unset_fake_temporarily():
+            return to_object0(value, int(tensor_size), group, *rest, **kw)
+
+    def _object_to_tensor(obj: Any, device: Any, group: Any, *rest: Any, **kw: Any) -> Any:
+        byte_tensor, size = to_tensor0(obj, device, group, *rest, **kw)
+        if _values_of(byte_tensor) is None:  # the pickle's bytes, known here: kept for the receiving rank
+            with unset_fake_temporarily():
+                real, _ = to_tensor0(obj, torch.device("cpu"), group, *rest, **kw)
+            _give_values(byte_tensor, real)
+        return byte_tensor, size
+
+    tokens = []
+    tokens.append(_patches.push(c10d, "_object_to_tensor", _object_to_tensor, entry="p2p-values"))
+    for owner in (c10d, dist):
+        tokens.append(_patches.push(owner, "send", send, entry="p2p-values"))
+        tokens.append(_patches.push(owner, "recv", recv, entry="p2p-values"))
+        tokens.append(_patches.push(owner, "batch_isend_irecv", batch_isend_irecv, entry="p2p-values"))
+    tokens.append(_patches.push(c10d, "_tensor_to_object", _tensor_to_object, entry="p2p-values"))
+    stage_mod = sys.modules.get("torch.distributed.pipelining.stage")
+    cls = getattr(stage_mod, "PipelineStage", None)
+    if cls is not None and "_recv_meta" in cls.__dict__ and hasattr(stage_mod, "_StageBackwardMeta"):
+        recv_meta0 = cls.__dict__["_recv_meta"]
+
+        def _recv_meta(self: Any, src_stage: int) -> Any:
+            if src_stage > self.stage_index and getattr(self, "_stage_meta", None) is not None:
+                metas = stage_mod._derive_grad_metas(tuple(self._stage_meta.outputs or ()))
+                box.assume_object(
+                    self._resolve_peer_global_rank(src_stage), stage_mod._StageBackwardMeta(backward_metas=metas),
+                    f"the gradients' metadata from stage {src_stage} (not recorded before this rank) is derived from "
+                    f"stage {self.stage_index}'s outputs (_derive_grad_metas: shape, dtype and stride of each output)",
+                )  # fmt: skip
+            return recv_meta0(self, src_stage)
+
+        tokens.append(_patches.push(cls, "_recv_meta", _recv_meta, entry="pipeline-meta-inference"))
+    return tokens

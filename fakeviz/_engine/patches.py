@@ -587,6 +587,14 @@ declare(
     kind="global hook",
     why="torch's public global hooks: module and phase tracking, names, optimizer state (recorder/modules.py)",
 )
+declare("p2p-values", "torch.distributed, torch.distributed.distributed_c10d",
+        ("send", "recv", "batch_isend_irecv", "_tensor_to_object", "_object_to_tensor"), scope="record",
+        by="fakeviz._engine.distributed",
+        why="Note: [values between simulated ranks]: simulate's ranks exchange the values the fake group "
+            "does not move")  # fmt: skip
+declare("pipeline-meta-inference", "torch.distributed.pipelining.stage.PipelineStage", "_recv_meta", scope="record",
+        by="fakeviz._engine.distributed",
+        why="Note: [values between simulated ranks]: a stage's gradient metadata from a rank not recorded yet")  # fmt: skip
 declare("tracing-checks", "transformers.utils.import_utils", "is_fake_tensor", scope="record",
         by="fakeviz._engine.tracing_checks",
         why="Note: [tracing checks under fake tensors]; also a sys.meta_path finder while transformers is "

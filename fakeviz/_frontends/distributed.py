@@ -42,6 +42,7 @@ from .._analysis.collectives import ranks_text as _ranks_text
 from .._core.errors import ArgumentError, FakeVizError, SimulationError
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
+from .._engine.distributed import Mailbox as _Mailbox
 from . import steps
 
 __all__ = ["Simulation", "simulate"]
@@ -83,6 +84,7 @@ class Simulation:
         self.stand_ins: dict[int, int] = {}
         self.error: SimulationError | None = None
         self.settings: dict[str, Any] = {}
+        self.mailbox = _Mailbox()  # the values ranks send each other (Note: [values between simulated ranks])
 
     # ------------------------------------------------------------------------------------------ reading
     @property
@@ -371,7 +373,26 @@ def simulate(
         if exc is not None:
             sim.error = _error(exc, r, sim)
             raise sim.error from exc
+    _settle(step, sim)
     return sim
+
+
+def _settle(step: Callable[[int, Any], Any], sim: Simulation) -> None:
+    """Record again each rank that received values other than those a rank recorded after it sent (Note: [values
+    between simulated ranks]); list the values still assumed in its ``fidelity()``."""
+    for _ in range(sim.world_size):
+        stale = sim.mailbox.stale(set(sim.traces))
+        for r in stale:
+            trace, exc = _run_rank(step, sim, r)
+            sim.traces[r] = trace
+            if exc is not None:
+                sim.error = _error(exc, r, sim)
+                raise sim.error from exc
+        if not stale:
+            break
+    for r, t in sim.traces.items():
+        for why in sim.mailbox.assumptions(r, set(sim.traces)):
+            t.meta.setdefault("assumptions", []).append([-1, "c10d.recv_", why, None, None])
 
 
 def _distributed() -> Any:
@@ -414,7 +435,7 @@ def _run_rank(step: Callable[[int, Any], Any], sim: Simulation, rank: int) -> tu
     with _fake_group(rank, sim.world_size):
         rec = record(device=dev, gpu=sim.gpu.gpu, gpus=sim.gpus_per_node if sim.device == "cuda" else None)
         try:
-            with rec as trace:
+            with rec as trace, sim.mailbox.rank(rank):  # Note: [values between simulated ranks]
                 if sim.device == "cuda":
                     torch.cuda.set_device(rank % sim.gpus_per_node)
                 mesh = init_device_mesh(sim.device, sim.mesh_shape, mesh_dim_names=sim.mesh_dim_names)
