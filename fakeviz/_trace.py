@@ -241,11 +241,19 @@ class Trace(Record):
         return _fvz.write(self, path)
 
     @classmethod
-    def load(cls, path: str | Path) -> Trace:
-        """Read a trace written by :meth:`save`. Raises :class:`~fakeviz.TraceFormatError` if unreadable."""
+    def load(cls, path: str | Path | bytes) -> Trace:
+        """Read a trace written by :meth:`save` (or the bytes :meth:`to_bytes` gives). Raises
+        :class:`~fakeviz.TraceFormatError` if unreadable."""
+        if isinstance(path, (bytes, bytearray, memoryview)):
+            return _fvz.from_bytes(path, cls)
         return _fvz.read(path, cls)
 
+    def to_bytes(self) -> bytes:
+        """The trace as the bytes of a ``.fvz`` file (what :meth:`save` writes; :func:`load` reads them back)."""
+        return _fvz.to_bytes(self)
 
-def load(path: str | Path) -> Trace:
-    """Read a ``.fvz`` trace file written by :meth:`Trace.save` (never unpickles)."""
+
+def load(path: str | Path | bytes) -> Trace:
+    """Read a ``.fvz`` trace file written by :meth:`Trace.save`, or its bytes (:meth:`Trace.to_bytes`; never
+    unpickles)."""
     return Trace.load(path)

@@ -55,7 +55,7 @@ from .gpus import Capacity
 from .record import Record, column_dtype
 from .schema import ALL_COLS, OP_COLS, OUT_COLS, P_COLS, PHASES, ROLES, ST_COLS, STRING_TABLES, T_COLS
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "read", "write"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "from_bytes", "read", "to_bytes", "write"]
 
 FORMAT_NAME = "fakeviz-trace"
 FORMAT_VERSION = 3
@@ -116,6 +116,25 @@ def write(record: Record, path: str | Path) -> Path:
     header limit is refused with :class:`TraceFormatError` before anything is written (see the module docstring).
     """
     path = Path(path)
+    text, cols = _header_text(record, path)
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{path}: the folder {path.parent} does not exist; create it or save elsewhere")
+    tmp = path.with_name(path.name + ".tmp")
+    _archive(tmp, text, cols)
+    tmp.replace(path)
+    return path
+
+
+def to_bytes(record: Record) -> bytes:
+    """``record`` as the bytes of a ``.fvz`` file (what :func:`write` would write), for sending a record between
+    processes (:mod:`fakeviz._frontends.executors`) without a file and without pickling it."""
+    text, cols = _header_text(record, "<bytes>")
+    buf = io.BytesIO()
+    _archive(buf, text, cols)
+    return buf.getvalue()
+
+
+def _header_text(record: Record, where: Any) -> tuple[str, dict[str, np.ndarray]]:
     cols = record.columns()
     strings = {k: [_cut(x, _string_limit(k)) for x in v] for k, v in record.string_tables().items()}
     header = {
@@ -129,20 +148,19 @@ def write(record: Record, path: str | Path) -> Path:
     text = json.dumps(header)
     if len(text) > MAX_HEADER_BYTES:
         raise TraceFormatError(
-            f"{path}: this record's header (string tables and meta) is {len(text):,} bytes, over the "
+            f"{where}: this record's header (string tables and meta) is {len(text):,} bytes, over the "
             f"{MAX_HEADER_BYTES:,}-byte limit of the .fvz format; it cannot be saved as one file"
         )
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"{path}: the folder {path.parent} does not exist; create it or save elsewhere")
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+    return text, cols
+
+
+def _archive(target: Any, text: str, cols: dict[str, np.ndarray]) -> None:
+    with zipfile.ZipFile(target, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         zf.writestr("fakeviz.json", text)
         for name, arr in cols.items():
             buf = io.BytesIO()
             np.save(buf, arr, allow_pickle=False)
             zf.writestr(f"columns/{name}.npy", buf.getvalue())
-    tmp.replace(path)
-    return path
 
 
 def read(path: str | Path, cls: type[R] = Record) -> R:  # type: ignore[assignment]
@@ -153,9 +171,20 @@ def read(path: str | Path, cls: type[R] = Record) -> R:  # type: ignore[assignme
         FileNotFoundError, IsADirectoryError, PermissionError: as :func:`open` does.
     """
     path = Path(path)
-    size = path.stat().st_size
+    return _read(path, path, path.stat().st_size, cls)
+
+
+def from_bytes(data: bytes, cls: type[R] = Record, name: str = "<bytes>") -> R:  # type: ignore[assignment]
+    """Read the bytes of a ``.fvz`` file (:func:`to_bytes`) as a ``cls``, with every check :func:`read` makes
+    (``name`` stands for the file in its errors). Raises :class:`TraceFormatError` as :func:`read` does."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"from_bytes: expected the bytes of a .fvz file, got {type(data).__name__}")
+    return _read(io.BytesIO(bytes(data)), Path(name), len(data), cls)
+
+
+def _read(source: Any, path: Path, size: int, cls: type[R]) -> R:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(source) as zf:
             members = {info.filename: info for info in zf.infolist()}
             header = _read_header(path, zf, members)
             _check_header(path, header)

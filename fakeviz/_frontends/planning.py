@@ -35,7 +35,7 @@ from .._analysis import placement as _placement
 from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
-from . import adapters, ranking, steps
+from . import adapters, executors, ranking, steps
 from .progress import progress_bar
 
 __all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
@@ -359,6 +359,8 @@ def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity]
     trace = None
     gpu = gpus[0].gpu if all(c.gpu == gpus[0].gpu for c in gpus) else None
     try:
+        if not s["train"]:  # a forward holds no optimizer state, whatever an earlier point of a sweep trained
+            built.optimizer, built.optimizer_name = None, ""
         opt = built.train_optimizer(s.get("optimizer") or "adamw", gpus) if s["train"] else None
         s["paged_bytes"] = steps.paged_bytes(opt)
         with steps.checkpointing(model, s["checkpointing"]):
@@ -533,8 +535,16 @@ def _build_point(model: Any, c: dict[str, Any], caps: list[Capacity]) -> _Built:
     return _build(model, _dtype(c.get("dtype")), **extra)
 
 
+def _remote_point(shared: dict[str, Any], c: dict[str, Any]) -> Plan:
+    """One point of a sweep in a worker process (:mod:`.executors`): the model built once per build key."""
+    model, caps = shared["model"], shared["gpus"]
+    built = executors.worker_cache((repr(model), adapters.build_key(c)), lambda: _build_point(model, c, caps))
+    return plan(model, gpus=caps, device_map=shared["device_map"], _built=built,
+                **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
+
+
 def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced", progress: bool = True,
-          rank_by: str | None = "auto", **axes: Any) -> pd.DataFrame:  # fmt: skip
+          rank_by: str | None = "auto", executor: Any = None, **axes: Any) -> pd.DataFrame:  # fmt: skip
     """One :func:`plan` per combination of ``axes`` (``batch=[1, 2, 4]``, ``seq=[2048, 8192]``,
     ``dtype=[...]``, ``checkpointing=[False, True]``, ``train=[...]``, ``new_tokens=[...]``,
     ``quantization=[None, "nf4"]``, ``lora=[None, 16]``, ``optimizer=["adamw", "adamw8bit"]``; a scalar is one
@@ -550,8 +560,16 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     the GPU kind is known: ``step_s`` when every point runs the same tokens per step, else time per token
     (``tokens_per_s``, highest first: a step of batch 1 is shorter than one of batch 8 but does less); without a GPU
     kind the grid's order is kept. ``"step_s"``, ``"tokens_per_s"`` or ``"mfu"`` rank by that figure;
-    ``None`` keeps the grid's order."""
+    ``None`` keeps the grid's order.
+
+    ``executor``: where the points run (Note: [points on an executor] in :mod:`fakeviz._frontends.executors`):
+    None, a process pool over this machine's cores once a point is slow enough to pay for it (Note: [the default
+    executor]); False, one after another in this process; or any ``concurrent.futures.Executor`` (a dask
+    ``Client(...).get_executor()``). A point that fails there has ``fits`` False and its error in ``error`` and
+    ``first fails`` (its entry in ``df.attrs["plans"]`` is an :class:`~fakeviz._frontends.executors.Failed`);
+    ``df.attrs["executor"]`` says where the points ran."""
     ranking.check_rank_by(rank_by)
+    executors.check(executor)
     known = set(_EXAMPLE)
     for k in sorted(set(axes) - known):
         near = tuple(difflib.get_close_matches(k, sorted(known), n=3))
@@ -577,24 +595,29 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         adapters.check_finetune(bool(c.get("train", False)), c.get("quantization"), c.get("lora"))
     caps = parse_gpus(gpus)
     built: dict[Any, _Built] = {}
-    rows, plans = [], []
     if any(k in grid for k in ("seq", "new_tokens")):  # every point's sequence, before any recording
         built[adapters.build_key(combos[0])] = first = _build_point(model, combos[0], caps)
         for c in combos:
             models.check_seq(first.model, c.get("seq", 2048), c.get("new_tokens", 0))
     bar = progress_bar(len(combos)) if progress else None
-    for i, c in enumerate(combos):
+
+    def local(c: dict[str, Any]) -> Plan:
         key = adapters.build_key(c)
         if key not in built:
             built.clear()  # one model alive at a time
             built[key] = _build_point(model, c, caps)
-        p = plan(model, gpus=caps, device_map=device_map, _built=built[key],
-                 **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
-        plans.append(p)
-        rows.append(_row(p, c))
-        if bar is not None:
-            bar(i + 1, p)
-    order, by = ranking.ranking([p.speed for p in plans], [p.fits for p in plans], rank_by)
+        return plan(model, gpus=caps, device_map=device_map, _built=built[key],
+                    **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
+
+    with executors.runner(model, executor) as run:
+        plans = run.run(combos, local=local, remote=_remote_point, progress=bar,
+                        shared={"model": model, "gpus": caps, "device_map": device_map})  # fmt: skip
+    rows = [
+        executors.failed_row(c, p) if isinstance(p, executors.Failed) else _row(p, c) for p, c in zip(plans, combos)
+    ]
+    ok = [i for i, p in enumerate(plans) if not isinstance(p, executors.Failed)]
+    order, by = ranking.ranking([plans[i].speed for i in ok], [plans[i].fits for i in ok], rank_by)
+    order = [ok[i] for i in order] + [i for i in range(len(plans)) if i not in set(ok)]
     df = pd.DataFrame(rows)
     if by is not None:
         ranks = pd.array([pd.NA] * len(df), dtype="Int64")

@@ -1,0 +1,119 @@
+"""executor=: the points of a sweep (and max_batch's probes, a parallel plan's rank classes) on a
+concurrent.futures executor, records back as .fvz bytes (Note: [points on an executor] in
+fakeviz/_frontends/executors.py). One spawn pool serves the whole file (a worker imports torch and transformers
+once: seconds); the dask test starts a two-worker LocalCluster."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import fakeviz as fv
+from fakeviz._core.errors import ArgumentError, TraceFormatError
+from fakeviz._frontends import executors
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256}  # fmt: skip
+FIGURES = ("peak", "weights", "gradients", "optimizer", "activations", "temporaries")
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return fv.models.config("meta-llama/Llama-3.1-8B", **TINY)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with cf.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as ex:
+        yield ex
+
+
+def _no_session_left() -> None:
+    from torch._guards import active_fake_mode
+
+    assert active_fake_mode() is None
+    assert not torch.cuda.is_available()  # no fake GPU session left answering in this process
+
+
+def test_a_trace_goes_through_bytes_unchanged(cfg) -> None:
+    p = fv.plan(cfg, gpus="H100", seq=16, train=True)
+    data = p.trace.to_bytes()
+    back = fv.load(data)
+    assert isinstance(data, bytes) and back.num_ops == p.trace.num_ops
+    assert back.peak_bytes() == p.trace.peak_bytes()
+    assert (back.ops.nbytes.to_numpy() == p.trace.ops.nbytes.to_numpy()).all()
+    with pytest.raises(TraceFormatError, match="<bytes>"):
+        fv.load(data[: len(data) // 2])
+
+
+def test_a_sweep_through_a_process_pool_gives_the_sequential_figures(cfg, pool) -> None:
+    axes = {"batch": [1, 2], "train": [True, False], "seq": 32}
+    here = fv.sweep(cfg, gpus="2xH100", progress=False, executor=False, rank_by=None, **axes)
+    there = fv.sweep(cfg, gpus="2xH100", progress=False, executor=pool, rank_by=None, **axes)
+    assert there.attrs["executor"] == "4 of 4 points on ProcessPoolExecutor"
+    assert here.attrs["executor"].startswith("executor=False")
+    cols = [c for c in here.columns if c.split(" ")[-1] in FIGURES] + ["max peak", "fits", "step_s"]
+    assert len(cols) >= 12
+    pd_equal = (here[cols].to_numpy() == there[cols].to_numpy()).all()
+    assert pd_equal, (here[cols], there[cols])
+    for a, b in zip(here.attrs["plans"], there.attrs["plans"]):
+        assert a.trace.peak_bytes() == b.trace.peak_bytes() and a.device_map == b.device_map
+        assert b.module is None and a.trace.num_ops == b.trace.num_ops
+    # each point as fv.plan alone: a forward after a training point holds no optimizer state
+    alone = fv.plan(cfg, gpus="2xH100", seq=32, batch=1, train=False)
+    assert alone.trace.peak_bytes() == here.attrs["plans"][1].trace.peak_bytes()
+    assert here.loc[1, "cuda:0 optimizer"] == 0
+    _no_session_left()
+
+
+def _boom(shared: int, task: int) -> fv.Trace:
+    """A point function for the pool: task 1 raises, the others record a tiny step (test-module level: picklable)."""
+    if task == 1:
+        raise ValueError(f"point {task} refused")
+    with fv.record() as t:
+        torch.ones(shared, task + 1, device="cuda") @ torch.ones(task + 1, 4, device="cuda")
+    return t
+
+
+def test_a_failing_point_is_reported_and_the_others_come_back(pool) -> None:
+    with executors.Runner(executor=pool) as run:
+        out = run.run([0, 1, 2], local=lambda t: pytest.fail("ran here"), remote=_boom, shared=8)
+    assert isinstance(out[1], executors.Failed) and out[1].error == "ValueError: point 1 refused"
+    assert not out[1].fits and out[1].trace is None
+    for k in (0, 2):  # 8 x 4 float32 outputs, by hand
+        assert isinstance(out[k], fv.Trace) and out[k].ops.nbytes.iloc[-1] == 8 * 4 * 4
+    _no_session_left()
+
+
+def test_the_default_keeps_fast_points_here_and_refuses_what_is_not_an_executor(cfg) -> None:
+    df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, progress=False)
+    assert df.attrs["executor"].startswith("in this process")  # tiny points: a pool would not pay for itself
+    module = fv.models.build(cfg, device="cuda:0")
+    with pytest.warns(UserWarning, match="module"):
+        df = fv.sweep(module, gpus="H100", batch=[1, 2], seq=16, progress=False, executor=cf.ThreadPoolExecutor(1))
+    assert "module" in df.attrs["executor"]
+    with pytest.raises(ArgumentError, match="executor"):
+        fv.sweep(cfg, gpus="H100", batch=[1, 2], executor=4, progress=False)
+
+
+def test_a_dask_cluster_runs_the_points(cfg) -> None:
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+        with distributed.Client(lc) as client:
+            df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, train=True, progress=False, rank_by=None,
+                          executor=client.get_executor())  # fmt: skip
+    here = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, train=True, progress=False, rank_by=None, executor=False)
+    assert df.attrs["executor"] == "2 of 2 points on ClientExecutor"
+    assert np.array_equal(df["max peak"].to_numpy(), here["max peak"].to_numpy())
+    assert [p.trace.peak_bytes() for p in df.attrs["plans"]] == [p.trace.peak_bytes() for p in here.attrs["plans"]]
+    _no_session_left()
+
+
+def test_one_core_runs_here(monkeypatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert "one core" in executors.note("name", None)
