@@ -32,6 +32,7 @@ from ._engine.session import fake_mode, fakeify, is_fake, meta_like
 from ._export import ExportCheck, check_export
 from ._frontends.distributed import Simulation, simulate
 from ._frontends.planning import Plan, compare, max_batch, max_seq, plan, sweep
+from ._frontends.serving import Serving, serve
 from ._fx import prop
 from ._trace import CATEGORIES, PHASES, ROLES, Trace, load
 
@@ -66,6 +67,8 @@ __all__ = [
     "compare",
     "max_batch",
     "max_seq",
+    "Serving",
+    "serve",
     "Simulation",
     "SimulationError",
     "simulate",

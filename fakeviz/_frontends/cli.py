@@ -161,6 +161,9 @@ def _parser() -> _Parser:
     d.add_argument("--gpu", default="H100", help="GPU (catalog name) or capacity for the fits / does-not-fit verdict")
     d.add_argument("--verbose", action="store_true", help="tracebacks for errors")
     d.set_defaults(fn=demo)
+    from .cli_serve import add_parser as add_serve  # fakeviz serve (fakeviz/_frontends/cli_serve.py)
+
+    add_serve(sub)
     return p
 
 

@@ -1,0 +1,242 @@
+"""vLLM's paged KV cache as plain arithmetic of a model's config: the bytes of one block per layer kind, how the
+layers are grouped, how many blocks a budget holds and how many sequences of ``max_model_len`` they serve.
+
+Note: [vLLM's KV cache blocks]
+Followed from vLLM's V1 engine (``vllm-project/vllm`` at commit ``001cabc1be16``, late 2026: ``vllm/v1/
+kv_cache_interface.py`` and ``vllm/v1/core/kv_cache_utils.py``):
+
+* A layer's *spec* says what one block of ``block_size`` tokens costs (``page_size_bytes``) and what one request
+  of ``max_model_len`` tokens needs at most (``max_memory_usage_bytes``):
+  full attention (``FullAttentionSpec``): a page is ``2 x block_size x kv_heads x head_dim x dtype size`` (keys and
+  values), a request ``cdiv(max_model_len, block_size)`` pages; sliding window (``SlidingWindowSpec``): the same
+  page, but a request holds only its window: ``cdiv(min(window - 1 + max_num_batched_tokens, max_model_len),
+  block_size) + 1`` pages (the last ``window - 1`` computed tokens plus one chunked-prefill step, and one page
+  more because the window need not start at a block's start); multi-head latent attention (``MLAAttentionSpec``,
+  DeepSeek-V2/V3): one compressed latent per token, no separate values, ``block_size x 1 x (kv_lora_rank +
+  qk_rope_head_dim) x dtype size`` a page, never split by tensor parallelism.
+* Layers are grouped (``get_kv_cache_groups``): all layers alike is one group; otherwise the page sizes are made
+  equal (``unify_kv_cache_spec_page_size``: a smaller page's block size is multiplied up) and each kind's layers are
+  split into groups of ``group_size`` layers (the fewest layers of any kind; the most when that is under 1.5 x the
+  fewest), the last group of a kind padded, layers ``i::groups`` in group ``i``.
+* Blocks (``get_kv_cache_config_from_groups``): ``group_size`` tensors of ``num_blocks`` pages each, every tensor
+  shared by one layer of each group: ``num_blocks = available // page // group_size``. One *block* here is thus a
+  page of every layer of one group: ``page x group_size`` bytes; for a model of only full-attention layers that
+  is ``2 x layers x kv_heads x head_dim x block_size x dtype size``.
+* What a request needs (``get_max_concurrency_for_kv_cache_config``): the sum over groups of its spec's pages per
+  request; ``max_concurrency = num_blocks / that`` (the log line "Maximum concurrency for N tokens per request");
+  "GPU KV cache size: N tokens" is ``num_blocks // groups x block_size``. The check that one request of
+  ``max_model_len`` fits (``_check_enough_kv_cache_memory``) compares ``group_size x page x`` those pages with the
+  available bytes; the longest context that fits is vLLM's own binary search (``_estimate_max_model_len_from_groups``).
+
+Layer kinds vLLM handles otherwise (Mamba and linear-attention state, ``MambaSpec``, whose page the attention
+pages are padded to; chunked local attention; cross attention) are refused here, not guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .._core.errors import ArgumentError
+
+__all__ = ["KVGroup", "KVLayout", "LayerSpec", "cdiv", "kv_layout", "layer_specs"]
+
+# the token counts vLLM accepts as block_size (vllm/config/cache.py ``BlockSize``)
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+KNOWN_KINDS = ("full_attention", "sliding_attention")
+
+
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division, vLLM's ``cdiv``."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer's KV cache spec (vLLM's ``FullAttentionSpec``, ``SlidingWindowSpec``, ``MLAAttentionSpec``).
+
+    ``kind``: ``"full"``, ``"sliding"`` or ``"mla"``; ``kv_heads`` on one GPU; ``head_size`` (MLA: the latent,
+    ``kv_lora_rank + qk_rope_head_dim``); ``dtype_bytes``: the KV cache dtype's size; ``window``: a sliding
+    layer's window in tokens.
+    """
+
+    kind: str
+    block_size: int
+    kv_heads: int
+    head_size: int
+    dtype_bytes: int
+    window: int | None = None
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one block of ``block_size`` tokens of this layer (``page_size_bytes``)."""
+        per_token = self.kv_heads * self.head_size * (1 if self.kind == "mla" else 2)
+        return self.block_size * per_token * self.dtype_bytes
+
+    def request_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
+        """The most one request of ``max_model_len`` tokens holds in this layer (``max_memory_usage_bytes``)."""
+        if self.kind == "sliding":
+            assert self.window is not None
+            tokens = min(self.window - 1 + max_num_batched_tokens, max_model_len)
+            return (cdiv(tokens, self.block_size) + 1) * self.page_bytes
+        return cdiv(max_model_len, self.block_size) * self.page_bytes
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """Layers sharing one block table (vLLM's ``KVCacheGroupSpec``): their spec and layer indices (padding slots
+    are not listed: a group can hold fewer layers than ``group_size``)."""
+
+    spec: LayerSpec
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The KV cache groups of a model (:func:`kv_layout`) and what follows from them for a budget."""
+
+    groups: tuple[KVGroup, ...]
+    group_size: int
+    max_model_len: int
+    max_num_batched_tokens: int
+
+    @property
+    def page_bytes(self) -> int:
+        return self.groups[0].spec.page_bytes
+
+    @property
+    def block_size(self) -> int:
+        """The tokens of one block (the smallest of the groups', as vLLM's log line takes it)."""
+        return min(g.spec.block_size for g in self.groups)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """Bytes of one block: a page of every layer slot of a group (``page x group_size``)."""
+        return self.page_bytes * self.group_size
+
+    def blocks(self, available: int) -> int:
+        """Blocks in ``available`` bytes (``get_num_blocks``; 0 when nothing is available)."""
+        return max(int(available) // self.page_bytes // self.group_size, 0)
+
+    def blocks_per_request(self, max_model_len: int | None = None) -> int:
+        """Blocks one request of ``max_model_len`` tokens (default: the layout's) needs, over all groups."""
+        n = self.max_model_len if max_model_len is None else max_model_len
+        return sum(cdiv(g.spec.request_bytes(n, self.max_num_batched_tokens), self.page_bytes) for g in self.groups)
+
+    def request_bytes(self, max_model_len: int | None = None) -> int:
+        """Bytes one request needs (``_max_memory_usage_bytes_from_groups``): checked against what is available."""
+        return self.bytes_per_block * self.blocks_per_request(max_model_len)
+
+    def max_concurrency(self, available: int) -> float:
+        """Requests of ``max_model_len`` tokens at once (``get_max_concurrency_for_kv_cache_config``)."""
+        return self.blocks(available) / self.blocks_per_request()
+
+    def kv_tokens(self, available: int) -> int:
+        """vLLM's "GPU KV cache size: N tokens": ``num_blocks // groups x block_size``."""
+        return self.blocks(available) // len(self.groups) * self.block_size
+
+    def max_context(self, available: int, limit: int) -> int:
+        """The longest ``max_model_len`` up to ``limit`` whose one request fits in ``available`` bytes (vLLM's
+        binary search, ``_estimate_max_model_len_from_groups``); 0 when not even one token fits."""
+        if self.request_bytes(1) > available:
+            return 0
+        lo, hi, best = 1, int(limit), 1
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if self.request_bytes(mid) <= available:
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        return best
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def layer_kinds(config: Any) -> list[str]:
+    """Each decoder layer's attention kind as transformers names it (``layer_types``; a config without it: every
+    layer ``"sliding_attention"`` when it sets ``sliding_window``, else ``"full_attention"``)."""
+    c = _text_config(config)
+    n = int(c.num_hidden_layers)
+    types = getattr(c, "layer_types", None)
+    if types:
+        return [str(t) for t in types][:n]
+    window = getattr(c, "sliding_window", None)
+    if window and getattr(c, "use_sliding_window", True) is not False:
+        return ["sliding_attention"] * n
+    return ["full_attention"] * n
+
+
+def layer_specs(config: Any, *, block_size: int, dtype_bytes: int, tensor_parallel_size: int = 1) -> list[LayerSpec]:
+    """One :class:`LayerSpec` per decoder layer of a transformers config, on one of ``tensor_parallel_size`` GPUs.
+
+    Raises:
+        ArgumentError: ``tensor_parallel_size`` does not divide the KV heads; a layer kind vLLM allocates otherwise
+            (Mamba or linear-attention state, chunked attention: Note: [vLLM's KV cache blocks]); an encoder model.
+    """
+    c = _text_config(config)
+    if getattr(c, "is_encoder_decoder", False) or not hasattr(c, "num_hidden_layers"):
+        raise ArgumentError("model", getattr(c, "model_type", type(c).__name__),
+                            "serving capacity covers decoder-only language models (one KV cache per decoder layer)",
+                            "Give a causal LM (Llama, Qwen, Gemma, Mistral, ...).")  # fmt: skip
+    tp = int(tensor_parallel_size)
+    kinds = layer_kinds(c)
+    unknown = sorted({k for k in kinds if k not in KNOWN_KINDS})
+    if unknown:
+        raise ArgumentError("model", getattr(c, "model_type", "?"),
+                            f"its layer kinds {unknown} are not followed: vLLM keeps Mamba / linear-attention state and "
+                            "chunked attention in other specs (MambaSpec, ChunkedLocalAttentionSpec) that fakeviz does "
+                            "not model yet", "Give a model of full and sliding-window attention layers.")  # fmt: skip
+    if getattr(c, "kv_lora_rank", None):  # multi-head latent attention: one latent per token, replicated across tp
+        head = int(c.kv_lora_rank) + int(getattr(c, "qk_rope_head_dim", 0) or 0)
+        return [LayerSpec("mla", block_size, 1, head, dtype_bytes) for _ in kinds]
+    heads = int(c.num_attention_heads)
+    kv = int(getattr(c, "num_key_value_heads", None) or heads)
+    head_dim = getattr(c, "head_dim", None) or int(c.hidden_size) // heads
+    if kv % tp:
+        raise ArgumentError("tensor_parallel_size", tp, f"the model's {kv} KV heads do not split evenly over {tp} GPUs",
+                            f"Give a tensor_parallel_size that divides {kv}.")  # fmt: skip
+    window = getattr(c, "sliding_window", None)
+    out = []
+    for k in kinds:
+        if k == "sliding_attention":
+            out.append(LayerSpec("sliding", block_size, kv // tp, int(head_dim), dtype_bytes, int(window)))
+        else:
+            out.append(LayerSpec("full", block_size, kv // tp, int(head_dim), dtype_bytes))
+    return out
+
+
+def _unify_pages(specs: Sequence[LayerSpec]) -> list[LayerSpec]:
+    """Equal page sizes by multiplying the block size of smaller pages (``unify_kv_cache_spec_page_size``)."""
+    top = max(s.page_bytes for s in specs)
+    out = []
+    for s in specs:
+        if s.page_bytes != top:
+            if top % s.page_bytes:
+                raise ArgumentError("model", "?", "its layers' KV pages cannot be made one size (vLLM raises "
+                                    "NotImplementedError here)", "")  # fmt: skip
+            s = replace(s, block_size=s.block_size * (top // s.page_bytes))
+        out.append(s)
+    return out
+
+
+def kv_layout(specs: Sequence[LayerSpec], *, max_model_len: int, max_num_batched_tokens: int) -> KVLayout:
+    """vLLM's KV cache groups of these layers (``get_kv_cache_groups``; Note: [vLLM's KV cache blocks])."""
+    if len(set(specs)) == 1:
+        return KVLayout((KVGroup(specs[0], tuple(range(len(specs)))),), len(specs), max_model_len,
+                        max_num_batched_tokens)  # fmt: skip
+    specs = _unify_pages(specs)
+    same: dict[LayerSpec, list[int]] = {}
+    for i, s in enumerate(specs):
+        same.setdefault(s, []).append(i)
+    fewest = min(len(v) for v in same.values())
+    most = max(len(v) for v in same.values())
+    group_size = most if most < fewest * 1.5 else fewest
+    groups = []
+    for spec, layers in same.items():
+        n = cdiv(len(layers), group_size)
+        groups.extend(KVGroup(spec, tuple(layers[i::n])) for i in range(n))
+    return KVLayout(tuple(groups), group_size, max_model_len, max_num_batched_tokens)

@@ -1,0 +1,390 @@
+"""Serving capacity: :func:`serve` answers what vLLM would at start-up: how many KV cache blocks fit on the GPU, how
+many requests of ``max_model_len`` tokens they serve at once, and the longest context one request can have.
+
+Note: [vLLM's memory profile]
+Followed from vLLM's V1 engine (``vllm-project/vllm`` at commit ``001cabc1be16``, late 2026; the KV arithmetic:
+Note: [vLLM's KV cache blocks] in :mod:`fakeviz._analysis.kv_blocks`). At start-up each worker
+(``vllm/v1/worker/gpu_worker.py``, ``determine_available_memory``) loads the weights, then runs the *profile run*
+(``gpu_model_runner.py``, ``profile_run``): ``_dummy_run(max_num_batched_tokens)`` is one forward over
+``max_num_batched_tokens`` tokens as ``min(tokens, max_num_seqs)`` dummy requests (``tokens // requests`` each, the
+remainder on the last), without a KV cache, then ``_dummy_sampler_run``: the logits of each request's last token and
+the sampler over them (float32). ``memory_profiling`` measures ``torch_peak_increase`` (the allocated peak of the
+profile run over what was allocated before it: the weights), and the non-KV memory is ``weights +
+torch_peak_increase + non_torch_increase``; the KV cache gets ``requested_memory - non_kv`` with ``requested_memory =
+ceil(total GPU memory x gpu_memory_utilization)``.
+
+Here: the weights are the fake build's (quantized by its library's own code with ``quantization=``), the profile
+run is recorded (:attr:`Serving.trace`) on a fake GPU of the kind asked, and ``profile_peak`` is its allocated peak
+over the weights. The forward is transformers' model, not vLLM's: ``requests`` sequences of ``tokens // requests``
+when that divides evenly (the same tokens through every projection, MLP and norm as vLLM's flattened batch, and
+attention over short sequences, close to vLLM's profile run, which skips attention), else one packed sequence of all
+the tokens with the logits taken at each request's last token. What cannot be recorded (vLLM's own kernels, the
+non-torch memory: CUDA context, cuBLAS workspace, NCCL buffers; CUDA graphs) is listed in the record's
+``fidelity()["assumptions"]``: the answer is that of ``--enforce-eager`` with no non-torch memory, so vLLM's own
+figure is a little lower (a few hundred MiB less KV cache).
+
+The defaults are ``vllm serve``'s (``EngineArgs.get_batch_defaults``, the OpenAI server's usage context): on a GPU
+of at least 70 GiB that is not an A100, ``max_num_batched_tokens=8192`` and ``max_num_seqs=1024``, else 2048 and
+256; a defaulted ``max_num_batched_tokens`` is capped at ``max_num_seqs x max_model_len``. ``dtype=None`` is vLLM's
+``"auto"``: the config's dtype, float32 configs served in bfloat16 (float16 before compute capability 8.0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import models
+from .._analysis import kv_blocks
+from .._analysis.memory import peak_bytes
+from .._core.errors import ArgumentError
+from .._core.fmt import format_bytes
+from .._core.gpus import CAPABILITY, Capacity, parse_gpus
+from . import adapters
+
+__all__ = ["Serving", "serve"]
+
+_GIB = 1 << 30
+KV_DTYPES = {"auto": None, "bfloat16": 2, "float16": 2, "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def _gib(n: int) -> str:
+    return f"{n / _GIB:.2f}"  # vLLM's format_gib
+
+
+# ----------------------------------------------------------------------------------------------- Serving
+@dataclass
+class Serving:
+    """What vLLM would allocate for ``model`` on one GPU (see :func:`serve`).
+
+    ``weights``: bytes of the loaded weights; ``profile_peak``: the profile run's allocated peak over them;
+    ``requested``: ``ceil(capacity x gpu_memory_utilization)``; ``available_kv``: what is left for the KV cache
+    (negative when the weights and the profile run already pass the budget); ``layout``: the KV cache groups
+    (:class:`fakeviz._analysis.kv_blocks.KVLayout`); ``trace``: the record of the profile run (explore it).
+    """
+
+    model: str
+    gpu: Capacity
+    settings: dict[str, Any]
+    layout: kv_blocks.KVLayout
+    weights: int
+    profile_peak: int
+    requested: int
+    context_limit: int
+    trace: Any = field(repr=False, default=None)
+
+    @property
+    def available_kv(self) -> int:
+        """Bytes for the KV cache: ``requested - weights - profile_peak`` (vLLM's ``available_kv_cache_memory``)."""
+        return self.requested - self.weights - self.profile_peak
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of one KV cache block: a page of ``block_size`` tokens of every layer of a group (for full
+        attention only: ``2 x layers x kv_heads x head_dim x block_size x dtype size``)."""
+        return self.layout.bytes_per_block
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV cache blocks vLLM allocates (its ``num_gpu_blocks``); 0 when nothing is left for them."""
+        return self.layout.blocks(max(self.available_kv, 0))
+
+    @property
+    def kv_tokens(self) -> int:
+        """vLLM's "GPU KV cache size: N tokens"."""
+        return self.layout.kv_tokens(max(self.available_kv, 0))
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of ``max_model_len`` tokens served at once (vLLM's "Maximum concurrency for N tokens per
+        request: X.XXx")."""
+        return self.layout.max_concurrency(max(self.available_kv, 0))
+
+    @property
+    def max_context(self) -> int:
+        """The longest context one request can have in this KV cache, up to the model's own context (vLLM's
+        ``max_model_len=-1`` auto-fit); 0 when not even one token fits."""
+        return self.layout.max_context(max(self.available_kv, 0), self.context_limit)
+
+    @property
+    def fits(self) -> bool:
+        """Whether vLLM starts: something is left for the KV cache and one request of ``max_model_len`` fits."""
+        return self.error is None
+
+    @property
+    def error(self) -> str | None:
+        """vLLM's own error when it would refuse to start (its text, with these figures), else None."""
+        avail = self.available_kv
+        if avail <= 0:
+            return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+                    "initializing the engine. See https://docs.vllm.ai/en/latest/configuration/conserving_memory/ "
+                    "for more details.")  # fmt: skip
+        needed = self.layout.request_bytes()
+        if needed <= avail:
+            return None
+        est = self.layout.max_context(avail, self.settings["max_model_len"])
+        est_msg = f"Based on the available memory, the estimated maximum model length is {est}. " if est > 0 else ""
+        return (f"To serve at least one request with the models's max seq len ({self.settings['max_model_len']}), "
+                f"({_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache memory "
+                f"({_gib(avail)} GiB). {est_msg}Try increasing `gpu_memory_utilization` or decreasing "
+                "`max_model_len` when initializing the engine. See "
+                "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details.")  # fmt: skip
+
+    @property
+    def text(self) -> str:
+        """The budget and the answer in two lines (or vLLM's error)."""
+        s = self.settings
+        head = (f"{self.model} on {self.gpu.spec}, gpu_memory_utilization {s['gpu_memory_utilization']}: "
+                f"{format_bytes(self.requested)} requested - {format_bytes(self.weights)} weights - "
+                f"{format_bytes(self.profile_peak)} profile peak ({s['max_num_batched_tokens']:,} tokens as "
+                f"{s['profile_shape']}) = {format_bytes(self.available_kv)} for the KV cache")  # fmt: skip
+        if not self.fits:
+            return f"{head}\ndoes not start: {self.error}"
+        return (f"{head}\n{self.kv_blocks:,} blocks of {self.layout.block_size} tokens "
+                f"({format_bytes(self.kv_bytes_per_block)} each), {self.kv_tokens:,} tokens; maximum concurrency for "
+                f"{s['max_model_len']:,} tokens per request: {self.max_concurrency:.2f}x; longest context "
+                f"{self.max_context:,}")  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figures as plain data (the command line's ``--json``)."""
+        return {
+            "model": self.model, "gpu": self.gpu.spec, "capacity": self.gpu.bytes, **self.settings,
+            "weights": self.weights, "profile_peak": self.profile_peak, "requested": self.requested,
+            "available_kv": self.available_kv, "kv_bytes_per_block": self.kv_bytes_per_block,
+            "kv_blocks": self.kv_blocks, "kv_tokens": self.kv_tokens, "max_concurrency": self.max_concurrency,
+            "max_context": self.max_context, "kv_groups": len(self.layout.groups),
+            "layer_kinds": sorted({g.spec.kind for g in self.layout.groups}), "fits": self.fits, "error": self.error,
+        }  # fmt: skip
+
+    def explore(self, **kw: Any) -> Any:
+        """The explorer of the profile run's record, with the GPU's capacity."""
+        return self.trace.explore(self.gpu.spec, **kw)
+
+    def __repr__(self) -> str:
+        return f"Serving({self.text})"
+
+
+# ------------------------------------------------------------------------------------------- arguments
+def _check(max_model_len: Any, gpu_memory_utilization: Any, block_size: Any, kv_cache_dtype: Any,
+           max_num_batched_tokens: Any, max_num_seqs: Any, tensor_parallel_size: Any) -> None:  # fmt: skip
+    for name, v in (("max_model_len", max_model_len), ("max_num_batched_tokens", max_num_batched_tokens),
+                    ("max_num_seqs", max_num_seqs), ("tensor_parallel_size", tensor_parallel_size)):  # fmt: skip
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ArgumentError(name, v, f"{name} is a whole number of at least 1", f"Give e.g. {name}=8192."
+                                if name == "max_model_len" else "")  # fmt: skip
+    u = gpu_memory_utilization
+    if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
+        raise ArgumentError("gpu_memory_utilization", u, "the fraction of the GPU's memory vLLM may use is in (0, 1]",
+                            "Give e.g. gpu_memory_utilization=0.9 (vLLM's default).")  # fmt: skip
+    if block_size not in kv_blocks.BLOCK_SIZES:
+        raise ArgumentError("block_size", block_size, "vLLM's block sizes are " +
+                            ", ".join(map(str, kv_blocks.BLOCK_SIZES)), "Give block_size=16 (vLLM's default).")  # fmt: skip
+    if kv_cache_dtype not in KV_DTYPES:
+        raise ArgumentError("kv_cache_dtype", kv_cache_dtype, "not a KV cache dtype fakeviz follows",
+                            "Give one of " + ", ".join(repr(k) for k in KV_DTYPES) + ".")  # fmt: skip
+    if tensor_parallel_size != 1:
+        raise ArgumentError("tensor_parallel_size", tensor_parallel_size,
+                            "serve records one GPU holding the whole model; tensor-parallel shards of the weights and "
+                            "the profile run are not recorded yet", "Give tensor_parallel_size=1.")  # fmt: skip
+    if max_num_batched_tokens is not None and max_num_seqs is not None and max_num_batched_tokens < max_num_seqs:
+        raise ArgumentError("max_num_batched_tokens", max_num_batched_tokens,
+                            f"it is below max_num_seqs={max_num_seqs} (vLLM refuses this too)",
+                            "Give max_num_batched_tokens >= max_num_seqs.")  # fmt: skip
+
+
+def _defaults(gpu: Capacity, max_model_len: int, tokens: int | None, seqs: int | None) -> tuple[int, int]:
+    """``vllm serve``'s ``max_num_batched_tokens`` / ``max_num_seqs`` for this GPU (Note: [vLLM's memory profile])."""
+    big = gpu.bytes >= 70 * _GIB and "A100" not in (gpu.gpu or "")
+    if seqs is None:
+        seqs = 1024 if big else 256
+    if tokens is None:
+        tokens = min(8192 if big else 2048, seqs * max_model_len)
+    return tokens, seqs
+
+
+def _serving_dtype(config: Any, dtype: Any, gpu: Capacity) -> torch.dtype:
+    """``dtype=None``: vLLM's ``"auto"`` (``_resolve_auto_dtype``): the config's dtype, float32 served in the GPU's
+    first dtype (bf16; fp16 before compute capability 8.0, where bf16 configs fall back to fp16 too). A bf16 asked
+    for on such a GPU is refused, as vLLM refuses it."""
+    cap = CAPABILITY.get(gpu.gpu or "", (8, 0))  # a plain size ("80GB"): a GPU of today
+    if dtype is not None:
+        d = models.as_dtype(dtype)
+        if d == torch.bfloat16 and cap < (8, 0):
+            raise ArgumentError("dtype", dtype, f"bfloat16 needs compute capability 8.0, the {gpu.gpu} has "
+                                f"{cap[0]}.{cap[1]} (vLLM refuses it too)", "Give dtype='float16'.")  # fmt: skip
+        return d
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    d = getattr(c, "dtype", None) or getattr(c, "torch_dtype", None) or getattr(config, "torch_dtype", None)
+    d = models.as_dtype(d) if isinstance(d, (str, torch.dtype)) else torch.float32
+    if d == torch.float32 or (d == torch.bfloat16 and cap < (8, 0)):
+        d = torch.bfloat16 if cap >= (8, 0) else torch.float16
+    return d
+
+
+def _context(config: Any) -> int:
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    n = getattr(c, "max_position_embeddings", None)
+    return int(n) if isinstance(n, int) and n > 0 else 0
+
+
+# ---------------------------------------------------------------------------------------------- serve
+def serve(
+    model: Any,
+    gpus: Any = "1xH100",
+    *,
+    max_model_len: int = 8192,
+    gpu_memory_utilization: float = 0.9,
+    block_size: int = 16,
+    quantization: Any = None,
+    dtype: Any = None,
+    kv_cache_dtype: str = "auto",
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    tensor_parallel_size: int = 1,
+) -> Serving:
+    """What vLLM would allocate for serving ``model``: records its profile run, takes the peak, and divides what is
+    left of ``gpu_memory_utilization x`` the GPU's memory by the KV bytes of one block (Note: [vLLM's memory
+    profile], Note: [vLLM's KV cache blocks]).
+
+    Args:
+        model: a catalog name, folder or config (:func:`fakeviz.models.build`), or a transformers causal LM.
+        gpus: the GPU: ``"1xH100"``, ``"H100"``, ``"A100 40GB"``, ``"80GB"`` (one GPU: ``tensor_parallel_size``).
+        max_model_len: tokens of one request (prompt and output); past the model's context it is refused, as vLLM
+            refuses it.
+        gpu_memory_utilization: the fraction of the GPU's memory vLLM may use, in (0, 1].
+        block_size: tokens per KV cache block (vLLM's sizes: 1, 8, 16, 32, 64, 128, 256).
+        quantization: the weights quantized by their library (``"nf4"``, ``"int8"``, ``"fp8"``, ...:
+            :func:`fakeviz.models.build`'s ``quantization=``).
+        dtype: the model's dtype; default vLLM's ``"auto"``.
+        kv_cache_dtype: ``"auto"`` (the model's dtype), ``"bfloat16"``, ``"float16"``, ``"fp8"``, ``"fp8_e4m3"``,
+            ``"fp8_e5m2"``.
+        max_num_batched_tokens, max_num_seqs: the scheduler's limits; default ``vllm serve``'s for the GPU.
+        tensor_parallel_size: 1 (tensor-parallel serving is not recorded yet: refused).
+
+    Returns:
+        :class:`Serving`: ``kv_blocks``, ``max_concurrency``, ``max_context``, ``kv_bytes_per_block``,
+        ``profile_peak``, ``weights``, ``available_kv``, ``fits`` (``error``: vLLM's text when it would not start),
+        ``text`` and ``trace``, the profile run's record.
+
+    Raises:
+        ArgumentError: a value vLLM would refuse, or one fakeviz does not follow (a layer kind it does not model).
+    """
+    _check(max_model_len, gpu_memory_utilization, block_size, kv_cache_dtype, max_num_batched_tokens, max_num_seqs,
+           tensor_parallel_size)  # fmt: skip
+    caps = parse_gpus(gpus)
+    if len(caps) != tensor_parallel_size:
+        raise ArgumentError("gpus", gpus, f"{len(caps)} GPUs for tensor_parallel_size={tensor_parallel_size}",
+                            "Give one GPU ('1xH100', 'H100', '80GB').")  # fmt: skip
+    gpu = caps[0]
+    is_module = isinstance(model, torch.nn.Module)
+    config = model.config if is_module else models.config(model)
+    limit = _context(config)
+    if limit and max_model_len > limit:
+        raise ArgumentError("max_model_len", max_model_len,
+                            f"it is past the model's context of {limit:,} positions (config max_position_embeddings); "
+                            "vLLM refuses it too unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+                            f"Give max_model_len <= {limit:,}.")  # fmt: skip
+    tokens, seqs = _defaults(gpu, max_model_len, max_num_batched_tokens, max_num_seqs)
+    if tokens < seqs:
+        seqs = seqs if max_num_seqs is not None else tokens  # a defaulted max_num_seqs never exceeds the tokens
+    _check(max_model_len, gpu_memory_utilization, block_size, kv_cache_dtype, tokens, seqs, 1)
+    dt = _serving_dtype(config, dtype, gpu)
+    kv_bytes = KV_DTYPES[kv_cache_dtype] or torch.empty((), dtype=dt).element_size()
+    specs = kv_blocks.layer_specs(config, block_size=block_size, dtype_bytes=kv_bytes)
+    layout = kv_blocks.kv_layout(specs, max_model_len=max_model_len, max_num_batched_tokens=tokens)
+
+    trace, weights, peak, shape = profile_run(model, dtype=dt, quantization=quantization, gpu=gpu,
+                                              tokens=tokens, seqs=seqs)  # fmt: skip
+    label = model if isinstance(model, str) else getattr(config, "_name_or_path", "") or type(model).__name__
+    settings = {
+        "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
+        "dtype": str(dt).replace("torch.", ""), "kv_cache_dtype": kv_cache_dtype,
+        "quantization": None if quantization is None else str(adapters.resolve_quantization(quantization).label),
+        "max_num_batched_tokens": tokens, "max_num_seqs": seqs, "tensor_parallel_size": tensor_parallel_size,
+        "profile_shape": shape,
+    }  # fmt: skip
+    requested = math.ceil(gpu.bytes * gpu_memory_utilization)
+    return Serving(str(label), gpu, settings, layout, weights, peak, requested, limit or max_model_len, trace)
+
+
+# ------------------------------------------------------------------------------------------ profile run
+ASSUMPTIONS = (
+    ("vllm profile run", "vLLM runs its own model code (paged-attention kernels, fused ops); this profile run is "
+     "transformers' model over the same tokens ({shape}); token-wise activations (projections, MLP, norms) have "
+     "vLLM's sizes, attention's are transformers' kernels' (vLLM's profile run skips attention)"),
+    ("vllm non-torch memory", "memory outside torch's allocator that vLLM adds to the non-KV memory (CUDA context "
+     "growth, cuBLAS workspaces, NCCL buffers: typically a few hundred MiB) is not recorded: counted as 0"),
+    ("vllm cuda graphs", "CUDA graphs are not captured (vLLM's --enforce-eager): graph memory is not counted"),
+    ("vllm sampler", "the sampler as vLLM's dummy sampler run: float32 logits of each request's last token, "
+     "temperature, softmax and the exponential race; top-k/top-p and logprobs are skipped as vLLM's profile run "
+     "may skip them"),
+)  # fmt: skip
+
+
+def profile_run(model: Any, *, dtype: torch.dtype, quantization: Any, gpu: Capacity, tokens: int,
+                seqs: int) -> tuple[Any, int, int, str]:  # fmt: skip
+    """Record vLLM's profile run of ``model`` on one fake GPU of ``gpu``'s kind (Note: [vLLM's memory profile]).
+
+    Returns:
+        ``(trace, weights, profile_peak, shape)``: the record, the bytes alive on the GPU before it (the weights),
+        its allocated peak over them, and the shape its tokens were run as (``"1024 x 8"``).
+    """
+    from .._api import FakeSession, record
+    from .._engine import cuda_api
+    from .._engine.session import fakeify, session_patches
+
+    q = adapters.resolve_quantization(quantization)
+    session = FakeSession()
+    with session_patches(), session.mode, cuda_api.gpu_session(on=True, gpu=gpu.gpu, count=1), \
+            adapters.quantizing(q, gpu.gpu):  # fmt: skip
+        if isinstance(model, torch.nn.Module):
+            mod = fakeify(model, mode=session.mode, device="cuda:0").to(dtype)
+            if q is not None:
+                adapters.quantize(mod, q)
+        else:
+            mod = models.build(model, device="cuda:0", dtype=dtype, quantization=quantization)
+    mod.eval()
+    reqs = min(tokens, seqs)
+    per, rem = divmod(tokens, reqs)
+    shape = f"{reqs} x {per}" if not rem else f"1 x {tokens} packed, {reqs} requests"
+    with record(device="cuda:0", gpus=1, gpu=gpu.gpu, modules=[mod], session=session) as trace, torch.no_grad():
+        if not rem:  # vLLM's requests as a batch of equal sequences: logits of each one's last token
+            ids = torch.zeros(reqs, per, dtype=torch.long, device="cuda:0")
+            logits = mod(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1, :]
+        else:  # one packed sequence, the logits at each request's last token
+            ids = torch.zeros(1, tokens, dtype=torch.long, device="cuda:0")
+            last = torch.arange(1, reqs + 1, device="cuda:0") * per - 1
+            last[-1] = tokens - 1
+            logits = mod(input_ids=ids, use_cache=False, logits_to_keep=last).logits[0]
+        _sampler(logits)
+    trace.meta["capacity"] = gpu.spec
+    for op, text in ASSUMPTIONS:
+        trace.meta.setdefault("assumptions", []).append([-1, op, text.format(shape=shape)])
+    weights = _alive_before(trace)
+    peak = int(peak_bytes(trace).get("cuda:0", {}).get("bytes", 0))
+    return trace, weights, max(peak - weights, 0), shape
+
+
+def _sampler(logits: torch.Tensor) -> torch.Tensor:
+    """vLLM's sampler over the dummy requests' logits (``vllm/v1/sample/sampler.py``: float32, temperature, then
+    the exponential race of ``random_sample``)."""
+    logits = logits.to(torch.float32)
+    temperature = torch.ones(logits.shape[0], 1, dtype=torch.float32, device=logits.device)
+    logits = logits.div_(temperature)
+    probs = logits.softmax(dim=-1, dtype=torch.float32)
+    q = torch.empty_like(probs).exponential_()
+    return probs.div_(q).argmax(dim=-1)
+
+
+def _alive_before(trace: Any, device: str = "cuda:0") -> int:
+    """Bytes of the storages on ``device`` alive before the record's first op (the weights, carried in)."""
+    c = trace.columns()
+    devices = [str(d) for d in trace.string_tables()["devices"]]
+    if device not in devices:
+        return 0
+    on = c["st_device"] == devices.index(device)
+    before = c["st_alloc"] < 0
+    return int(c["st_nbytes"][on & before].clip(min=0).sum())

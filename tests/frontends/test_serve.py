@@ -1,0 +1,231 @@
+"""fakeviz.serve: vLLM's serving capacity (``fakeviz/_frontends/serving.py``, ``fakeviz/_analysis/kv_blocks.py``;
+Note: [vLLM's memory profile], Note: [vLLM's KV cache blocks]).
+
+Tiny configs of published models (two to six layers, hidden 64) keep the recordings to seconds. Every expected figure
+is computed here by hand from the config's shapes; the one figure read from the record is the profile run's peak,
+and that is checked against a hand lower bound (the sampler's float32 tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fakeviz as fv
+from fakeviz._analysis import kv_blocks
+from fakeviz._analysis.memory import peak_bytes
+from fakeviz._core.errors import ArgumentError
+
+pytest.importorskip("transformers")
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=1000)
+L, KV, HD, BS = 4, 2, 16, 16  # layers, KV heads, head_dim (64 / 4), block size
+
+
+def _llama(**kw):
+    return fv.models.config("meta-llama/Llama-3.1-8B", num_hidden_layers=L, **{**TINY, **kw})
+
+
+def _gemma3(layer_types, **kw):
+    return fv.models.config("google/gemma-3-1b-pt", num_hidden_layers=len(layer_types), head_dim=HD,
+                            sliding_window=64, layer_types=layer_types, **{**TINY, **kw})  # fmt: skip
+
+
+def _llama_weights() -> int:
+    """Tiny Llama's weights by hand: embeddings and an untied head, per layer q/o (64 x 64), k/v (32 x 64), the
+    MLP's three 128 x 64, two norms, a final norm, all bf16; plus rotary's two float32 inv_freq buffers (head_dim/2)."""
+    h, i, v, kvd = 64, 128, 1000, KV * HD
+    per_layer = 2 * h * h + 2 * kvd * h + 3 * i * h + 2 * h
+    params = 2 * v * h + L * per_layer + h
+    return params * 2 + 2 * (HD // 2) * 4
+
+
+# ------------------------------------------------------------------------------------------ KV bytes by hand
+def test_kv_bytes_per_block_of_full_attention_by_hand() -> None:
+    for kv_bytes in (2, 1):  # bf16, fp8
+        specs = kv_blocks.layer_specs(_llama(), block_size=BS, dtype_bytes=kv_bytes)
+        lay = kv_blocks.kv_layout(specs, max_model_len=4096, max_num_batched_tokens=512)
+        assert [s.kind for s in specs] == ["full"] * L
+        assert lay.bytes_per_block == 2 * L * KV * HD * BS * kv_bytes
+        assert lay.blocks_per_request() == 4096 // BS
+        assert lay.blocks(10**7) == 10**7 // (2 * L * KV * HD * BS * kv_bytes)
+
+
+def test_kv_bytes_per_block_of_sliding_layers_by_hand() -> None:
+    # Mistral-7B-v0.1: sliding_window on every layer (no layer_types): the page is full attention's, a request
+    # holds only its window plus one chunked-prefill step, and one page more
+    cfg = fv.models.config("mistralai/Mistral-7B-v0.1", num_hidden_layers=L, sliding_window=1000, **TINY)
+    specs = kv_blocks.layer_specs(cfg, block_size=BS, dtype_bytes=2)
+    assert [s.kind for s in specs] == ["sliding"] * L
+    lay = kv_blocks.kv_layout(specs, max_model_len=32768, max_num_batched_tokens=2048)
+    assert lay.bytes_per_block == 2 * L * KV * HD * BS * 2
+    assert lay.blocks_per_request() == math.ceil((1000 - 1 + 2048) / BS) + 1
+    # a max_model_len inside the window: the request is the whole max_model_len (+1 page)
+    short = kv_blocks.kv_layout(specs, max_model_len=512, max_num_batched_tokens=2048)
+    assert short.blocks_per_request() == 512 // BS + 1
+
+
+def test_mla_latent_per_block_by_hand() -> None:
+    cfg = fv.models.config("deepseek-ai/DeepSeek-V3")
+    specs = kv_blocks.layer_specs(cfg, block_size=BS, dtype_bytes=2, tensor_parallel_size=8)
+    lay = kv_blocks.kv_layout(specs, max_model_len=8192, max_num_batched_tokens=8192)
+    # one latent of kv_lora_rank + qk_rope_head_dim per token and layer, no separate values, not split by tp
+    assert lay.bytes_per_block == cfg.num_hidden_layers * BS * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
+
+
+def test_hybrid_groups_and_sliding_layers_serve_more_by_hand() -> None:
+    # Gemma-3's 5 sliding : 1 full. vLLM: 6 groups of one layer (the full layer, then each sliding layer alone);
+    # a block is one layer's page; a request needs cdiv(L, bs) full pages + 5 x (cdiv(min(W-1+B, L), bs) + 1)
+    kinds = ["sliding_attention"] * 5 + ["full_attention"]
+    hybrid = kv_blocks.layer_specs(_gemma3(kinds), block_size=BS, dtype_bytes=2)
+    full = kv_blocks.layer_specs(_gemma3(["full_attention"] * 6), block_size=BS, dtype_bytes=2)
+    n, b, w = 8192, 512, 64
+    lh = kv_blocks.kv_layout(hybrid, max_model_len=n, max_num_batched_tokens=b)
+    lf = kv_blocks.kv_layout(full, max_model_len=n, max_num_batched_tokens=b)
+    page = 2 * KV * HD * BS * 2
+    assert (len(lh.groups), lh.group_size, lh.bytes_per_block) == (6, 1, page)
+    assert (len(lf.groups), lf.group_size, lf.bytes_per_block) == (1, 6, 6 * page)
+    assert lh.blocks_per_request() == n // BS + 5 * (math.ceil((w - 1 + b) / BS) + 1)
+    avail = 10**8
+    assert lh.blocks(avail) == avail // page
+    assert lh.max_concurrency(avail) == (avail // page) / (n // BS + 5 * 37)
+    assert lf.max_concurrency(avail) == (avail // (6 * page)) / (n // BS)
+    assert lh.max_concurrency(avail) > 3 * lf.max_concurrency(avail)
+
+
+def test_group_size_rule_pads_the_larger_kind() -> None:
+    # 2 full + 7 sliding: groups of 2 (the fewest; 7 >= 1.5 x 2): (f, f), then 4 sliding groups, the last padded
+    kinds = ["full_attention"] * 2 + ["sliding_attention"] * 7
+    lay = kv_blocks.kv_layout(kv_blocks.layer_specs(_gemma3(kinds), block_size=BS, dtype_bytes=2),
+                              max_model_len=1024, max_num_batched_tokens=256)  # fmt: skip
+    assert lay.group_size == 2
+    assert [g.layers for g in lay.groups] == [(0, 1), (2, 6), (3, 7), (4, 8), (5,)]
+
+
+# ------------------------------------------------------------------------------------------ serve, recorded
+@pytest.fixture(scope="module")
+def llama_served() -> fv.Serving:
+    return fv.serve(_llama(), "1GB", max_model_len=4096, max_num_batched_tokens=512, max_num_seqs=64)
+
+
+def test_blocks_and_concurrency_by_hand(llama_served: fv.Serving) -> None:
+    s = llama_served
+    assert s.weights == _llama_weights()
+    # the profile peak is read from the record (vLLM's torch_peak_increase), bounded by hand: 64 requests' float32
+    # logits, probabilities and exponential draws are alive together in the sampler
+    assert s.profile_peak == peak_bytes(s.trace)["cuda:0"]["bytes"] - s.weights
+    assert s.profile_peak >= 3 * 64 * 1000 * 4
+    requested = math.ceil(10**9 * 0.9)
+    available = requested - _llama_weights() - s.profile_peak
+    assert (s.requested, s.available_kv) == (requested, available)
+    per_block = 2 * L * KV * HD * BS * 2
+    assert s.kv_bytes_per_block == per_block
+    assert s.kv_blocks == available // per_block
+    assert s.max_concurrency == (available // per_block) / (4096 // BS)
+    assert s.kv_tokens == (available // per_block) * BS
+    assert s.max_context == 131072  # the model's own context fits many times over
+    assert s.fits and s.error is None
+    assert s.settings["profile_shape"] == "64 x 8"
+    assert "maximum concurrency for 4,096 tokens per request" in s.text
+
+
+def test_profile_run_record_and_its_assumptions(llama_served: fv.Serving) -> None:
+    t = llama_served.trace
+    ops = t.ops
+    emb = ops[ops.op == "aten.embedding.default"]
+    assert len(emb) == 1 and emb["shape"].iloc[0] == "64, 8, 64"  # 512 tokens as 64 requests of 8
+    assert emb["nbytes"].iloc[0] == 64 * 8 * 64 * 2
+    assert "aten.exponential_.default" in set(ops.op)  # the sampler ran
+    said = set(t.fidelity()["assumptions"].op)
+    assert {"vllm profile run", "vllm non-torch memory", "vllm cuda graphs", "vllm sampler"} <= said
+
+
+def test_sliding_layers_serve_more_than_full_layers() -> None:
+    kinds = ["sliding_attention"] * 5 + ["full_attention"]
+    kw = dict(max_model_len=8192, max_num_batched_tokens=256, max_num_seqs=32)
+    hybrid = fv.serve(_gemma3(kinds), "T4", **kw)
+    full = fv.serve(_gemma3(["full_attention"] * 6), "T4", **kw)
+    assert hybrid.settings["dtype"] == "float16"  # vLLM's "auto": the config's float32, served in fp16 before sm80
+    # the same parameters; sliding layers add a second rotary table (two float32 inv_freq buffers of head_dim / 2)
+    assert hybrid.weights - full.weights == 2 * (HD // 2) * 4
+    assert hybrid.kv_bytes_per_block == 2 * KV * HD * BS * 2
+    assert full.kv_bytes_per_block == 6 * 2 * KV * HD * BS * 2
+    assert hybrid.max_concurrency > 3 * full.max_concurrency
+
+
+def test_not_enough_memory_is_vllms_error() -> None:
+    # 2 MB: after the weights and the profile run, less than one 4096-token request's KV cache
+    s = fv.serve(_llama(), "2MB", max_model_len=4096, max_num_batched_tokens=64, max_num_seqs=8)
+    need = 2 * L * KV * HD * 2 * 4096
+    assert 0 < s.available_kv < need
+    assert not s.fits
+    longest = s.available_kv // (2 * L * KV * HD * 2 * BS) * BS
+    assert s.error.startswith("To serve at least one request with the models's max seq len (4096), ")
+    assert f"the estimated maximum model length is {longest}." in s.error
+    assert s.max_context == longest
+    assert "does not start" in s.text
+    gone = fv.serve(_llama(), "500KB", max_model_len=4096, max_num_batched_tokens=64, max_num_seqs=8)
+    assert gone.available_kv < 0 and gone.kv_blocks == 0
+    assert gone.error.startswith("No available memory for the cache blocks.")
+
+
+# -------------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize(
+    ("kw", "argument"),
+    [
+        ({"max_model_len": 8192, "cfg": {"max_position_embeddings": 4096}}, "max_model_len"),
+        ({"gpu_memory_utilization": 0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": "0.9"}, "gpu_memory_utilization"),
+        ({"block_size": 24}, "block_size"),
+        ({"kv_cache_dtype": "int4"}, "kv_cache_dtype"),
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+        ({"max_num_batched_tokens": 16, "max_num_seqs": 32}, "max_num_batched_tokens"),
+        ({"max_model_len": 0}, "max_model_len"),
+    ],
+)
+def test_refusals(kw: dict, argument: str) -> None:
+    cfg = _llama(**kw.pop("cfg", {}))
+    with pytest.raises(ArgumentError) as e:
+        fv.serve(cfg, "H100", **{"max_model_len": 2048, **kw})
+    assert e.value.argument == argument
+
+
+def test_layer_specs_refusals() -> None:
+    with pytest.raises(ArgumentError, match="do not split evenly over 3 GPUs"):
+        kv_blocks.layer_specs(_llama(), block_size=BS, dtype_bytes=2, tensor_parallel_size=3)
+    with pytest.raises(ArgumentError, match="not followed"):
+        kv_blocks.layer_specs(_gemma3(["linear_attention", "full_attention"]), block_size=BS, dtype_bytes=2)
+    with pytest.raises(ArgumentError, match="decoder-only"):
+        kv_blocks.layer_specs(fv.models.config("t5-base"), block_size=BS, dtype_bytes=2)
+
+
+# ------------------------------------------------------------------------------------------ command line
+def test_cli_serve_json(tmp_path) -> None:
+    _llama().save_pretrained(tmp_path)
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([sys.executable, "-m", "fakeviz", "serve", str(tmp_path), "--gpus", "1GB", "--max-model-len",
+                        "4096", "--max-num-batched-tokens", "512", "--max-num-seqs", "64", "--json"],
+                       capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    per_block = 2 * L * KV * HD * BS * 2
+    assert got["weights"] == _llama_weights()
+    assert got["kv_bytes_per_block"] == per_block
+    assert got["kv_blocks"] == (math.ceil(10**9 * 0.9) - got["weights"] - got["profile_peak"]) // per_block
+    assert got["fits"] is True
+
+
+def test_cli_names_the_option_it_refuses(tmp_path, capsys) -> None:
+    from fakeviz._frontends.cli import main
+
+    _llama().save_pretrained(tmp_path)
+    assert main(["serve", str(tmp_path), "--gpus", "H100", "--block-size", "24"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fakeviz: error: --block-size 24: vLLM's block sizes are 1, 8, 16, 32, 64, 128, 256")
+    assert "Traceback" not in err
