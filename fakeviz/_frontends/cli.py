@@ -134,7 +134,8 @@ def _parser() -> _Parser:
                    help="LoRA adapters of this rank on every linear layer (peft; with --quant: QLoRA)")  # fmt: skip
     r.add_argument("--steps", type=_positive("--steps"), default=None,
                    help="training steps (default 2: the second holds the first's optimizer state, as later ones do)")  # fmt: skip
-    r.add_argument("--checkpointing", action="store_true", help="with --train: activation (gradient) checkpointing")
+    r.add_argument("--checkpointing", nargs="?", const=True, default=False, metavar="FORM", help="with --train: "
+                   "activation checkpointing: full (no value), selective (op-level SAC) or N (every N-th block)")  # fmt: skip
     r.add_argument("--cache", choices=("dynamic", "static"), default="dynamic", help="KV cache with --generate")
     where = r.add_mutually_exclusive_group()
     where.add_argument("--gpus", default=None, metavar="NxGPU",
@@ -197,6 +198,13 @@ def _check(args: argparse.Namespace) -> None:
         except ArgumentError as exc:
             raise UsageError(_first_line(exc) + (f"; did you mean {exc.suggestions[0]!r}?" if exc.suggestions else
                              "; --help lists them")) from exc  # fmt: skip
+    if args.checkpointing is not False:
+        from .steps import check_checkpointing
+
+        try:  # an ArgumentError (a ValueError): its one line
+            args.checkpointing = check_checkpointing(args.checkpointing, written=f"--checkpointing {args.checkpointing}")  # fmt: skip
+        except ValueError as exc:
+            raise UsageError(_first_line(exc)) from exc
     if args.quant and args.train and not args.lora:
         raise UsageError(f"--quant {args.quant} --train: quantized weights do not train; add --lora RANK (QLoRA)")
     if args.cache != "dynamic" and not args.generate:
@@ -418,7 +426,7 @@ def _adapt(model: Any, args: argparse.Namespace) -> Any:
     """``--lora`` on the built model (after QLoRA's preparation with ``--quant --train``): :mod:`.adapters`."""
     from .adapters import apply
 
-    return apply(model, lora=args.lora, quantized=bool(args.quant), train=args.train, checkpointing=args.checkpointing,
+    return apply(model, lora=args.lora, quantized=bool(args.quant), train=args.train, checkpointing=args.checkpointing is True,
                  quantization=args.quant)  # fmt: skip
 
 
@@ -451,13 +459,13 @@ def _run(models: Any, model: Any, args: argparse.Namespace, info: dict[str, Any]
         n = args.steps or 2
         info["run"] = f"train, {n} step{'s' if n > 1 else ''}" + (
             f", {opt_name}" if opt_name != "none" else ", no optimizer"
-        ) + (", activation checkpointing" if args.checkpointing else "")  # fmt: skip
-        if args.checkpointing:
-            if not getattr(model, "supports_gradient_checkpointing", False):
-                raise UsageError(f"--checkpointing: {type(model).__name__} does not support gradient checkpointing")
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        ) + ((", activation checkpointing" + ("" if args.checkpointing is True else
+                f" ({_steps.checkpointing_tag(args.checkpointing)})")) if args.checkpointing else "")  # fmt: skip
+        if args.checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
+            raise UsageError(f"--checkpointing: {type(model).__name__} does not support gradient checkpointing")
         batch = models.inputs(model, batch=args.batch, seq=args.seq, labels=True)
-        _steps.train(runner, batch, optimizer=opt_name, steps=n)
+        with _steps.checkpointing(model, args.checkpointing):  # Note: [selective checkpointing]
+            _steps.train(runner, batch, optimizer=opt_name, steps=n)
     elif args.generate:
         info["run"] = f"generate {args.generate} tokens ({args.cache} KV cache)"
         try:

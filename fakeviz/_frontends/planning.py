@@ -170,7 +170,8 @@ class Plan:
         """A short name for tables and comparisons: ``"balanced b1 s2048 train ckpt nf4, LoRA r=16"``."""
         s = self.settings
         run = "train" if s["train"] else (f"gen {s['new_tokens']}" if s["new_tokens"] else "fwd")
-        head = f"{s['device_map_kind']} b{s['batch']} s{s['seq']} {run}" + (" ckpt" if s["checkpointing"] else "")
+        tag = steps.checkpointing_tag(s["checkpointing"])
+        head = f"{s['device_map_kind']} b{s['batch']} s{s['seq']} {run}" + (f" {tag}" if tag else "")
         return head + (f" {self.finetune}" if self.finetune else "")
 
     def __repr__(self) -> str:
@@ -393,7 +394,7 @@ def plan(
     train: bool = False,
     new_tokens: int = 0,
     dtype: Any = None,
-    checkpointing: bool = False,
+    checkpointing: Any = False,
     quantization: Any = None,
     lora: Any = None,
     optimizer: str = "adamw",
@@ -415,7 +416,9 @@ def plan(
         train: one training step with ``optimizer`` (forward with labels, backward, ``step``).
         new_tokens: with ``train=False``, ``generate`` that many tokens after the prefill (KV cache).
         dtype: parameter dtype (default: the published one).
-        checkpointing: activation checkpointing of the repeated blocks (no code change needed).
+        checkpointing: activation checkpointing of the repeated blocks (no code change needed): ``True`` /
+            ``"full"``, ``"selective"`` (torchtitan's op-level SAC), an int n (every n-th block), or a policy
+            function for ``create_selective_checkpoint_contexts`` (Note: [selective checkpointing] in :mod:`.steps`).
         quantization: the weights quantized by their library's own code (``"nf4"``, ``"fp4"``, ``"int8"``
             bitsandbytes; ``"int4"``, ``"fp8"`` torchao; or a ``BitsAndBytesConfig`` / torchao config:
             :func:`fakeviz.models.build`'s ``quantization=``). Training a quantized model trains adapters: give
@@ -439,6 +442,7 @@ def plan(
         A :class:`Plan`; with ``parallel``, a :class:`~fakeviz.Simulation` (per-rank peaks, classes, verdict).
     """
     optimizer = steps.check_optimizer(optimizer)
+    checkpointing = steps.check_checkpointing(checkpointing)  # its label, in settings["checkpointing"]
     adapters.lora_config(lora)  # a bad rank or config: refused before any work
     if parallel is not None:
         from .parallel import parallel_plan
@@ -583,6 +587,8 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
                                 f"Give {k} at least one value, e.g. {k}={_EXAMPLE.get(k, [1])!r}.")  # fmt: skip
     for v in grid.get("optimizer", []):  # every value checked before any recording
         steps.check_optimizer(v)
+    for v in grid.get("checkpointing", []):
+        steps.check_checkpointing(v)
     for v in grid.get("lora", []):
         adapters.lora_config(v)
     for v in grid.get("quantization", []):
@@ -640,7 +646,7 @@ class _Plans(list):  # type: ignore[type-arg]
 
 
 def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {k: (str(v) if k == "dtype" else p.settings[k] if k in ("quantization", "lora")
+    row: dict[str, Any] = {k: (str(v) if k == "dtype" else p.settings[k] if k in ("quantization", "lora", "checkpointing")
                                else steps.check_optimizer(v) if k == "optimizer" else v) for k, v in combo.items()}  # fmt: skip
     pk = p.peaks
     for r in pk.itertuples(index=False):

@@ -16,8 +16,10 @@ import torch
 from .._core.schema import PHASES
 
 __all__ = [
-    "OPTIMIZERS", "Speed", "base_of", "check_optimizer", "checkpointing", "forward", "generate", "gpu_kind",
-    "import_library", "init_state", "make_optimizer", "model_dtype", "paged_bytes", "run", "MATRIX_CLASSES", "speed",
+    "CHECKPOINTING_FORMS", "OPTIMIZERS", "PolicyLabel", "Speed", "base_of", "check_checkpointing", "check_optimizer",
+    "checkpointing", "checkpointing_tag", "forward", "generate", "gpu_kind",
+    "import_library", "init_state", "make_optimizer", "model_dtype", "paged_bytes", "run", "MATRIX_CLASSES",
+    "selective_policy", "speed",
     "step_flops", "step_start", "tokens_per_step", "train", "window_time",
 ]  # fmt: skip
 
@@ -176,11 +178,176 @@ def base_of(model: torch.nn.Module) -> torch.nn.Module:
     return get() if callable(get) and hasattr(model, "peft_config") else model
 
 
+# Note: [selective checkpointing]
+# ``checkpointing=`` takes the forms torchtitan's trainer offers (``activation_checkpoint.py``), each applied to the
+# model's repeated blocks (the layers transformers' switch checkpoints, else the numbered units):
+#
+# * ``False`` / ``"none"``: nothing; ``True`` / ``"full"``: every block's forward recomputed in backward (unchanged:
+#   transformers' own switch, ``use_reentrant=False``);
+# * ``"selective"``: torchtitan's op-level SAC, its ``SelectiveAC`` as of torchtitan b5bcd76 (2026-08-21): each block
+#   runs under ``torch.utils.checkpoint.checkpoint(..., context_fn=create_selective_checkpoint_contexts(policy))``
+#   with a policy made once per block: save (``MUST_SAVE``) the outputs of torch's compute-intensive ops
+#   (``torch._functorch.partitioners.get_default_op_list().compute_intensive_ops``: mm, addmm, bmm, SDPA flash /
+#   efficient, convolution, ...), of SDPA's cuDNN / math / overrideable kernels, ``max``, ``linear``, ``topk``,
+#   flex attention, and of the collectives ``reduce_scatter_tensor`` and ``all_to_all_single``, and of a cuda->cpu
+#   ``_to_copy``; recompute everything else, and recompute every second ``mm`` / ``linear`` of a block (the policy
+#   counts them, forward and recompute separately: the 1st, 3rd, ... are saved). torchtitan force-recomputes the mm
+#   shapes of Linear modules whose name contains ``"moe.router.gate"`` (its own MoE's router); transformers' MoE
+#   models name their routers otherwise (``mlp.gate``), so, as torchtitan's code would, nothing is forced there.
+#   The counters live as long as the block's policy, which torchtitan makes once per block at wrap time: here once per
+#   recorded step, so a recording is torchtitan's first step (a later step of a block with an odd number of mms
+#   saves the other half: the counter carries over).
+# * an int ``n``: torchtitan's layer SAC (``selective_ac_option=n``, removed from torchtitan in c5d93d1, 2026-06-15:
+#   the rule as it was before): blocks counted from 1, a block whose count ``% n == 0`` is fully checkpointed, the
+#   others run as they are (``n=1``: every block, as ``True``; ``n=2``: the 2nd, 4th, ...);
+# * a function ``(ctx, op, *args, **kwargs) -> torch.utils.checkpoint.CheckpointPolicy``: the user's SAC policy,
+#   given to ``create_selective_checkpoint_contexts`` for every block (one function shared by all blocks).
+#
+# ``settings["checkpointing"]`` holds the label: ``False``, ``True``, ``"selective"``, ``n``, or ``"policy <name>"``
+# (a ``str`` that carries the function: :class:`PolicyLabel`). The recomputed ops are recorded again in the
+# backward phase (the op log shows them twice); the saved ones are not.
+CHECKPOINTING_FORMS = ("False, True / 'full', 'selective' (torchtitan's op-level SAC), an int n >= 1 (every n-th "
+                       "block), or a policy function (ctx, op, *args, **kwargs) -> CheckpointPolicy")  # fmt: skip
+
+
+class PolicyLabel(str):
+    """The label of a user's checkpoint policy (``"policy my_policy"``), carrying the function (``.fn``)."""
+
+    fn: Any
+
+    def __new__(cls, fn: Any) -> PolicyLabel:
+        label = super().__new__(cls, f"policy {getattr(fn, '__name__', type(fn).__name__)}")
+        label.fn = fn
+        return label
+
+
+def check_checkpointing(value: Any, *, written: str | None = None) -> Any:
+    """The label of ``checkpointing=`` (Note: [selective checkpointing]): ``False``, ``True``, ``"selective"``, an
+    int ``n >= 1`` or a :class:`PolicyLabel`; an ArgumentError listing the forms for anything else.
+
+    Args:
+        value: ``False`` / ``None`` / ``"none"``, ``True`` / ``"full"``, ``"selective"``, an int (or its digits, as the
+            command line gives it), or a policy function.
+        written: how the argument was written (the command line's ``--checkpointing``).
+
+    Returns:
+        The label that ``settings["checkpointing"]`` holds and :func:`checkpointing` takes.
+    """
+    from .._core.errors import ArgumentError
+
+    if value is None or value is False or value is True or isinstance(value, PolicyLabel):
+        return bool(value) if not isinstance(value, PolicyLabel) else value
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in ("none", "full", "selective"):
+            return {"none": False, "full": True}.get(word, "selective")
+        if word.isdigit() and int(word) >= 1:
+            return int(word)
+    elif isinstance(value, int) and value >= 1:
+        return int(value)
+    elif callable(value):
+        return PolicyLabel(value)
+    raise ArgumentError("checkpointing", value, f"not a checkpointing form: give {CHECKPOINTING_FORMS}",
+                        written=written)  # fmt: skip
+
+
+def checkpointing_tag(label: Any) -> str:
+    """A short tag for plan labels: ``""``, ``"ckpt"``, ``"sac"``, ``"ckpt/2"`` (every 2nd block), ``"policy fn"``."""
+    if label is False or label is None:
+        return ""
+    if label is True:
+        return "ckpt"
+    return "sac" if label == "selective" else f"ckpt/{label}" if isinstance(label, int) else str(label)
+
+
+def _save_ops() -> set[Any]:
+    """torchtitan's ``_get_default_save_ops()`` (Note: [selective checkpointing]): the ops whose outputs are saved,
+    each looked up on this torch (one it lacks is never dispatched, so it is left out)."""
+    from .._engine import torch_compat
+
+    ops: set[Any] = set()
+    default = torch_compat.lookup("torch._functorch.partitioners.get_default_op_list")
+    if default is not None:
+        ops |= {op.default for op in default().compute_intensive_ops}
+    names = ("aten._scaled_dot_product_cudnn_attention.default", "aten._scaled_dot_product_attention_math.default",
+             "aten._scaled_dot_product_fused_attention_overrideable.default", "aten.max.default",
+             "aten.linear.default", "aten.topk.default", "torch._higher_order_ops.flex_attention",
+             "torch._higher_order_ops.inductor_compiled_code",
+             "torch.ops._c10d_functional.reduce_scatter_tensor.default",
+             "torch.ops._c10d_functional.all_to_all_single.default")  # fmt: skip
+    ops |= {op for op in map(torch_compat.lookup, names) if op is not None}
+    return ops
+
+
+def selective_policy(block: torch.nn.Module | None = None, force: tuple[str, ...] = ("moe.router.gate",)) -> Any:
+    """A fresh torchtitan op-level SAC policy for one block (``SelectiveAC._get_custom_policy``; Note: [selective
+    checkpointing]): ``(ctx, op, *args, **kwargs) -> CheckpointPolicy``.
+
+    Args:
+        block: the block it checkpoints (its Linear modules named by ``force`` have their mm shapes recomputed).
+        force: torchtitan's ``force_recompute_mm_shapes_by_fqns``.
+
+    Returns:
+        The policy function, with its own mm counters.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    save = _save_ops()
+    aten = torch.ops.aten
+    mm_ops = (aten.mm.default, aten.linear.default)
+    shapes = set()
+    for name, sub in block.named_modules() if block is not None else ():
+        if any(f in name for f in force) and isinstance(sub, torch.nn.Linear):
+            out_f, in_f = sub.weight.shape
+            shapes.add((in_f, out_f))
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        if (func == aten._to_copy.default and "cuda" in str(args[0].device) and "device" in kwargs
+                and str(kwargs["device"]) == "cpu"):  # fmt: skip
+            return CheckpointPolicy.MUST_SAVE
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in mm_ops:
+            w = tuple(args[1].shape)
+            if (w[::-1] if func == aten.linear.default else w) in shapes:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            counts[mode] += 1
+        if func in save:
+            if func in mm_ops and counts[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def _block_checkpoint(label: Any, index: int, block: torch.nn.Module) -> Any:
+    """The checkpoint function of the ``index``-th block (from 0) under ``label``, or None: the block runs as is."""
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    if label is True:
+        return functools.partial(checkpoint, use_reentrant=False)
+    if isinstance(label, int):
+        return functools.partial(checkpoint, use_reentrant=False) if (index + 1) % label == 0 else None
+    policy = label.fn if isinstance(label, PolicyLabel) else selective_policy(block)
+    return functools.partial(checkpoint, use_reentrant=False,
+                             context_fn=lambda: create_selective_checkpoint_contexts(policy))  # fmt: skip
+
+
+def _numbered_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from .._analysis import placement
+
+    return [model.get_submodule(n) for n in placement.units(model) if n.rsplit(".", 1)[-1].isdigit()]
+
+
 @contextlib.contextmanager
-def checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
-    """Activation checkpointing of the model's repeated blocks for the block (transformers' own switch where
-    the model has one, else each block's forward through ``torch.utils.checkpoint``)."""
-    if not on:
+def checkpointing(model: torch.nn.Module, on: Any) -> Iterator[None]:
+    """Activation checkpointing of the model's repeated blocks for the block (Note: [selective checkpointing]):
+    ``on`` is any form :func:`check_checkpointing` takes. Transformers' own switch where the model has one (for
+    selective forms, each layer then gets its own checkpoint function, or none), else each block's forward through
+    ``torch.utils.checkpoint``."""
+    label = check_checkpointing(on)
+    if label is False:
         yield
         return
     if getattr(model, "supports_gradient_checkpointing", False) and hasattr(model, "gradient_checkpointing_enable"):
@@ -191,20 +358,27 @@ def checkpointing(model: torch.nn.Module, on: bool) -> Iterator[None]:
         key = "activation_checkpointing_kwargs" if new else "gradient_checkpointing_kwargs"
         enable(**{key: {"use_reentrant": False}})
         try:
+            if label is not True:
+                from transformers.modeling_layers import GradientCheckpointingLayer
+
+                layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+                for i, layer in enumerate(layers):
+                    fn = _block_checkpoint(label, i, layer)
+                    if fn is None:
+                        layer.gradient_checkpointing = False
+                    else:
+                        layer._gradient_checkpointing_func = fn
             yield
         finally:
             disable()
         return
-    from torch.utils.checkpoint import checkpoint
-
-    from .._analysis import placement
-
-    names = [n for n in placement.units(model) if n.rsplit(".", 1)[-1].isdigit()]
     saved = []
-    for n in names:
-        block = model.get_submodule(n)
+    for i, block in enumerate(_numbered_blocks(model)):
+        fn = _block_checkpoint(label, i, block)
+        if fn is None:
+            continue
         saved.append((block, block.forward))
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+        block.forward = functools.partial(fn, block.forward)  # type: ignore[method-assign]
     try:
         yield
     finally:
