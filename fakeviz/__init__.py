@@ -31,6 +31,7 @@ from ._engine import cuda_shim as _cuda_shim
 from ._engine.session import fake_mode, fakeify, is_fake, meta_like
 from ._export import ExportCheck, check_export
 from ._frontends.distributed import Simulation, simulate
+from ._frontends.fit import fit
 from ._frontends.planning import Plan, compare, max_batch, max_seq, plan, sweep
 from ._frontends.serving import Serving, serve
 from ._fx import prop
@@ -64,6 +65,7 @@ __all__ = [
     "Plan",
     "plan",
     "sweep",
+    "fit",
     "compare",
     "max_batch",
     "max_seq",

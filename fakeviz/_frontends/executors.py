@@ -47,7 +47,7 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["POOL_AFTER_S", "Failed", "Runner", "failed_row", "worker_cache"]
+__all__ = ["POOL_AFTER_S", "Failed", "Runner", "error_text", "failed_row", "worker_cache"]
 
 POOL_AFTER_S = 8.0  # start a pool when the points left would take longer than this one after another
 _CONTEXT = "spawn"
@@ -121,7 +121,7 @@ def _run(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
         return "ok", _pack(fn(*args))
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, never fatal for the others
         partial = getattr(exc, "trace", None)
-        return "error", (_error_text(exc), partial.to_bytes() if partial is not None else None)
+        return "error", (error_text(exc), partial.to_bytes() if partial is not None else None)
 
 
 def _pack(result: Any) -> Any:
@@ -151,7 +151,7 @@ def _unpack(result: Any) -> Any:
     return result
 
 
-def _error_text(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     text = str(exc).strip()
     lines = text.splitlines()
     return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
@@ -283,7 +283,7 @@ class Runner:
         try:
             status, value = fut.result()
         except Exception as exc:  # noqa: BLE001 - the worker died or could not run it: this point fails, not the call
-            return Failed(settings, _error_text(exc))
+            return Failed(settings, error_text(exc))
         if status == "error":
             text, partial = value
             return Failed(settings, text, Trace.load(partial) if partial is not None else None)

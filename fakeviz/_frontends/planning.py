@@ -496,6 +496,11 @@ def plan(
                 module=mod)  # fmt: skip
 
 
+def build_for(model: Any, dtype: Any, gpus: list[Capacity]) -> _Built:
+    """The fake model that every device-map point of a search (:func:`fakeviz.fit`) re-runs, built once."""
+    return _build(model, _dtype(dtype), gpus=gpus)
+
+
 def _check_sizes(**sizes: Any) -> None:
     """``batch`` and ``seq`` whole numbers >= 1, ``new_tokens`` >= 0: refused otherwise, never rounded."""
     for name, v in sizes.items():
@@ -643,6 +648,10 @@ class _Plans(list):  # type: ignore[type-arg]
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Plans:
         return self
+
+
+Plans = _Plans  # :func:`fakeviz.fit`'s df.attrs["plans"] too
+check_sizes = _check_sizes
 
 
 def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
