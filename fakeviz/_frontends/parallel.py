@@ -37,10 +37,12 @@ import torch
 
 from .._core.gpus import parse_gpus
 from .._engine import torch_compat
+from . import context_expert
 
 __all__ = ["AXES", "parallel_plan"]
 
-AXES = ("dp_replicate", "dp_shard", "tp")  # mesh order: outermost (slowest-varying rank) first, as torchtitan
+AXES = ("dp_replicate", "dp_shard", "cp", "tp")  # mesh order: outermost (slowest-varying rank) first, as torchtitan
+BORROWED = ("ep",)  # degrees that borrow the ranks of other axes (ep: dp_shard's), no mesh axis of their own
 _STYLES = ("colwise", "rowwise")
 
 
@@ -48,7 +50,7 @@ def parse_parallel(parallel: dict[str, int], gpus: Any) -> tuple[tuple[int, ...]
     """``(mesh_shape, mesh_dim_names, gpu)`` for ``parallel`` over ``gpus`` (``"64xH100"`` or one GPU kind)."""
     if not isinstance(parallel, dict) or not parallel:
         raise ValueError(f"parallel={parallel!r}: give degrees per axis, e.g. {{'dp_shard': 8, 'tp': 8}}")
-    unknown = sorted(set(parallel) - set(AXES))
+    unknown = sorted(set(parallel) - set(AXES) - set(BORROWED))
     if unknown:
         raise ValueError(
             f"parallel: unknown axis {', '.join(map(repr, unknown))}; plan knows {', '.join(AXES)}.\n"
@@ -145,10 +147,12 @@ def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
             m = models.build(model, dtype=settings["dtype"])
         if "tp" in names:
             tensor_parallel(m, mesh["tp"], replicated if replicated is not None and not replicated else None)
-        dp = tuple(n for n in ("dp_replicate", "dp_shard") if n in names)
+        if settings["parallel"].get("ep", 1) > 1:  # Note: [expert parallel plans]
+            context_expert.expert_parallel(m, mesh, names, settings["parallel"]["ep"])
+        dp = tuple(n for n in ("dp_replicate", "dp_shard", "cp") if n in names)
         if dp:
             fully_shard = torch_compat.require("torch.distributed.fsdp.fully_shard")
-            dp_mesh = mesh[dp] if len(dp) > 1 else mesh[dp[0]]
+            dp_mesh = context_expert.fsdp_mesh(mesh, names)  # dp_shard x cp flattened (torchtitan's fsdp mesh)
             for block in _blocks(m):
                 fully_shard(block, mesh=dp_mesh)
             fully_shard(m, mesh=dp_mesh)
@@ -162,8 +166,12 @@ def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
         with checkpointing(m, settings["checkpointing"]), warnings.catch_warnings():
             # the root's output is the head's local view (``to_local``): nothing here writes it in place
             warnings.filterwarnings("ignore", message=".*returned a view tensor", category=UserWarning)
-            run(m, batch=settings["batch"], seq=settings["seq"], train=settings["train"],
-                  new_tokens=settings["new_tokens"], optimizer=opt)  # fmt: skip
+            if "cp" in names:  # Note: [context parallel plans]
+                context_expert.cp_run(m, mesh["cp"], batch=settings["batch"], seq=settings["seq"],
+                                      train=settings["train"], optimizer=opt)  # fmt: skip
+            else:
+                run(m, batch=settings["batch"], seq=settings["seq"], train=settings["train"],
+                      new_tokens=settings["new_tokens"], optimizer=opt)  # fmt: skip
 
     return step
 
@@ -176,9 +184,12 @@ def _layout(p: torch.Tensor) -> tuple[tuple[int, ...], tuple[str, ...] | None, t
     return tuple(p.shape), tuple(mesh.mesh_dim_names or ()), tuple(mesh.shape), tuple(p.placements)
 
 
-def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str, ...]) -> dict[int, Hashable]:
+def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str, ...],
+              derived: Callable[[dict[str, int]], Any] | None = None) -> dict[int, Hashable]:  # fmt: skip
     """rank -> the local shape of every parameter at the rank's coordinates: equal keys, identical records (every
-    rank its own key on a torch without ``_compute_local_shape_and_global_offset``: all recorded)."""
+    rank its own key on a torch without ``_compute_local_shape_and_global_offset``: all recorded). ``derived``:
+    ``coord -> (coordinates on the recipe's other meshes, the rank's own key part)`` (cp and ep plans:
+    :func:`.context_expert.derived_coordinates`)."""
     local_shape = torch_compat.lookup("torch.distributed.tensor._utils._compute_local_shape_and_global_offset")
     world = math.prod(mesh_shape)
     if local_shape is None:
@@ -186,7 +197,11 @@ def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str,
     keys: dict[int, Hashable] = {}
     for r in range(world):
         coord = dict(zip(names, (int(c) for c in np.unravel_index(r, mesh_shape))))
-        key = []
+        key: list[Any] = []
+        if derived is not None:
+            more, own = derived(coord)
+            coord = {**more, **coord}
+            key.append(own)
         for shape, dims, sub_shape, placements in layouts:
             if dims is None:
                 continue
@@ -209,6 +224,7 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
             "parallel= builds the model on every rank: pass its name, folder or config (a module cannot be rebuilt);\n"
             "for your own module, write the step and call fakeviz.simulate(step, world_size, ...)"
         )
+    parallel = context_expert.with_ep_defaults(parallel) if isinstance(parallel, dict) else parallel
     shape, names, gpu = parse_parallel(parallel, gpus)
     if {"dp_shard", "dp_replicate"} & set(names):  # before any rank runs (Note: [torch versions])
         torch_compat.require("torch.distributed.fsdp.fully_shard", "plan(parallel=...) with dp_shard / dp_replicate")
@@ -216,13 +232,17 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
         from .. import models
 
         check_tp(models.config(model), shape[names.index("tp")])
+    context_expert.check(model, parallel, shape, names, batch=batch, seq=seq, dtype=dtype, train=train,
+                         new_tokens=new_tokens)  # fmt: skip
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
                 "dtype": as_dtype(dtype), "parallel": dict(parallel)}  # fmt: skip
     layouts: list[Any] = []
     replicated: list[str] = []
     step = parallel_step(model, names, settings, layouts, replicated)
+    derived = context_expert.derived_coordinates(names, shape, parallel.get("ep", 1))
     sim = simulate(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
-                   _rank_keys=lambda: rank_keys(layouts, shape, names))  # fmt: skip
+                   _rank_keys=lambda: rank_keys(layouts, shape, names, derived))  # fmt: skip
+    context_expert.state_assumptions(sim, model, settings)
     sim.settings = {**settings, "dtype": str(settings["dtype"]) if settings["dtype"] else None, "model": str(model),
                     "tp_replicated": replicated}  # fmt: skip
     return sim
