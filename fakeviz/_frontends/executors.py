@@ -47,7 +47,7 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["POOL_AFTER_S", "Failed", "Runner", "error_text", "failed_row", "worker_cache"]
+__all__ = ["POOL_AFTER_S", "Failed", "Runner", "error_text", "failed_row", "search_largest", "worker_cache"]
 
 POOL_AFTER_S = 8.0  # start a pool when the points left would take longer than this one after another
 _CONTEXT = "spawn"
@@ -64,6 +64,7 @@ class Failed:
     fits: bool = False
     speed: Any = None
     recordings: int = 0
+    first_oom: Any = None
 
     @property
     def fit_text(self) -> str:
@@ -209,11 +210,27 @@ class Runner:
         self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
         self.owned = True
 
+    def width(self, expected: int) -> int:
+        """How many points one round should hold when about ``expected`` more will follow one after another
+        (:func:`search_largest`): 1 where they run here; the workers (and this process) otherwise."""
+        cores = os.cpu_count() or 1
+        if not self.remote:
+            return 1
+        if self.given:
+            return max(2, int(getattr(self.executor, "_max_workers", 0) or cores))
+        if self.pool is not None:
+            return self.workers + 1
+        if self.point_s is None or cores < 2 or self.point_s * expected < POOL_AFTER_S:
+            return 1
+        return cores
+
     def run(self, tasks: list[Any], *, local: Callable[[Any], Any], remote: Callable[..., Any], shared: Any = None,
-            progress: Callable[[int, Any], None] | None = None, done: int = 0, total: int | None = None) -> list[Any]:  # fmt: skip
+            progress: Callable[[int, Any], None] | None = None, done: int = 0, total: int | None = None,
+            expected: int = 0) -> list[Any]:  # fmt: skip
         """Run ``tasks``: ``local(task)`` here, ``remote(shared, task)`` in a worker (a module-level function: it is
         pickled by name). Returns the results in the tasks' order, a :class:`Failed` for a task that raised in a
-        worker (here: raised, as one point after another always did). ``progress(i, result)`` after each."""
+        worker (here: raised, as one point after another always did). ``progress(i, result)`` after each.
+        ``expected``: the points still to come after these, one round after another (a pool pays for them too)."""
         total = len(tasks) if total is None else total
         results: list[Any] = [None] * len(tasks)
         count = [done]
@@ -239,7 +256,7 @@ class Runner:
                 t0 = time.perf_counter()
                 finished(i, local(tasks[i]))
                 self.point_s = time.perf_counter() - t0
-            if (os.cpu_count() or 1) < 2 or self.point_s * len(todo) < POOL_AFTER_S:
+            if (os.cpu_count() or 1) < 2 or self.point_s * max(len(todo), expected) < POOL_AFTER_S:
                 for i in todo:
                     finished(i, local(tasks[i]))
                 return results
@@ -297,3 +314,34 @@ def runner(model: Any, executor: Any) -> Runner:
     if why and isinstance(executor, cf.Executor):
         warnings.warn(f"executor= is not used: {why}", stacklevel=3)
     return Runner(executor=executor, remote=not why, note=why)
+
+
+def search_largest(
+    probe: Callable[[list[int]], list[bool]], limit: int, width: Callable[[int], int]
+) -> tuple[int, int]:
+    """The largest value in 1..``limit`` that fits, by rounds of ``probe(values) -> fits`` (fitting is monotone:
+    what fits at ``v`` fits below it): doubling from 1 (the limit itself last), then bisection, each round
+    ``width(rounds left)`` values at once (the doubling phase's next values; the interval cut in ``width + 1``
+    parts). ``width`` 1 is one value after another, the classic search. Returns ``(lo, hi)``: ``lo`` fits (0:
+    none does), ``hi`` fails (``limit + 1``: none up to the limit)."""
+    lo, hi, v = 0, None, 1
+    while hi is None:
+        w = width(max(1, limit.bit_length() - v.bit_length() + 1))
+        values = sorted({min(v << k, limit) for k in range(w)})
+        for x, ok in zip(values, probe(values)):
+            if not ok:
+                hi = x
+                break
+            lo = x
+        if hi is None and lo == limit:
+            hi = limit + 1
+        v = lo * 2
+    while hi - lo > 1:
+        w = width(max(1, (hi - lo).bit_length() - 1))
+        values = sorted({lo + (hi - lo) * j // (w + 1) for j in range(1, w + 1)} - {lo, hi})
+        results = probe(values)
+        fitting = [x for x, ok in zip(values, results) if ok]
+        failing = [x for x, ok in zip(values, results) if not ok]
+        hi = min([hi, *failing])
+        lo = max([lo, *(x for x in fitting if x < hi)])
+    return lo, hi

@@ -695,12 +695,22 @@ class Largest:
         return f"Largest {self.axis}={self.value} ({self.recordings} recordings){where}"
 
 
-def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest:
+def _remote_probe(shared: dict[str, Any], v: int) -> Plan:
+    """One probe of :func:`max_batch` / :func:`max_seq` in a worker (:mod:`.executors`), built once per search."""
+    model, caps, kw = shared["model"], shared["gpus"], dict(shared["kw"])
+    built = executors.worker_cache(("largest", repr(model), repr(shared["build"])),
+                                   lambda: _build(model, gpus=caps, **shared["build"]))  # fmt: skip
+    return plan(model, gpus=caps, _built=built, **{kw.pop("axis"): v}, **kw)
+
+
+def _largest(axis: str, model: Any, gpus: Any, limit: int, executor: Any = None, **kw: Any) -> Largest:
     caps = parse_gpus(gpus)
+    executors.check(executor)
     kw["optimizer"] = steps.check_optimizer(kw.get("optimizer", "adamw"))
     adapters.check_finetune(bool(kw.get("train")), kw.get("quantization"), kw.get("lora"))
-    built = _build(model, _dtype(kw.pop("dtype", None)), quantization=kw.get("quantization"), lora=kw.get("lora"),
-                   train=bool(kw.get("train")), gpus=caps)  # fmt: skip
+    build = {"dtype": _dtype(kw.pop("dtype", None)), "quantization": kw.get("quantization"), "lora": kw.get("lora"),
+             "train": bool(kw.get("train"))}  # fmt: skip
+    built = _build(model, **build, gpus=caps)
     bound = ""
     if axis == "seq":  # never past the model's context (models.check_seq would refuse it)
         ctx = models.context(built.model)
@@ -711,32 +721,25 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest
     tried: list[tuple[int, bool]] = []
     plans: dict[int, Plan] = {}
     recordings = 0
-    last: Plan | None = None
+    last: list[Plan | None] = [None]
 
-    def fits(v: int) -> bool:
-        nonlocal recordings, last
-        p = plan(model, gpus=caps, _built=built, _costs_from=last, **{axis: v}, **kw)
-        recordings += p.recordings
-        last = p
-        plans[v] = p
-        tried.append((v, p.fits))
-        return p.fits
+    def local(v: int) -> Plan:  # one probe at a time reuses the last one's placement costs
+        return plan(model, gpus=caps, _built=built, _costs_from=last[0] if alone[0] else None, **{axis: v}, **kw)
 
-    lo, hi, v = 0, None, 1  # lo fits (0: none known), hi fails (limit + 1: none up to the limit)
-    while hi is None:  # doubling, the limit itself last
-        v = min(v, limit)
-        if not fits(v):
-            hi = v
-        elif v == limit:
-            lo, hi = v, limit + 1
-        else:
-            lo, v = v, v * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
+    def probe(values: list[int]) -> list[bool]:
+        nonlocal recordings
+        alone[0] = len(values) == 1
+        shared = {"model": model, "gpus": caps, "build": build, "kw": {**kw, "axis": axis}}
+        results = run.run(values, local=local, remote=_remote_probe, shared=shared, expected=limit.bit_length())
+        for v, p in zip(values, results):
+            recordings += p.recordings
+            last[0], plans[v] = (p, p) if not isinstance(p, executors.Failed) else (last[0], p)
+            tried.append((v, bool(p.fits)))
+        return [bool(plans[v].fits) for v in values]
+
+    alone = [True]
+    with executors.runner(model, executor) as run:
+        lo, hi = executors.search_largest(probe, limit, run.width)
     failing = plans.get(hi)
     return Largest(axis, lo, plans.get(lo), failing, recordings, tried, bound if lo == limit else "")
 
@@ -744,7 +747,9 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, **kw: Any) -> Largest
 def max_batch(model: Any, *, gpus: Any, seq: int = 2048, train: bool = False, limit: int = 4096, **kw: Any) -> Largest:
     """The largest batch that fits at ``seq`` (doubling, then bisection: a logarithmic number of recordings),
     with the plan at it and the plan at one more that fails (which device, which op). ``**kw``: :func:`plan`'s
-    (``dtype``, ``checkpointing``, ``quantization``, ``lora``, ``optimizer``, ``device_map``, ...); one build."""
+    (``dtype``, ``checkpointing``, ``quantization``, ``lora``, ``optimizer``, ``device_map``, ...); one build.
+    ``executor=``: as :func:`sweep`'s; with several workers each round holds several probes (the doubling phase's
+    next values, then the interval cut in as many parts), each probe then placed as a plan of its own."""
     return _largest("batch", model, gpus, limit, seq=seq, train=train, **kw)
 
 

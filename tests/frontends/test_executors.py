@@ -114,6 +114,36 @@ def test_a_dask_cluster_runs_the_points(cfg) -> None:
     _no_session_left()
 
 
+def test_max_batch_probes_rounds_of_values_on_the_pool(cfg, pool) -> None:
+    kw = {"gpus": "5MB", "seq": 64, "train": True, "limit": 16}
+    here = fv.max_batch(cfg, executor=False, **kw)
+    there = fv.max_batch(cfg, executor=pool, **kw)
+    assert there.value == here.value >= 1 and there.failing is not None and not there.failing.fits
+    # two workers: the doubling phase probes two values a round (1, 2; then 4, 8 ...), all of them recorded
+    assert [v for v, _ in there.tried[:2]] == [1, 2] and len(there.tried) >= len(here.tried)
+    alone = fv.plan(cfg, gpus="5MB", seq=64, train=True, batch=there.value)
+    assert there.plan.trace.peak_bytes() == alone.trace.peak_bytes() and there.plan.module is None
+    _no_session_left()
+
+
+def test_the_search_in_rounds_finds_what_one_at_a_time_finds() -> None:
+    def probe_for(largest: int, seen: dict[int, bool]):
+        def probe(values: list[int]) -> list[bool]:
+            assert not set(values) & set(seen)  # no value probed twice
+            seen.update({v: v <= largest for v in values})
+            return [v <= largest for v in values]
+
+        return probe
+
+    for limit in (1, 5, 16, 100):
+        for largest in range(limit + 1):
+            for w in (1, 2, 3):
+                seen: dict[int, bool] = {}
+                width = (lambda k: lambda _: k)(w)
+                assert executors.search_largest(probe_for(largest, seen), limit, width) == (largest, largest + 1)
+                assert all(1 <= v <= limit for v in seen)
+
+
 def test_one_core_runs_here(monkeypatch) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert "one core" in executors.note("name", None)
