@@ -41,7 +41,7 @@ from . import context_expert
 
 __all__ = ["AXES", "parallel_plan"]
 
-AXES = ("dp_replicate", "dp_shard", "cp", "tp")  # mesh order: outermost (slowest-varying rank) first, as torchtitan
+AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # mesh order: outermost (slowest-varying rank) first, as torchtitan
 BORROWED = ("ep",)  # degrees that borrow the ranks of other axes (ep: dp_shard's), no mesh axis of their own
 _STYLES = ("colwise", "rowwise")
 
@@ -215,7 +215,8 @@ def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str,
 
 def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int, seq: int, train: bool,
                   new_tokens: int, dtype: Any, checkpointing: bool, ranks: Any = "auto") -> Any:  # fmt: skip
-    """:func:`fakeviz.plan` with ``parallel=``: a :class:`~fakeviz.Simulation` of every rank (Note: [parallel plans])."""
+    """:func:`fakeviz.plan` with ``parallel=``: a :class:`~fakeviz.Simulation` of every rank (Note: [parallel plans]);
+    with ``pp``: :func:`.pipeline.pipeline_plan`."""
     from ..models import as_dtype
     from .distributed import simulate
 
@@ -224,6 +225,9 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
             "parallel= builds the model on every rank: pass its name, folder or config (a module cannot be rebuilt);\n"
             "for your own module, write the step and call fakeviz.simulate(step, world_size, ...)"
         )
+    if isinstance(parallel, dict) and parallel.get("pp", 1) != 1:  # Note: [pipeline plans]: their own step
+        raise ValueError("parallel_plan: a plan with pp runs fakeviz._frontends.pipeline.pipeline_plan (fakeviz.plan "
+                         "picks it)")  # fmt: skip
     parallel = context_expert.with_ep_defaults(parallel) if isinstance(parallel, dict) else parallel
     shape, names, gpu = parse_parallel(parallel, gpus)
     if {"dp_shard", "dp_replicate"} & set(names):  # before any rank runs (Note: [torch versions])

@@ -400,6 +400,10 @@ def plan(
     optimizer: str = "adamw",
     parallel: dict[str, int] | None = None,
     ranks: Any = "auto",
+    microbatches: int | None = None,
+    schedule: str | None = None,
+    stages: list[list[str]] | None = None,
+    stages_per_rank: int | None = None,
     _built: _Built | None = None,
     _costs_from: Plan | None = None,
 ) -> Any:
@@ -437,6 +441,12 @@ def plan(
             ``batch`` is then each data-parallel rank's batch.
         ranks: with ``parallel``: ``"auto"`` (one rank per shard layout; identical ranks stand in), ``"all"``,
             or a list.
+        microbatches, schedule, stages, stages_per_rank: with ``parallel={"pp": P, ...}`` (pipeline stages through
+            ``torch.distributed.pipelining``, Note: [pipeline plans] in :mod:`fakeviz._frontends.pipeline`): the
+            microbatches ``batch`` splits into (default ``batch``: torchtitan's microbatch size 1), the schedule
+            by torch's name (``"1F1B"`` default, ``"GPipe"``, ``"Interleaved1F1B"``, ``"ZBVZeroBubble"``, ...),
+            the module names of each stage (default: torchtitan's even split) and the stages per rank of a
+            looped schedule (default 2).
 
     Returns:
         A :class:`Plan`; with ``parallel``, a :class:`~fakeviz.Simulation` (per-rank peaks, classes, verdict).
@@ -453,8 +463,20 @@ def plan(
         _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
         if train and new_tokens:
             raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}, train={train}: not a step to run")
+        pipe = {"microbatches": microbatches, "schedule": schedule, "stages": stages, "stages_per_rank": stages_per_rank}
+        if isinstance(parallel, dict) and parallel.get("pp", 1) != 1:  # Note: [pipeline plans]
+            from .pipeline import pipeline_plan
+
+            return pipeline_plan(model, gpus=gpus, parallel=parallel, batch=batch, seq=seq, train=train,
+                                 new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
+                                 **{k: v for k, v in pipe.items() if v is not None})  # fmt: skip
+        if any(v is not None for v in pipe.values()):
+            raise ValueError(f"microbatches / schedule / stages are for a pipeline: give parallel={{'pp': P, ...}} "
+                             f"with P >= 2 (parallel={parallel!r})")  # fmt: skip
         return parallel_plan(model, gpus=gpus, parallel=parallel, batch=batch, seq=seq, train=train,
                              new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks)  # fmt: skip
+    if any(v is not None for v in (microbatches, schedule, stages, stages_per_rank)):
+        raise ValueError("microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}")
     caps = parse_gpus(gpus)
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
