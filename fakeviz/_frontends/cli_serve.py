@@ -46,7 +46,12 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-num-batched-tokens", type=int, default=None,
                    help="tokens of one scheduler step (default vllm serve's: 8192 on >= 70 GiB GPUs but A100, else 2048)")  # fmt: skip
     s.add_argument("--max-num-seqs", type=int, default=None, help="requests at once (default 1024, or 256)")
-    s.add_argument("--tensor-parallel-size", type=int, default=1, help="1 (tensor parallel is not recorded yet)")
+    s.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="GPUs the model is split over (default 1; --gpus names as many)",
+    )
     s.add_argument("--json", action="store_true", help="print the figures as JSON")
     s.add_argument("--verbose", action="store_true", help="tracebacks for errors")
     s.set_defaults(fn=serve_command)

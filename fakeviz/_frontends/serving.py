@@ -137,7 +137,12 @@ class Serving:
     def text(self) -> str:
         """The budget and the answer in two lines (or vLLM's error)."""
         s = self.settings
-        head = (f"{self.model} on {self.gpu.spec}, gpu_memory_utilization {s['gpu_memory_utilization']}: "
+        on = (
+            self.gpu.spec
+            if s["tensor_parallel_size"] == 1
+            else f"{s['tensor_parallel_size']}x{self.gpu.spec} (per GPU)"
+        )
+        head = (f"{self.model} on {on}, gpu_memory_utilization {s['gpu_memory_utilization']}: "
                 f"{format_bytes(self.requested)} requested - {format_bytes(self.weights)} weights - "
                 f"{format_bytes(self.profile_peak)} profile peak ({s['max_num_batched_tokens']:,} tokens as "
                 f"{s['profile_shape']}) = {format_bytes(self.available_kv)} for the KV cache")  # fmt: skip
@@ -185,10 +190,6 @@ def _check(max_model_len: Any, gpu_memory_utilization: Any, block_size: Any, kv_
     if kv_cache_dtype not in KV_DTYPES:
         raise ArgumentError("kv_cache_dtype", kv_cache_dtype, "not a KV cache dtype fakeviz follows",
                             "Give one of " + ", ".join(repr(k) for k in KV_DTYPES) + ".")  # fmt: skip
-    if tensor_parallel_size != 1:
-        raise ArgumentError("tensor_parallel_size", tensor_parallel_size,
-                            "serve records one GPU holding the whole model; tensor-parallel shards of the weights and "
-                            "the profile run are not recorded yet", "Give tensor_parallel_size=1.")  # fmt: skip
     if max_num_batched_tokens is not None and max_num_seqs is not None and max_num_batched_tokens < max_num_seqs:
         raise ArgumentError("max_num_batched_tokens", max_num_batched_tokens,
                             f"it is below max_num_seqs={max_num_seqs} (vLLM refuses this too)",
@@ -251,7 +252,7 @@ def serve(
 
     Args:
         model: a catalog name, folder or config (:func:`fakeviz.models.build`), or a transformers causal LM.
-        gpus: the GPU: ``"1xH100"``, ``"H100"``, ``"A100 40GB"``, ``"80GB"`` (one GPU: ``tensor_parallel_size``).
+        gpus: the GPUs, ``tensor_parallel_size`` of one kind: ``"1xH100"``, ``"H100"``, ``"2xA100 40GB"``, ``"80GB"``.
         max_model_len: tokens of one request (prompt and output); past the model's context it is refused, as vLLM
             refuses it.
         gpu_memory_utilization: the fraction of the GPU's memory vLLM may use, in (0, 1].
@@ -262,7 +263,8 @@ def serve(
         kv_cache_dtype: ``"auto"`` (the model's dtype), ``"bfloat16"``, ``"float16"``, ``"fp8"``, ``"fp8_e4m3"``,
             ``"fp8_e5m2"``.
         max_num_batched_tokens, max_num_seqs: the scheduler's limits; default ``vllm serve``'s for the GPU.
-        tensor_parallel_size: 1 (tensor-parallel serving is not recorded yet: refused).
+        tensor_parallel_size: GPUs the model is split over (``gpus`` names that many): one rank's shard is recorded
+            (Note: [tensor parallel serving]); dense models whose heads, KV heads and MLP width it divides.
 
     Returns:
         :class:`Serving`: ``kv_blocks``, ``max_concurrency``, ``max_context``, ``kv_bytes_per_block``,
@@ -275,11 +277,15 @@ def serve(
     _check(max_model_len, gpu_memory_utilization, block_size, kv_cache_dtype, max_num_batched_tokens, max_num_seqs,
            tensor_parallel_size)  # fmt: skip
     caps = parse_gpus(gpus)
-    if len(caps) != tensor_parallel_size:
-        raise ArgumentError("gpus", gpus, f"{len(caps)} GPUs for tensor_parallel_size={tensor_parallel_size}",
-                            "Give one GPU ('1xH100', 'H100', '80GB').")  # fmt: skip
+    tp = tensor_parallel_size
+    if len(caps) != tp or len({c.bytes for c in caps}) != 1:
+        raise ArgumentError("gpus", gpus, f"{len(caps)} GPUs for tensor_parallel_size={tp}",
+                            f"Give {tp} GPUs of one kind ('{tp}xH100').")  # fmt: skip
     gpu = caps[0]
     is_module = isinstance(model, torch.nn.Module)
+    if is_module and tp > 1:
+        raise ArgumentError("tensor_parallel_size", tp, "a module cannot be resharded: tensor parallel serving builds "
+                            "one rank's shard from the model's config", "Give the model's name or config.")  # fmt: skip
     config = model.config if is_module else models.config(model)
     limit = _context(config)
     if limit and max_model_len > limit:
@@ -293,11 +299,11 @@ def serve(
     _check(max_model_len, gpu_memory_utilization, block_size, kv_cache_dtype, tokens, seqs, 1)
     dt = _serving_dtype(config, dtype, gpu)
     kv_bytes = KV_DTYPES[kv_cache_dtype] or torch.empty((), dtype=dt).element_size()
-    specs = kv_blocks.layer_specs(config, block_size=block_size, dtype_bytes=kv_bytes)
+    specs = kv_blocks.layer_specs(config, block_size=block_size, dtype_bytes=kv_bytes, tensor_parallel_size=tp)
     layout = kv_blocks.kv_layout(specs, max_model_len=max_model_len, max_num_batched_tokens=tokens)
-
-    trace, weights, peak, shape = profile_run(model, dtype=dt, quantization=quantization, gpu=gpu,
-                                              tokens=tokens, seqs=seqs)  # fmt: skip
+    rank = model if is_module else rank_config(config, tp)
+    trace, weights, peak, shape = profile_run(rank, dtype=dt, quantization=quantization, gpu=gpu, tokens=tokens,
+                                              seqs=seqs, tp=tp, vocab=None if is_module else _vocab(config))  # fmt: skip
     label = model if isinstance(model, str) else getattr(config, "_name_or_path", "") or type(model).__name__
     settings = {
         "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
@@ -324,9 +330,56 @@ ASSUMPTIONS = (
 )  # fmt: skip
 
 
-def profile_run(model: Any, *, dtype: torch.dtype, quantization: Any, gpu: Capacity, tokens: int,
-                seqs: int) -> tuple[Any, int, int, str]:  # fmt: skip
-    """Record vLLM's profile run of ``model`` on one fake GPU of ``gpu``'s kind (Note: [vLLM's memory profile]).
+def _vocab(config: Any) -> int:
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return int(c.vocab_size)
+
+
+def rank_config(config: Any, tp: int) -> Any:
+    """The config of one rank of ``tp``-way tensor-parallel serving, as vLLM shards the model.
+
+    Note: [tensor parallel serving]
+    vLLM pads the vocabulary to a multiple of 64 (``VocabParallelEmbedding``, ``ParallelLMHead``: their padded rows are
+    weights too, at any ``tp``) and splits it over the ranks; the attention's query and KV heads and the MLP's width
+    are split (column- and row-parallel linears); norms are whole on every rank. One rank's shard is therefore the
+    model of a config with ``heads / tp``, ``kv_heads / tp``, ``intermediate_size / tp``, ``padded vocab / tp`` and
+    the same ``head_dim``: its weights are a rank's, and its forward has a rank's activations. The logits a rank
+    gathers for the sampler are the whole padded vocabulary, cut to the real one (``LogitsProcessor``); the gather
+    is recorded as a local ``repeat`` of the same bytes and the all-reduces after row-parallel layers are not
+    recorded (in place in vLLM). Mixture-of-experts and latent-attention models are sharded otherwise: refused for
+    ``tp > 1``, as are sizes that do not split evenly. KV heads are never replicated here (vLLM replicates them when
+    ``tp`` exceeds them): refused too.
+    """
+    import copy
+
+    c = copy.deepcopy(config)
+    t = c.get_text_config() if hasattr(c, "get_text_config") else c
+    padded = kv_blocks.cdiv(int(t.vocab_size), 64) * 64
+    if tp > 1:
+        moe = any(getattr(t, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+        if moe or getattr(t, "kv_lora_rank", None):
+            raise ArgumentError("tensor_parallel_size", tp, "tensor-parallel shards of mixture-of-experts and "
+                                "latent-attention models are not followed", "Give tensor_parallel_size=1.")  # fmt: skip
+        heads = int(t.num_attention_heads)
+        kv = int(getattr(t, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(t, "head_dim", None) or int(t.hidden_size) // heads)
+        for what, n in (("attention heads", heads), ("KV heads", kv), ("MLP width (intermediate_size)",
+                        int(t.intermediate_size)), ("vocabulary padded to 64", padded)):  # fmt: skip
+            if n % tp:
+                raise ArgumentError("tensor_parallel_size", tp, f"the model's {n} {what} do not split evenly over "
+                                    f"{tp} GPUs", f"Give a tensor_parallel_size that divides {n}.")  # fmt: skip
+        t.head_dim = head_dim
+        t.num_attention_heads, t.num_key_value_heads = heads // tp, kv // tp
+        t.intermediate_size = int(t.intermediate_size) // tp
+    t.vocab_size = padded // tp
+    return c
+
+
+def profile_run(model: Any, *, dtype: torch.dtype, quantization: Any, gpu: Capacity, tokens: int, seqs: int,
+                tp: int = 1, vocab: int | None = None) -> tuple[Any, int, int, str]:  # fmt: skip
+    """Record vLLM's profile run of ``model`` (a name, config or module; for ``tp > 1`` one rank's config:
+    :func:`rank_config`) on one fake GPU of ``gpu``'s kind (Note: [vLLM's memory profile]); ``vocab``: the real
+    vocabulary the gathered logits are cut to.
 
     Returns:
         ``(trace, weights, profile_peak, shape)``: the record, the bytes alive on the GPU before it (the weights),
@@ -359,10 +412,19 @@ def profile_run(model: Any, *, dtype: torch.dtype, quantization: Any, gpu: Capac
             last = torch.arange(1, reqs + 1, device="cuda:0") * per - 1
             last[-1] = tokens - 1
             logits = mod(input_ids=ids, use_cache=False, logits_to_keep=last).logits[0]
+        if tp > 1:  # the rank's logits gathered over the tensor-parallel group (Note: [tensor parallel serving])
+            logits = logits.repeat(1, tp)
+        if vocab is not None:
+            logits = logits[:, :vocab]
         _sampler(logits)
     trace.meta["capacity"] = gpu.spec
-    for op, text in ASSUMPTIONS:
-        trace.meta.setdefault("assumptions", []).append([-1, op, text.format(shape=shape)])
+    rows = [(op, text.format(shape=shape)) for op, text in ASSUMPTIONS]
+    if tp > 1:
+        rows.append(("vllm tensor parallel", f"one rank of {tp}: its shard of the weights and its activations; the "
+                     "logits' all-gather is a local repeat of the same bytes, the all-reduces (in place in vLLM) and "
+                     "their communication buffers are not recorded"))  # fmt: skip
+    for op, text in rows:
+        trace.meta.setdefault("assumptions", []).append([-1, op, text])
     weights = _alive_before(trace)
     peak = int(peak_bytes(trace).get("cuda:0", {}).get("bytes", 0))
     return trace, weights, max(peak - weights, 0), shape

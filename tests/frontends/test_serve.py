@@ -36,12 +36,14 @@ def _gemma3(layer_types, **kw):
                             sliding_window=64, layer_types=layer_types, **{**TINY, **kw})  # fmt: skip
 
 
-def _llama_weights() -> int:
-    """Tiny Llama's weights by hand: embeddings and an untied head, per layer q/o (64 x 64), k/v (32 x 64), the
-    MLP's three 128 x 64, two norms, a final norm, all bf16; plus rotary's two float32 inv_freq buffers (head_dim/2)."""
-    h, i, v, kvd = 64, 128, 1000, KV * HD
-    per_layer = 2 * h * h + 2 * kvd * h + 3 * i * h + 2 * h
-    params = 2 * v * h + L * per_layer + h
+def _llama_weights(tp: int = 1) -> int:
+    """Tiny Llama's weights on one of ``tp`` GPUs by hand: embeddings and an untied head of the vocabulary padded to a
+    multiple of 64 (1000 -> 1024, as vLLM pads it), per layer q/o (64 x 64), k/v (32 x 64), the MLP's three 128 x 64,
+    each split over ``tp``; two norms, a final norm, whole; all bf16; plus rotary's two float32 inv_freq tables of
+    head_dim / 2."""
+    h, i, v, kvd = 64, 128, 1024, KV * HD
+    per_layer = (2 * h * h + 2 * kvd * h + 3 * i * h) // tp + 2 * h
+    params = 2 * v * h // tp + L * per_layer + h
     return params * 2 + 2 * (HD // 2) * 4
 
 
@@ -145,6 +147,25 @@ def test_profile_run_record_and_its_assumptions(llama_served: fv.Serving) -> Non
     assert {"vllm profile run", "vllm non-torch memory", "vllm cuda graphs", "vllm sampler"} <= said
 
 
+def test_tensor_parallel_rank_by_hand() -> None:
+    # two GPUs: each holds half of every linear layer and of the padded vocabulary, and half the KV heads
+    s = fv.serve(_llama(), "2x1GB", tensor_parallel_size=2, max_model_len=4096, max_num_batched_tokens=512,
+                 max_num_seqs=64)  # fmt: skip
+    assert s.weights == _llama_weights(tp=2)
+    per_block = 2 * L * (KV // 2) * HD * BS * 2
+    assert s.kv_bytes_per_block == per_block
+    available = math.ceil(10**9 * 0.9) - _llama_weights(tp=2) - s.profile_peak
+    assert s.kv_blocks == available // per_block
+    ops = s.trace.ops
+    q = ops[(ops.op == "aten.mm.default") & ops.module.str.endswith("layers.0.self_attn.q_proj")]
+    assert q["shape"].iloc[0] == "512, 32"  # 2 of 4 heads of 16 over 512 tokens
+    # the sampler sees the whole real vocabulary: the gathered logits, cut to 1000
+    assert "1000" in ops[ops.op == "aten.exponential_.default"]["shape"].iloc[0]
+    assert "vllm tensor parallel" in set(s.trace.fidelity()["assumptions"].op)
+    with pytest.raises(ArgumentError, match="not followed"):
+        fv.serve("Qwen/Qwen3-30B-A3B", "2xH100", tensor_parallel_size=2)
+
+
 def test_sliding_layers_serve_more_than_full_layers() -> None:
     kinds = ["sliding_attention"] * 5 + ["full_attention"]
     kw = dict(max_model_len=8192, max_num_batched_tokens=256, max_num_seqs=32)
@@ -184,7 +205,8 @@ def test_not_enough_memory_is_vllms_error() -> None:
         ({"gpu_memory_utilization": "0.9"}, "gpu_memory_utilization"),
         ({"block_size": 24}, "block_size"),
         ({"kv_cache_dtype": "int4"}, "kv_cache_dtype"),
-        ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": 3, "gpus": "3xH100"}, "tensor_parallel_size"),
+        ({"tensor_parallel_size": 2}, "gpus"),
         ({"max_num_batched_tokens": 16, "max_num_seqs": 32}, "max_num_batched_tokens"),
         ({"max_model_len": 0}, "max_model_len"),
     ],
@@ -192,7 +214,7 @@ def test_not_enough_memory_is_vllms_error() -> None:
 def test_refusals(kw: dict, argument: str) -> None:
     cfg = _llama(**kw.pop("cfg", {}))
     with pytest.raises(ArgumentError) as e:
-        fv.serve(cfg, "H100", **{"max_model_len": 2048, **kw})
+        fv.serve(cfg, kw.pop("gpus", "H100"), **{"max_model_len": 2048, **kw})
     assert e.value.argument == argument
 
 
