@@ -400,23 +400,8 @@ def profile_run(model: Any, *, dtype: torch.dtype, quantization: Any, gpu: Capac
         else:
             mod = models.build(model, device="cuda:0", dtype=dtype, quantization=quantization)
     mod.eval()
-    reqs = min(tokens, seqs)
-    per, rem = divmod(tokens, reqs)
-    shape = f"{reqs} x {per}" if not rem else f"1 x {tokens} packed, {reqs} requests"
-    with record(device="cuda:0", gpus=1, gpu=gpu.gpu, modules=[mod], session=session) as trace, torch.no_grad():
-        if not rem:  # vLLM's requests as a batch of equal sequences: logits of each one's last token
-            ids = torch.zeros(reqs, per, dtype=torch.long, device="cuda:0")
-            logits = mod(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1, :]
-        else:  # one packed sequence, the logits at each request's last token
-            ids = torch.zeros(1, tokens, dtype=torch.long, device="cuda:0")
-            last = torch.arange(1, reqs + 1, device="cuda:0") * per - 1
-            last[-1] = tokens - 1
-            logits = mod(input_ids=ids, use_cache=False, logits_to_keep=last).logits[0]
-        if tp > 1:  # the rank's logits gathered over the tensor-parallel group (Note: [tensor parallel serving])
-            logits = logits.repeat(1, tp)
-        if vocab is not None:
-            logits = logits[:, :vocab]
-        _sampler(logits)
+    with record(device="cuda:0", gpus=1, gpu=gpu.gpu, modules=[mod], session=session) as trace:
+        shape = profile_forward(mod, tokens=tokens, seqs=seqs, tp=tp, vocab=vocab)
     trace.meta["capacity"] = gpu.spec
     rows = [(op, text.format(shape=shape)) for op, text in ASSUMPTIONS]
     if tp > 1:
@@ -428,6 +413,31 @@ def profile_run(model: Any, *, dtype: torch.dtype, quantization: Any, gpu: Capac
     weights = _alive_before(trace)
     peak = int(peak_bytes(trace).get("cuda:0", {}).get("bytes", 0))
     return trace, weights, max(peak - weights, 0), shape
+
+
+def profile_forward(mod: torch.nn.Module, *, tokens: int, seqs: int, tp: int = 1, vocab: int | None = None,
+                    device: str = "cuda:0") -> str:  # fmt: skip
+    """vLLM's dummy run and dummy sampler run of a causal LM on ``device``, without autograd: ``tokens`` as
+    ``min(tokens, seqs)`` requests (a batch of equal sequences, or one packed sequence when they do not divide),
+    the logits of each request's last token (gathered over ``tp`` ranks, cut to ``vocab``), then the sampler.
+    Returns the shape the tokens ran as (``"1024 x 8"``)."""
+    reqs = min(tokens, seqs)
+    per, rem = divmod(tokens, reqs)
+    with torch.no_grad():
+        if not rem:  # vLLM's requests as a batch of equal sequences: logits of each one's last token
+            ids = torch.zeros(reqs, per, dtype=torch.long, device=device)
+            logits = mod(input_ids=ids, use_cache=False, logits_to_keep=1).logits[:, -1, :]
+        else:  # one packed sequence, the logits at each request's last token
+            ids = torch.zeros(1, tokens, dtype=torch.long, device=device)
+            last = torch.arange(1, reqs + 1, device=device) * per - 1
+            last[-1] = tokens - 1
+            logits = mod(input_ids=ids, use_cache=False, logits_to_keep=last).logits[0]
+        if tp > 1:  # the rank's logits gathered over the tensor-parallel group (Note: [tensor parallel serving])
+            logits = logits.repeat(1, tp)
+        if vocab is not None:
+            logits = logits[:, :vocab]
+        _sampler(logits)
+    return f"{reqs} x {per}" if not rem else f"1 x {tokens} packed, {reqs} requests"
 
 
 def _sampler(logits: torch.Tensor) -> torch.Tensor:

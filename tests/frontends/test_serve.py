@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import fakeviz as fv
 from fakeviz._analysis import kv_blocks
@@ -164,6 +165,37 @@ def test_tensor_parallel_rank_by_hand() -> None:
     assert "vllm tensor parallel" in set(s.trace.fidelity()["assumptions"].op)
     with pytest.raises(ArgumentError, match="not followed"):
         fv.serve("Qwen/Qwen3-30B-A3B", "2xH100", tensor_parallel_size=2)
+
+
+@pytest.mark.parametrize("tokens", [64, 60])  # 8 requests of 8; one packed sequence of 60 (8 requests)
+def test_profile_forward_fake_equals_real_on_cpu(tokens: int) -> None:
+    """The profile run's program recorded fake equals its real CPU run op by op and byte by byte (the model built
+    inside the record from the same seed; float32: the CPU's own dtype)."""
+    import gc
+
+    from transformers import AutoModelForCausalLM
+
+    from fakeviz._frontends.serving import profile_forward
+
+    cfg = fv.models.config("meta-llama/Llama-3.1-8B", num_hidden_layers=2, **TINY)
+
+    def run(fake: bool) -> fv.Trace:
+        gc.collect()
+        gc.disable()
+        try:
+            with fv.record(fake=fake) as t:
+                torch.manual_seed(0)
+                m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+                profile_forward(m, tokens=tokens, seqs=8, vocab=1000, device="cpu")
+        finally:
+            gc.enable()
+        assert t.error is None, t.error
+        return t
+
+    real, fake = run(False), run(True)
+    assert fake.oplog_lines() == real.oplog_lines()
+    assert fake.peak_bytes() == real.peak_bytes()
+    assert (fake.live_bytes()["cpu"] == real.live_bytes()["cpu"]).all()
 
 
 def test_sliding_layers_serve_more_than_full_layers() -> None:
