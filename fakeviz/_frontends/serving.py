@@ -14,8 +14,9 @@ torch_peak_increase + non_torch_increase``; the KV cache gets ``requested_memory
 ceil(total GPU memory x gpu_memory_utilization)``.
 
 Here: the weights are the fake build's (quantized by its library's own code with ``quantization=``), the profile
-run is recorded (:attr:`Serving.trace`) on a fake GPU of the kind asked, and ``profile_peak`` is its allocated peak
-over the weights. The forward is transformers' model, not vLLM's: ``requests`` sequences of ``tokens // requests``
+run is recorded (:attr:`Serving.trace`) on a fake GPU of the kind asked, and ``profile_peak`` is its peak of live
+tensor bytes over the weights (torch's ``allocated_bytes`` counters round each allocation up to 512 bytes: a few
+tens of KiB more on an 8B model). The forward is transformers' model, not vLLM's: ``requests`` sequences of ``tokens // requests``
 when that divides evenly (the same tokens through every projection, MLP and norm as vLLM's flattened batch, and
 attention over short sequences, close to vLLM's profile run, which skips attention), else one packed sequence of all
 the tokens with the logits taken at each request's last token. What cannot be recorded (vLLM's own kernels, the
