@@ -464,9 +464,12 @@ class Values:
         ):
             # a value used with a large tensor that has none (a norm's weight times the activations): this op
             # gives no value, and keeping it would take every later op on it past the dispatch cache, once per
-            # layer: drop it (Note: [values under fake tensors], the cost)
+            # layer: drop it (Note: [values under fake tensors], the cost). Assumed routing is kept: expert
+            # parallelism reads it after the router's ``scores.gather(1, topk_indices)`` (Note: [routing under fake
+            # tensors]; Note: [expert parallel plans] in fakeviz._frontends.context_expert)
             for t in ins:
-                self._drop(t)
+                if not getattr(t, "_fv_routed", False):
+                    self._drop(t)
         return out
 
     def _from_real(self, func: Any, args: Any, kwargs: Any) -> Any:

@@ -73,7 +73,7 @@ from .._core.errors import ArgumentError
 
 __all__ = [
     "EP_ASSUMPTION", "check_cp", "check_ep", "cp_run", "derived_coordinates", "expert_parallel", "fsdp_mesh",
-    "with_ep_defaults",
+    "shard_own_dtypes", "with_ep_defaults",
 ]  # fmt: skip
 
 EP_ASSUMPTION = (
@@ -245,6 +245,28 @@ def expert_parallel(model: torch.nn.Module, mesh: Any, names: tuple[str, ...], e
     for module in experts:
         fully_shard(module, mesh=edp)
     return len(experts)
+
+
+def shard_own_dtypes(model: torch.nn.Module, mesh: Any, fully_shard: Callable[..., Any], **kwargs: Any) -> int:
+    """FSDP2 groups hold one dtype: each module whose own parameters are of another dtype than the model's (a MoE
+    router kept in float32: DeepSeek-V3's ``mlp.gate``, transformers' ``_keep_in_fp32_modules_strict``) gets a
+    ``fully_shard`` of its own over ``mesh`` before its block, as transformers' FSDP plan gives them their own group.
+    Returns how many."""
+    from torch.distributed.tensor import DTensor
+
+    sizes: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    if len(sizes) < 2:
+        return 0
+    main = max(sizes, key=lambda d: sizes[d])
+    n = 0
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if own and all(p.dtype != main and not isinstance(p, DTensor) for p in own):
+            fully_shard(module, mesh=mesh, **kwargs)
+            n += 1
+    return n
 
 
 # ------------------------------------------------------------------------------------------------ the run

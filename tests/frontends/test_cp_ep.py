@@ -145,6 +145,24 @@ def test_ep_defaults_dp_shard_to_ep_and_holds_experts_over_ep() -> None:
     assert _param_bytes_before_forward(sim.trace(0)) == _hand_param_bytes(_moe(), 2, 2)
 
 
+def test_ep_on_deepseek_v3_keeps_the_assumed_routing_past_its_router() -> None:
+    """DeepSeek-V3's router gathers its scores at the chosen experts (``scores.gather(1, topk_indices)``): with more
+    scores than fakeviz keeps values of (tokens x experts > 65,536) the assumed routing must survive that gather for
+    the dispatch to count its tokens; its float32 router gets an FSDP group of its own."""
+    from transformers import DeepseekV3Config
+
+    cfg = DeepseekV3Config(hidden_size=H, intermediate_size=INTER, moe_intermediate_size=32, num_hidden_layers=2,
+                           first_k_dense_replace=1, n_routed_experts=64, n_group=8, topk_group=4, num_experts_per_tok=8,
+                           n_shared_experts=1, num_attention_heads=HEADS, num_key_value_heads=HEADS, q_lora_rank=32,
+                           kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, vocab_size=256,
+                           max_position_embeddings=4096)  # fmt: skip
+    tokens = 2048  # x 64 experts = 131,072 scores
+    sim = fv.plan(cfg, gpus="4xH100", parallel={"ep": 4}, batch=1, seq=tokens, train=False, dtype="bfloat16")
+    coll = sim.collectives(0)
+    a2a = coll[coll.kind == "all_to_all"]
+    assert a2a.bytes_in.tolist() == [64 * 8, tokens * 8 * H * BF16, tokens * 8 * H * BF16]
+
+
 # ---------------------------------------------------------------------------------------------------- refusals
 def test_cp_and_ep_refuse_what_they_cannot_run() -> None:
     with pytest.raises(ArgumentError, match="(?s)parallel.*ep needs a mixture-of-experts model; LlamaConfig is dense"):
