@@ -424,9 +424,10 @@ _S = "fakeviz._engine.session"
 # import scope
 declare("fake-rules", "torch._subclasses.fake_impls.op_implementations_dict",
         ("aten._grouped_mm.default", "aten._use_cudnn_ctc_loss.*", "aten._cudnn_ctc_loss.*",
-         "aten._use_miopen_ctc_loss.*", "aten._ctc_loss_backward.*"),
-        scope="import", by="fakeviz._engine.moe, fakeviz._engine.ctc", kind="table item",
-        why="Note: [grouped_mm under fake tensors], Note: [cuDNN CTC under fake tensors]; ops a torch lacks "
+         "aten._use_miopen_ctc_loss.*", "aten._ctc_loss_backward.*", "aten._pin_memory.default"),
+        scope="import", by="fakeviz._engine.moe, fakeviz._engine.ctc, fakeviz._engine.pinned", kind="table item",
+        why="Note: [grouped_mm under fake tensors], Note: [cuDNN CTC under fake tensors], Note: [pinned memory "
+            "under fake tensors]; ops a torch lacks "
             "are skipped (fakeviz._engine.torch_compat)")  # fmt: skip
 declare("fallback-probe", "torch._subclasses.fake_tensor", "run_fallback_kernel", scope="import",
         by="fakeviz._engine.recorder.modes", why="Note: [fallback kernels]")  # fmt: skip

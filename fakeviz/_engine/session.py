@@ -37,6 +37,7 @@ from . import cuda_shim as _cuda_shim
 from . import distributed as _distributed
 from . import moe as _moe
 from . import patches as _patches
+from . import pinned as _pinned  # noqa: F401 - the fake rule of aten._pin_memory (Note: [pinned memory under fake tensors])
 from . import torchao_patches as _torchao_patches
 from .quant import bnb as _bnb
 

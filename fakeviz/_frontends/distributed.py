@@ -43,7 +43,7 @@ from .._core.errors import ArgumentError, FakeVizError, SimulationError
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
 from .._engine.distributed import Mailbox as _Mailbox
-from . import steps
+from . import offload, steps
 
 __all__ = ["Simulation", "simulate"]
 
@@ -140,7 +140,7 @@ class Simulation:
         members: dict[int, list[int]] = {}
         for r, k in self._class_index.items():
             members.setdefault(k, []).append(r)
-        pk = self.peaks.set_index("rank")
+        pk = offload.gpu_rows(self.peaks).set_index("rank")
         rows = []
         for k, rs in sorted(members.items()):
             done = [r for r in rs if r in self.traces]
@@ -159,7 +159,7 @@ class Simulation:
         its recorded rank's on its own device)."""
         frames = {}
         for run in self._runs():
-            t = _placement.peaks_table(run.trace, run.capacities)
+            t = offload.with_host_row(_placement.peaks_table(run.trace, run.capacities), run.trace, self.settings)
             t.insert(0, "rank", run.rank)
             t["class"] = self._class_index[run.rank]
             t["recorded"] = True
@@ -168,7 +168,8 @@ class Simulation:
             frames[run.rank] = t
         for r, s in self.stand_ins.items():
             t = frames[s].copy()
-            t["rank"], t["device"], t["recorded"] = r, self.device_of(r), False
+            t["rank"], t["recorded"] = r, False
+            t.loc[t.device != "cpu", "device"] = self.device_of(r)  # its host row stays the host's (Note: [offload])
             frames[r] = t
         if not frames:
             return pd.DataFrame(columns=["rank", "device", "peak", "capacity", "headroom", "fits"])
@@ -178,6 +179,11 @@ class Simulation:
     def fits(self) -> bool:
         """Every requested rank recorded, without error, under its GPU's capacity."""
         return self.complete and bool(self.peaks.fits.all())
+
+    def transfers(self, rank: int | None = None) -> pd.DataFrame:
+        """Bytes ``rank`` (default: the first recorded) copies between its host and its GPU, one row per direction
+        (``src``, ``dst``, ``copies``, ``bytes``; as :attr:`fakeviz.Plan.transfers`; Note: [offload])."""
+        return offload.transfers(self.trace(self.ranks[0] if rank is None else rank))
 
     def collectives(self, rank: int | None = None) -> pd.DataFrame:
         """The collectives of ``rank`` (default: the first recorded): :func:`fakeviz._analysis.collectives.collectives`."""
@@ -244,7 +250,8 @@ class Simulation:
     def text(self) -> str:
         n = len(self.ranks)
         k = len(self.classes)
-        worst = self.peaks.loc[self.peaks.peak.idxmax()] if n else None
+        gpu_peaks = offload.gpu_rows(self.peaks)
+        worst = gpu_peaks.loc[gpu_peaks.peak.idxmax()] if n else None
         state = "fits" if self.fits else ("incomplete" if not self.complete else "does not fit")
         head = f"{state}: {n} of {self.world_size} ranks recorded"
         if self.stand_ins:

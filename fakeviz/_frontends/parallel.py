@@ -37,7 +37,7 @@ import torch
 
 from .._core.gpus import parse_gpus
 from .._engine import torch_compat
-from . import context_expert
+from . import context_expert, offload
 
 __all__ = ["AXES", "parallel_plan"]
 
@@ -154,16 +154,16 @@ def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
             fully_shard = torch_compat.require("torch.distributed.fsdp.fully_shard")
             dp_mesh = context_expert.fsdp_mesh(mesh, names)  # dp_shard x cp flattened (torchtitan's fsdp mesh)
             for block in _blocks(m):
-                fully_shard(block, mesh=dp_mesh)
-            fully_shard(m, mesh=dp_mesh)
-        m.to_empty(device=torch.device("cuda", torch.cuda.current_device()))
+                fully_shard(block, mesh=dp_mesh, **offload.fsdp_kwargs(settings))
+            fully_shard(m, mesh=dp_mesh, **offload.fsdp_kwargs(settings))  # Note: [offload]
+        offload.materialize(m, settings)  # to_empty on the GPU (offload="cpu": on the host, buffers on the GPU)
         if not layouts:
             layouts.extend(_layout(p) for p in m.parameters())
         opt = None
         if settings["train"]:
             opt = make_optimizer("adamw", m)
             init_state(opt)
-        with checkpointing(m, settings["checkpointing"]), warnings.catch_warnings():
+        with checkpointing(m, settings["checkpointing"]), offload.saved_on_host(settings), warnings.catch_warnings():
             # the root's output is the head's local view (``to_local``): nothing here writes it in place
             warnings.filterwarnings("ignore", message=".*returned a view tensor", category=UserWarning)
             if "cp" in names:  # Note: [context parallel plans]
@@ -214,7 +214,8 @@ def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str,
 
 
 def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int, seq: int, train: bool,
-                  new_tokens: int, dtype: Any, checkpointing: bool, ranks: Any = "auto") -> Any:  # fmt: skip
+                  new_tokens: int, dtype: Any, checkpointing: Any, ranks: Any = "auto",
+                  offload: str | None = None) -> Any:  # fmt: skip
     """:func:`fakeviz.plan` with ``parallel=``: a :class:`~fakeviz.Simulation` of every rank (Note: [parallel plans]);
     with ``pp``: :func:`.pipeline.pipeline_plan`."""
     from ..models import as_dtype
@@ -239,7 +240,7 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
     context_expert.check(model, parallel, shape, names, batch=batch, seq=seq, dtype=dtype, train=train,
                          new_tokens=new_tokens)  # fmt: skip
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
-                "dtype": as_dtype(dtype), "parallel": dict(parallel)}  # fmt: skip
+                "dtype": as_dtype(dtype), "parallel": dict(parallel), "offload": offload}  # fmt: skip
     layouts: list[Any] = []
     replicated: list[str] = []
     step = parallel_step(model, names, settings, layouts, replicated)

@@ -36,6 +36,7 @@ from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
 from . import adapters, executors, ranking, steps
+from . import offload as offloading
 from .progress import progress_bar
 
 __all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
@@ -87,7 +88,7 @@ class Plan:
 
     @property
     def peaks(self) -> pd.DataFrame:
-        return _placement.peaks_table(self.trace, self.capacities)
+        return offloading.with_host_row(_placement.peaks_table(self.trace, self.capacities), self.trace, self.settings)
 
     @property
     def transfers(self) -> pd.DataFrame:
@@ -366,7 +367,8 @@ def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity]
         s["paged_bytes"] = steps.paged_bytes(opt)
         with steps.checkpointing(model, s["checkpointing"]):
             try:
-                with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace:
+                with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace, \
+                        offloading.saved_on_host(s):  # inside: Note: [saved activations on the host in a record]
                     steps.run(built.runner or model, batch=s["batch"], seq=s["seq"], train=s["train"],
                               new_tokens=s["new_tokens"], optimizer=opt)  # fmt: skip
             except RecordError as exc:  # the step failed: the partial record says where (never "fits")
@@ -398,6 +400,7 @@ def plan(
     quantization: Any = None,
     lora: Any = None,
     optimizer: str = "adamw",
+    offload: Any = None,
     parallel: dict[str, int] | None = None,
     ranks: Any = "auto",
     microbatches: int | None = None,
@@ -434,6 +437,9 @@ def plan(
         optimizer: with ``train``: ``"adamw"``, ``"adamw_fused"``, ``"adam"``, ``"adafactor"``, ``"adamw8bit"``,
             ``"paged_adamw8bit"`` (bitsandbytes), ``"adamw8bit_ao"``, ``"adamw4bit_ao"`` (torchao), ``"sgd"`` or
             ``"none"`` (Note: [optimizer names] in :mod:`fakeviz._frontends.steps`).
+        offload: ``"cpu"`` (with ``parallel`` and ``dp_shard``: FSDP2's ``CPUOffloadPolicy``, sharded parameters,
+            gradients and optimizer state in host memory) or ``"activations"`` (``save_on_cpu``: saved activations in
+            host memory); a ``cpu`` row in the peaks (Note: [offload] in :mod:`fakeviz._frontends.offload`).
         parallel: torch.distributed over ``gpus`` instead of a device map: degrees per axis, ``{"dp_shard": 8,
             "tp": 8}`` (``dp_replicate`` x ``dp_shard`` is HSDP), for a model given by name, folder or config.
             Every rank runs torchtitan's recipe (FSDP2 ``fully_shard`` per block, tensor parallel by the model's
@@ -453,6 +459,7 @@ def plan(
     """
     optimizer = steps.check_optimizer(optimizer)
     checkpointing = steps.check_checkpointing(checkpointing)  # its label, in settings["checkpointing"]
+    offload = offloading.check_offload(offload, parallel=parallel, train=train)
     adapters.lora_config(lora)  # a bad rank or config: refused before any work
     if parallel is not None:
         from .parallel import parallel_plan
@@ -473,7 +480,7 @@ def plan(
         if any(v is not None for v in pipe.values()):
             raise ValueError(f"microbatches / schedule / stages are for a pipeline: give parallel={{'pp': P, ...}} "
                              f"with P >= 2 (parallel={parallel!r})")  # fmt: skip
-        return parallel_plan(model, gpus=gpus, parallel=parallel, batch=batch, seq=seq, train=train,
+        return parallel_plan(model, gpus=gpus, parallel=parallel, offload=offload, batch=batch, seq=seq, train=train,
                              new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks)  # fmt: skip
     if any(v is not None for v in (microbatches, schedule, stages, stages_per_rank)):
         raise ValueError("microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}")
@@ -490,7 +497,7 @@ def plan(
     models.check_seq(mod, seq, new_tokens)  # a sequence past the context is refused, never shortened
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
                 "dtype": built.dtype or str(next(mod.parameters()).dtype), "quantization": built.quantization,
-                "lora": built.lora, "optimizer": optimizer if train else None,
+                "lora": built.lora, "optimizer": optimizer if train else None, "offload": offload,
                 "device_map_kind": device_map if isinstance(device_map, str) else "dict"}  # fmt: skip
     recordings = 0
     if isinstance(device_map, dict):
@@ -552,7 +559,7 @@ def _own_mode(model: torch.nn.Module) -> Iterator[None]:
 # --------------------------------------------------------------------------------------------- sweep
 _EXAMPLE = {"batch": [1, 2, 4], "seq": [2048, 8192], "dtype": ["bf16", "fp32"], "checkpointing": [False, True],
             "train": [False, True], "new_tokens": [0, 256], "quantization": [None, "nf4"], "lora": [None, 16],
-            "optimizer": ["adamw", "adamw8bit"]}  # fmt: skip
+            "optimizer": ["adamw", "adamw8bit"], "offload": [None, "activations"]}  # fmt: skip
 _BUILT_BY = ("dtype", "quantization", "lora")  # the axes a point's model depends on: outermost, one build per value
 
 
@@ -684,7 +691,7 @@ def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
         row[f"{r.device} peak"] = r.peak
         for kind in ("weights", "gradients", "optimizer", "kv_cache", "activations", "temporaries"):
             row[f"{r.device} {kind}"] = getattr(r, kind)
-    row["max peak"] = int(pk.peak.max()) if len(pk) else 0
+    row["max peak"] = int(offloading.gpu_rows(pk).peak.max()) if len(pk) else 0  # the GPUs' (not a host row's)
     row["fits"] = p.fits
     oom = p.first_oom
     row["first fails"] = f"{oom['device']}: {oom['where']}" if oom else ("" if p.fits else p.fit_text)

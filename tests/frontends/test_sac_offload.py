@@ -189,3 +189,120 @@ def test_the_command_line_takes_the_forms(capsys: Any) -> None:
     assert main([*argv, "--checkpointing", "half"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--checkpointing half: not a checkpointing form" in err[0]
+
+
+# ------------------------------------------------------------------------------------------------ offload
+def _mlp_step() -> None:
+    """A two-layer MLP's step with saved activations on the host; the input needs no gradient."""
+    from fakeviz._frontends import offload
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    x = torch.randn(4, 64)
+    with offload.saved_on_host({"offload": "activations"}):
+        m(x).square().mean().backward()
+
+
+def test_activation_offload_fake_record_equals_the_real_cpu_record_and_the_hand_bytes() -> None:
+    recs = {}
+    for fake in (False, True):
+        gc.collect()
+        gc.disable()
+        try:
+            with fv.record(fake=fake) as recs[fake]:
+                _mlp_step()
+        finally:
+            gc.enable()
+    a, b = recs[False].oplog_lines(), recs[True].oplog_lines()
+    assert first_diff(a, b) is None, window_diff(a, b, first_diff(a, b) or 0)
+    for t in recs.values():
+        st = t.storages
+        # each tensor autograd saves is copied to a host tensor once (empty + copy_) and that copy is the activation:
+        # x (the first addmm's, for its weight's gradient: 4 x 64), the ReLU's output twice (saved by relu and by the
+        # second addmm: 4 x 128 each), the second weight (128 x 64, for the ReLU output's gradient), the output (saved
+        # by square: 4 x 64); the first weight is not saved (x needs no gradient)
+        assert int(st[st.category == "Activation"].nbytes.sum()) == (4 * 64 + 2 * 4 * 128 + 128 * 64 + 4 * 64) * F32
+        assert sum(line.split(" = ")[1].startswith("aten.copy_") for line in t.oplog_lines()) == 5
+
+
+def test_activation_offload_on_a_device_map_plan() -> None:
+    kw = dict(gpus="1x80GB", batch=2, seq=16, train=True)
+    base, off = fv.plan(_config(), **kw), fv.plan(_config(), offload="activations", **kw)
+    assert off.settings["offload"] == "activations" and off.trace.error is None
+    assert list(base.peaks.device) == ["cuda:0"] and list(off.peaks.device) == ["cuda:0", "cpu"]
+    mem = off.trace.memory(allocator=False)
+    assert int(mem[mem.device.astype(str) == "cuda:0"].Activation.max()) == 0  # nothing saved stays on the GPU
+    host = off.peaks.set_index("device").loc["cpu"]
+    tr = off.transfers.set_index(["src", "dst"])
+    down, up = int(tr.loc[("cuda:0", "cpu"), "bytes"]), int(tr.loc[("cpu", "cuda:0"), "bytes"])
+    assert 0 < down <= host.activations and up >= down  # every saved GPU tensor goes to the host and comes back
+    assert base.transfers.empty
+
+    # at the end of the forward the GPU holds fewer bytes: the saved activations are on the host
+    def at_forward_end(t: Any) -> int:
+        last = np.flatnonzero(t.ops.phase.to_numpy() == "forward")[-1]
+        return int(t.live_bytes()["cuda:0"][last])
+
+    assert at_forward_end(off.trace) < at_forward_end(base.trace)
+
+
+def _shard_bytes(dp: int) -> tuple[int, int, int]:
+    """One rank's FSDP2 shard of every parameter (dim 0 split in ceil(rows / dp)), of the blocks' only, and the
+    number of parameter tensors."""
+    import math
+
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(_config())
+    sizes = {n: math.ceil(p.shape[0] / dp) * math.prod(p.shape[1:]) * F32 for n, p in model.named_parameters()}
+    blocks = sum(v for n, v in sizes.items() if ".layers." in n)
+    return sum(sizes.values()), blocks, len(sizes)
+
+
+def test_cpu_offload_puts_the_sharded_state_on_the_host() -> None:
+    pytest.importorskip("torch.distributed.fsdp")
+    kw = dict(gpus="2xH100", parallel={"dp_shard": 2}, batch=2, seq=16, train=True)
+    base, off = fv.plan(_config(), **kw), fv.plan(_config(), offload="cpu", **kw)
+    assert base.complete and off.complete and off.settings["offload"] == "cpu"
+    shard, blocks, tensors = _shard_bytes(2)
+    pk = off.peaks
+    assert list(pk.device) == ["cuda:0", "cpu", "cuda:1", "cpu"] and list(pk["rank"]) == [0, 0, 1, 1]
+    host = pk[pk.device == "cpu"].iloc[0]
+    # parameters, gradients and AdamW's two moments of the rank's shard, and AdamW's step (a float32 per parameter)
+    assert (host.weights, host.gradients, host.optimizer) == (shard, shard, 2 * shard + tensors * F32)
+    gpu = pk[pk.device != "cpu"].iloc[0]
+    assert gpu.optimizer == 0 and gpu.gradients == 0
+
+    # before the forward, the GPU holds the shard and AdamW's moments without offload, none of them with it
+    def before_forward(t: Any, device: str) -> Any:
+        mem = t.memory(allocator=False)
+        mem = mem[mem.device.astype(str) == device]
+        return mem.loc[: mem.index[mem.phase == "forward"][0]].iloc[-2]
+
+    on, gone = before_forward(base.trace(0), "cuda:0"), before_forward(off.trace(0), "cuda:0")
+    assert (on.Parameter, on["Optimizer state"]) == (shard, 2 * shard)
+    assert (gone.Parameter, gone["Optimizer state"]) == (0, 0)
+    assert before_forward(off.trace(0), "cpu").Parameter == shard
+    assert off.trace(0).peak_bytes()["cuda:0"]["bytes"] < base.trace(0).peak_bytes()["cuda:0"]["bytes"]
+    tr = off.transfers(0).set_index(["src", "dst"]).bytes
+    assert tr[("cuda:0", "cpu")] == shard  # the reduce-scattered gradients, once
+    with torch.device("meta"):
+        buffers = sum(b.numel() * b.element_size() for b in transformers.LlamaForCausalLM(_config()).buffers())
+    # every shard before the forward's all-gathers, the blocks' again before the backward's (the root stays
+    # unsharded), the input ids and labels (made on the host, beside the parameters; FSDP moves them), and at set-up
+    # the buffers (on the GPU: torchtitan's buffer_device)
+    assert tr[("cpu", "cuda:0")] == shard + blocks + 2 * B * 16 * 8 + buffers
+    assert off.fits and "cpu" not in set(off.classes.columns)
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    (dict(offload="disk", train=True), "offload='disk': not an offload fakeviz knows\nGive None, 'cpu'"),
+    (dict(offload="cpu", train=True), "has none\nGive parallel={'dp_shard': N, ...}, or keep a device map and put "
+                                      "modules on the host with a 'cpu' entry"),
+    (dict(offload="cpu", train=True, parallel={"tp": 2}), "FSDP2's CPU offload shards over dp_shard"),
+    (dict(offload="activations", train=False), "saves no activations"),
+    (dict(offload="cpu", train=True, parallel={"pp": 2, "dp_shard": 2}), "pipeline plans (pp) take no offload"),
+])  # fmt: skip
+def test_offloads_fakeviz_cannot_honour_are_refused(kw: dict[str, Any], says: str) -> None:
+    with pytest.raises(ArgumentError) as exc:
+        fv.plan(_config(), gpus="4xH100", **kw)
+    assert says in str(exc.value)
