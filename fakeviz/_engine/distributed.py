@@ -132,12 +132,14 @@ class Mailbox:
         self._count: dict[tuple[str, int, int], int] = {}  # ("s"/"r", a, b) -> messages so far in this recording
         self._queued: dict[tuple[int, int], list[Any]] = {}  # (src, dst) -> values assumed for the next receives
         self._rank = -1
+        self._trace: Any = None
 
     # ------------------------------------------------------------------------------ one rank's recording
     @contextlib.contextmanager
-    def rank(self, rank: int) -> Iterator[None]:
-        """Rank ``rank`` is being recorded (in this thread): its sends are kept, its receives answered."""
-        self._rank = rank
+    def rank(self, rank: int, trace: Any = None) -> Iterator[None]:
+        """Rank ``rank`` is being recorded (in this thread, into ``trace``): its sends are kept, its receives
+        answered."""
+        self._rank, self._trace = rank, trace
         self.sent[rank], self.got[rank] = {}, {}
         self._count = {}
         self._queued = {}
@@ -147,15 +149,28 @@ class Mailbox:
         finally:
             for t in reversed(tokens):
                 _patches.pop(t)
-            self._rank = -1
+            self._rank, self._trace = -1, None
 
-    def post(self, dst: int, tensor: Any) -> None:
+    def post(self, dst: int, tensor: Any, known: bool = False) -> None:
         key = ("s", self._rank, dst)
         seq = self._count.get(key, 0)
         self._count[key] = seq + 1
         self.sent[self._rank][(dst, seq)] = _values_of(tensor)
+        if known:
+            self._unsay("c10d.send")
 
-    def deliver(self, src: int, tensor: Any) -> None:
+    def _unsay(self, op: str) -> None:
+        """Drop the newest "this rank's own values" assumption of ``op`` (Note: [values after collectives]): the
+        values went to, or came from, the other rank."""
+        from .value_reads import COLLECTIVE_VALUES
+
+        rows = self._trace.meta.get("assumptions") if self._trace is not None else None
+        for i in range(len(rows or ()) - 1, -1, -1):
+            if rows[i][1].startswith(op) and rows[i][2] == COLLECTIVE_VALUES:
+                del rows[i]
+                return
+
+    def deliver(self, src: int, tensor: Any, known: bool = False) -> None:
         key = ("r", src, self._rank)
         seq = self._count.get(key, 0)
         self._count[key] = seq + 1
@@ -169,6 +184,8 @@ class Mailbox:
         self.got[self._rank][(src, seq)] = (value, why)
         if value is not None:
             _give_values(tensor, value)
+            if known:  # the receive buffer had values: the values layer said they stay this rank's own
+                self._unsay("c10d.recv_")
 
     def _echo(self, src: int, tensor: Any) -> tuple[Any, str | None]:
         """The newest values this rank sent to ``src`` in a tensor of the same shape and dtype (the vote: the
@@ -273,24 +290,27 @@ def _push_exchange(box: Mailbox) -> list[int]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Any:
+        known = _values_of(tensor) is not None
         out = send0(tensor, dst, group, tag, group_dst)
-        box.post(_peer(group, dst, group_dst), tensor)
+        box.post(_peer(group, dst, group_dst), tensor, known)
         return out
 
     def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Any:
+        known = _values_of(tensor) is not None
         out = recv0(tensor, src, group, tag, group_src)
         if src is not None or group_src is not None:
-            box.deliver(_peer(group, src, group_src), tensor)
+            box.deliver(_peer(group, src, group_src), tensor, known)
         return out
 
     def batch_isend_irecv(p2p_op_list: list[Any]) -> Any:
+        known = [_values_of(op.tensor) is not None for op in p2p_op_list]
         works = batch0(p2p_op_list)
-        for op in p2p_op_list:
+        for op, had in zip(p2p_op_list, known):
             peer = c10d.get_global_rank(op.group, op.group_peer)
             if op.op in (c10d.isend, dist.isend):
-                box.post(peer, op.tensor)
+                box.post(peer, op.tensor, had)
             else:
-                box.deliver(peer, op.tensor)
+                box.deliver(peer, op.tensor, had)
         return works
 
     def _tensor_to_object(tensor: Any, tensor_size: Any, group: Any, *rest: Any, **kw: Any) -> Any:

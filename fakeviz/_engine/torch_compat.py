@@ -51,6 +51,7 @@ __all__ = [
     "missing",
     "op_or_none",
     "overrideable_sdp_enabled",
+    "pipeline_shapes_over_fake_group",
     "require",
     "sdp_priority_order",
     "statement",
@@ -211,3 +212,11 @@ def sdp_priority_order() -> tuple[int, ...] | None:
     """``torch._C._get_sdp_priority_order()`` (``at::SDPBackend`` values); None on a torch that has no settable
     order (the caller assumes the build's default)."""
     return tuple(int(b) for b in _PRIORITY()) if _PRIORITY is not None else None
+
+
+def pipeline_shapes_over_fake_group() -> bool:
+    """Whether ``PipelineStage`` agrees its shapes over a fake process group as over a real one (the warm-up vote,
+    then dynamic shape inference when a stage was given none): torch 2.13 does; torch >= 2.14 decides locally
+    under a ``"fake"`` backend (``_PipelineSchedule._warmup_p2p``: no vote sent, STATIC, a stage without complete
+    shapes refused), so a pipeline plan gives each stage its shapes there (Note: [pipeline plans])."""
+    return TORCH_VERSION < (2, 14)

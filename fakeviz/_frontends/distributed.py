@@ -442,7 +442,7 @@ def _run_rank(step: Callable[[int, Any], Any], sim: Simulation, rank: int) -> tu
     with _fake_group(rank, sim.world_size):
         rec = record(device=dev, gpu=sim.gpu.gpu, gpus=sim.gpus_per_node if sim.device == "cuda" else None)
         try:
-            with rec as trace, sim.mailbox.rank(rank):  # Note: [values between simulated ranks]
+            with rec as trace, sim.mailbox.rank(rank, trace):  # Note: [values between simulated ranks]
                 if sim.device == "cuda":
                     torch.cuda.set_device(rank % sim.gpus_per_node)
                 mesh = init_device_mesh(sim.device, sim.mesh_shape, mesh_dim_names=sim.mesh_dim_names)

@@ -162,6 +162,19 @@ class PipelineChunk(nn.Module):
         return h
 
 
+def _shapes(m: nn.Module, index: int, stages: int, settings: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Stage ``index``'s input and output as torch's dynamic shape inference finds them (meta tensors): the token
+    ids of one microbatch into the first stage, one microbatch's hidden states (the model's dtype, carrying
+    gradients) between stages, its logits out of the last (for a torch that will not infer them over a fake group:
+    :func:`fakeviz._engine.torch_compat.pipeline_shapes_over_fake_group`)."""
+    mb, seq = settings["batch"] // settings["microbatches"], settings["seq"]
+    dtype = m.model.embed_tokens.weight.dtype
+    hidden = torch.empty(mb, seq, m.config.hidden_size, dtype=dtype, device="meta", requires_grad=True)
+    first = torch.empty(mb, seq, dtype=torch.long, device="meta")
+    logits = torch.empty(mb, seq, m.config.vocab_size, dtype=m.lm_head.weight.dtype, device="meta")
+    return {"input_args": first if index == 0 else hidden, "output_args": logits if index == stages - 1 else hidden}
+
+
 def _layout(p: torch.Tensor) -> tuple[Any, ...]:
     """(global shape, mesh dim names, mesh shape, placements) of a DTensor parameter; a plain one: no mesh (as
     :func:`.parallel.rank_keys` reads them)."""
@@ -218,7 +231,8 @@ def pipeline_step(model: Any, names: tuple[str, ...], settings: dict[str, Any], 
                 fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=False)
             chunk.to_empty(device=dev)
             chunks.append(chunk)
-            stages.append(PipelineStage(chunk, i, n_stages, dev, group=pp_mesh.get_group()))
+            shapes = {} if torch_compat.pipeline_shapes_over_fake_group() else _shapes(m, i, n_stages, settings)
+            stages.append(PipelineStage(chunk, i, n_stages, dev, group=pp_mesh.get_group(), **shapes))
         held[rank] = list(ids)
         if not layouts:
             layouts.extend(_layout(p) for c in chunks for p in c.parameters())
@@ -339,13 +353,19 @@ def pipeline_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
         check_tp(cfg, shape[names.index("tp")])
     if {"dp_shard", "dp_replicate"} & set(names):
         torch_compat.require("torch.distributed.fsdp.fully_shard", "plan(parallel=...) with dp_shard / dp_replicate")
+    pp_size = math.prod(shape) // shape[0]
+    if not isinstance(ranks, str):  # Note: [values between simulated ranks]: what the earlier stages send
+        asked = sorted({int(r) for r in ranks})
+        need = sorted({q for r in asked for q in range(r % pp_size, r + 1, pp_size)})
+        if need != asked:
+            raise ArgumentError("ranks", ranks, "a pipeline rank reads what the ranks before it in its pipeline send "
+                                "(the warm-up vote, the shapes)", f"give ranks={need}, or ranks='auto'")  # fmt: skip
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": 0, "checkpointing": checkpointing,
                 "dtype": as_dtype(dtype), "parallel": dict(parallel), "microbatches": mb,
                 "schedule": schedule_class(schedule)[0]}  # fmt: skip
     layouts: list[Any] = []
     held: dict[int, list[str]] = {}
     step = pipeline_step(model, names, settings, split, layouts, held)
-    pp_size = math.prod(shape) // shape[0]
 
     def keys() -> dict[int, Any]:
         # Rank 0's layouts stand for every stage's: a stage holds blocks (all of one shape), and the first and last

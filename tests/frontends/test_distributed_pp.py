@@ -21,6 +21,7 @@ from tiny_lm import TinyLM
 from torch import nn
 
 import fakeviz as fv
+from fakeviz._engine import torch_compat
 
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
@@ -223,6 +224,11 @@ def test_manual_pipeline_stage(shapes: str) -> None:
         else:
             sched.step(target=torch.randint(0, VOCAB, (BATCH, SEQ), device=dev))
 
+    exchanged = torch_compat.pipeline_shapes_over_fake_group()
+    if shapes == "inferred" and not exchanged:  # torch >= 2.14 refuses dynamic shapes under a fake group itself
+        with pytest.raises(fv.SimulationError, match="requires dynamic shape inference"):
+            fv.simulate(step, world, gpu="H100")
+        return
     sim = fv.simulate(step, world, gpu="H100")
     assert sim.complete and len(sim.classes) == 2
     block = (2 * D + (4 * D * D + 4 * D) + (4 * D * D + D)) * F32
@@ -236,8 +242,8 @@ def test_manual_pipeline_stage(shapes: str) -> None:
         # forward: each microbatch's activations to stage 1; backward: their gradients back to stage 0
         assert (p2p.kind == "send").sum() == microbatches and (p2p.kind == "recv").sum() == microbatches, r
         # the warm-up vote: one int32 forward, the result back
-        vote = col[col.bytes_in == 4]
-        assert sorted(vote.kind) == ["recv", "send"], r
+        vote = col[col.bytes_in == 4]  # (torch >= 2.14 decides locally under a fake group: no vote sent)
+        assert sorted(vote.kind) == (["recv", "send"] if exchanged else []), r
         meta = col[(col.bytes_in != act) & (col.bytes_in != 4)]
         if shapes == "given":
             assert meta.empty, r

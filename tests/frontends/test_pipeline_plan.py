@@ -15,6 +15,7 @@ import torch
 from transformers import LlamaConfig
 
 import fakeviz as fv
+from fakeviz._engine import torch_compat
 
 pytest.importorskip("torch.distributed.pipelining")
 
@@ -121,6 +122,22 @@ def test_rank_classes_agree_with_recording_every_rank() -> None:
         mem = mem[mem.device.astype(str) == f"cuda:{r}"]
         first = mem.index[mem.phase == "forward"][0]
         assert int(mem.loc[:first].Parameter.iloc[-2]) == whole // 2, r
+
+
+def test_first_rank_alone_rests_on_stated_assumptions() -> None:
+    """``ranks=[0]``: the values rank 1 would send back (the vote's result, its gradients' metadata) are assumed as
+    torch's own inference derives them, and said in fidelity(); they were right: the same record as with rank 1."""
+    kw = dict(gpus="2xH100", parallel={"pp": 2}, batch=2, seq=16, train=True)
+    alone, both = fv.plan(_cfg(4), ranks=[0], **kw), fv.plan(_cfg(4), ranks="all", **kw)
+    assert alone.ranks == [0]
+    said = alone.trace(0).fidelity()["assumptions"].assumption
+    # torch >= 2.14 agrees no shapes over a fake group: the plan gives them, nothing is received, nothing assumed
+    exchanged = torch_compat.pipeline_shapes_over_fake_group()
+    assert said.str.contains("not recorded before this rank").sum() == (2 if exchanged else 0)
+    assert not both.trace(0).fidelity()["assumptions"].assumption.str.contains("not recorded before").any()
+    assert alone.peaks.peak[0] == both.peaks.set_index("rank").peak[0]
+    with pytest.raises(ValueError, match=r"ranks=\[0, 1\]"):
+        fv.plan(_cfg(4), ranks=[1], **kw)
 
 
 @pytest.mark.parametrize(
