@@ -305,7 +305,7 @@ def serve(
     rank = model if is_module else rank_config(config, tp)
     trace, weights, peak, shape = profile_run(rank, dtype=dt, quantization=quantization, gpu=gpu, tokens=tokens,
                                               seqs=seqs, tp=tp, vocab=None if is_module else _vocab(config))  # fmt: skip
-    label = model if isinstance(model, str) else getattr(config, "_name_or_path", "") or type(model).__name__
+    label = getattr(config, "_name_or_path", "") or (model if isinstance(model, str) else type(model).__name__)
     settings = {
         "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
         "dtype": str(dt).replace("torch.", ""), "kv_cache_dtype": kv_cache_dtype,
