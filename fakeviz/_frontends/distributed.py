@@ -295,6 +295,8 @@ def simulate(
     ranks: str | Sequence[int] = "all",
     gpus_per_node: int = 8,
     _rank_keys: Callable[[], dict[int, Any]] | None = None,
+    _remote: tuple[Callable[..., Any], dict[str, Any]] | None = None,
+    _executor: Any = False,
 ) -> Simulation:
     """Run ``step(rank, mesh)`` once per rank under fake tensors in torch.distributed's fake process group.
 
@@ -312,6 +314,9 @@ def simulate(
         _rank_keys: (fakeviz's own recipes: :mod:`.parallel`) called after the first rank is recorded, rank ->
             a key equal for ranks known to record identically; with ``ranks="auto"`` one rank per key is
             recorded and the others stand in (:attr:`Simulation.stand_ins`).
+        _remote, _executor: (fakeviz's own recipes) ``(function, description)``: with ``ranks="auto"``, the first
+            rank of each class after rank 0 is recorded by ``function(description | {"sim": ...}, rank)`` on
+            ``_executor`` (:func:`record_classes`; Note: [points on an executor] in :mod:`.executors`).
 
     Returns:
         A :class:`Simulation`. Raises :class:`~fakeviz.SimulationError` (its ``simulation`` holds the ranks
@@ -370,6 +375,9 @@ def simulate(
         if auto and i == 1:
             keys = _rank_keys()  # type: ignore[misc]
             seen = {keys[todo[0]]: todo[0]}
+            if _remote is not None:  # the other classes' first ranks are independent: on the executor
+                record_classes(step, sim, todo[1:], keys, seen, _executor, _remote)
+                break
         if seen and keys[r] in seen:
             sim.stand_ins[r] = seen[keys[r]]
             continue
@@ -382,6 +390,46 @@ def simulate(
             raise sim.error from exc
     _settle(step, sim)
     return sim
+
+
+FIELDS = ("world_size", "mesh_shape", "mesh_dim_names", "device", "gpu", "gpus_per_node")  # Simulation(...)'s
+
+
+def record_classes(step: Callable[[int, Any], Any], sim: Simulation, rest: list[int], keys: dict[int, Any],
+                   seen: dict[Any, int], executor: Any, remote: tuple[Callable[..., Any], dict[str, Any]]) -> None:  # fmt: skip
+    """After rank 0: each rank of ``rest`` of a class already seen stands in; the first of each new class is recorded,
+    all at once on ``executor`` (:class:`.executors.Runner`; here one after another with ``executor=False``)."""
+    from . import executors
+
+    firsts = []
+    for r in rest:
+        if keys[r] in seen:
+            sim.stand_ins[r] = seen[keys[r]]
+        else:
+            seen[keys[r]] = r
+            firsts.append(r)
+    with executors.runner(remote[1].get("model"), executor) as run:
+        results = run.run(firsts, local=lambda r: _run_rank(step, sim, r), remote=remote[0],
+                          shared={**remote[1], "sim": {k: getattr(sim, k) for k in FIELDS}})  # fmt: skip
+    for r, res in zip(firsts, results):
+        trace, exc = res if isinstance(res, tuple) else (res, None)
+        if isinstance(res, executors.Failed):
+            trace, exc = res.trace, RuntimeError(res.error)
+        if trace is not None:
+            sim.traces[r] = trace
+        if exc is not None:
+            sim.error = _error(exc, r, sim)
+            raise sim.error from exc
+
+
+def run_rank(step: Callable[[int, Any], Any], sim_fields: dict[str, Any], rank: int) -> Any:
+    """``rank``'s record of ``step`` in a simulation of ``sim_fields`` (:data:`FIELDS`) of its own (a worker's:
+    :func:`record_classes`); a failing step raises with the partial record as the exception's ``trace``."""
+    trace, exc = _run_rank(step, Simulation(**sim_fields, ranks=[rank]), rank)
+    if exc is not None:
+        exc.trace = trace  # type: ignore[attr-defined]
+        raise exc
+    return trace
 
 
 def _settle(step: Callable[[int, Any], Any], sim: Simulation) -> None:

@@ -37,6 +37,7 @@ import collections
 import concurrent.futures as cf
 import multiprocessing
 import os
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -99,11 +100,14 @@ def note(model: Any, executor: Any) -> str:
                 "(give its name, folder or config to run points at once)")  # fmt: skip
     if executor is None and (os.cpu_count() or 1) < 2:
         return "one core: one point after another in this process"
+    if executor is None and getattr(_WORKER, "on", False):
+        return "a worker's own points (a fit's parallel plan, its rank classes) run in the worker: no pool in a pool"
     return ""
 
 
 # --------------------------------------------------------------------------------------- the worker side
 _CACHE: dict[Any, Any] = {}
+_WORKER = threading.local()  # .on: this thread runs a point for another process (:func:`_run`)
 
 
 def worker_cache(key: Any, make: Callable[[], Any]) -> Any:
@@ -118,6 +122,7 @@ def worker_cache(key: Any, make: Callable[[], Any]) -> Any:
 def _run(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
     """What a worker runs: ``fn(*args)`` with its record(s) as ``.fvz`` bytes (``("ok", result)``), or
     ``("error", (text, partial record bytes or None))``."""
+    _WORKER.on = True
     try:
         return "ok", _pack(fn(*args))
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, never fatal for the others

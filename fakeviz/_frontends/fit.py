@@ -128,8 +128,8 @@ def _point_kw(p: dict[str, Any]) -> dict[str, Any]:
         kw["offload"] = p["offload"]
     if p["layout"] is None:
         kw["optimizer"] = p["optimizer"]
-    else:
-        kw["parallel"] = p["layout"]
+    else:  # the fit's points are what runs at once: each parallel plan's rank classes one after another
+        kw["parallel"], kw["executor"] = p["layout"], False
     return kw
 
 

@@ -213,11 +213,20 @@ def rank_keys(layouts: list[Any], mesh_shape: tuple[int, ...], names: tuple[str,
     return keys
 
 
+def remote_rank(shared: dict[str, Any], rank: int) -> Any:
+    """One rank of a parallel plan in a worker (:mod:`.executors`): the step rebuilt from its description."""
+    from .distributed import run_rank
+
+    step = parallel_step(shared["model"], shared["names"], shared["settings"], [], [])
+    return run_rank(step, shared["sim"], rank)
+
+
 def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int, seq: int, train: bool,
                   new_tokens: int, dtype: Any, checkpointing: Any, ranks: Any = "auto",
-                  offload: str | None = None) -> Any:  # fmt: skip
+                  offload: str | None = None, executor: Any = None) -> Any:  # fmt: skip
     """:func:`fakeviz.plan` with ``parallel=``: a :class:`~fakeviz.Simulation` of every rank (Note: [parallel plans]);
-    with ``pp``: :func:`.pipeline.pipeline_plan`."""
+    with ``pp``: :func:`.pipeline.pipeline_plan`. ``executor``: where the first rank of each class after rank 0 is
+    recorded (:func:`fakeviz.sweep`'s ``executor``)."""
     from ..models import as_dtype
     from .distributed import simulate
 
@@ -246,7 +255,8 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
     step = parallel_step(model, names, settings, layouts, replicated)
     derived = context_expert.derived_coordinates(names, shape, parallel.get("ep", 1))
     sim = simulate(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
-                   _rank_keys=lambda: rank_keys(layouts, shape, names, derived))  # fmt: skip
+                   _rank_keys=lambda: rank_keys(layouts, shape, names, derived), _executor=executor,
+                   _remote=(remote_rank, {"model": model, "names": names, "settings": settings}))  # fmt: skip
     context_expert.state_assumptions(sim, model, settings)
     sim.settings = {**settings, "dtype": str(settings["dtype"]) if settings["dtype"] else None, "model": str(model),
                     "tp_replicated": replicated}  # fmt: skip

@@ -407,6 +407,7 @@ def plan(
     schedule: str | None = None,
     stages: list[list[str]] | None = None,
     stages_per_rank: int | None = None,
+    executor: Any = None,
     _built: _Built | None = None,
     _costs_from: Plan | None = None,
 ) -> Any:
@@ -447,6 +448,8 @@ def plan(
             ``batch`` is then each data-parallel rank's batch.
         ranks: with ``parallel``: ``"auto"`` (one rank per shard layout; identical ranks stand in), ``"all"``,
             or a list.
+        executor: with ``parallel`` and ``ranks="auto"``: where the first rank of each shard layout after rank 0
+            is recorded (:func:`sweep`'s ``executor``: they are independent).
         microbatches, schedule, stages, stages_per_rank: with ``parallel={"pp": P, ...}`` (pipeline stages through
             ``torch.distributed.pipelining``, Note: [pipeline plans] in :mod:`fakeviz._frontends.pipeline`): the
             microbatches ``batch`` splits into (default ``batch``: torchtitan's microbatch size 1), the schedule
@@ -481,7 +484,8 @@ def plan(
             raise ValueError(f"microbatches / schedule / stages are for a pipeline: give parallel={{'pp': P, ...}} "
                              f"with P >= 2 (parallel={parallel!r})")  # fmt: skip
         return parallel_plan(model, gpus=gpus, parallel=parallel, offload=offload, batch=batch, seq=seq, train=train,
-                             new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks)  # fmt: skip
+                             new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
+                             executor=executor)  # fmt: skip
     if any(v is not None for v in (microbatches, schedule, stages, stages_per_rank)):
         raise ValueError("microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}")
     caps = parse_gpus(gpus)

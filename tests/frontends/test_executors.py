@@ -126,6 +126,22 @@ def test_max_batch_probes_rounds_of_values_on_the_pool(cfg, pool) -> None:
     _no_session_left()
 
 
+def test_a_parallel_plans_rank_classes_on_the_pool(cfg, pool) -> None:
+    # dp_shard 3 of 64-wide weights: torch's chunks are 22, 22 and 20 rows, so rank 1 stands in by rank 0 and rank
+    # 2 is a class of its own, recorded in a worker
+    kw = {"gpus": "3xH100", "parallel": {"dp_shard": 3}, "train": True, "seq": 16}
+    here = fv.plan(cfg, executor=False, **kw)
+    there = fv.plan(cfg, executor=pool, **kw)
+    assert here.stand_ins == there.stand_ins == {1: 0} and there.ranks == [0, 2]
+    assert list(here.peaks.peak) == list(there.peaks.peak)
+    for r in (0, 2):  # the worker's record of rank 2 is this process's, op for op
+        a, b = here.trace(r), there.trace(r)
+        assert a.peak_bytes() == b.peak_bytes() and list(a.ops.shape) == list(b.ops.shape)
+    assert list(here.trace(0).ops.shape) != list(there.trace(2).ops.shape)  # two classes indeed
+    assert list(here.classes["count"]) == list(there.classes["count"]) == [2, 1]
+    _no_session_left()
+
+
 def test_the_search_in_rounds_finds_what_one_at_a_time_finds() -> None:
     def probe_for(largest: int, seen: dict[int, bool]):
         def probe(values: list[int]) -> list[bool]:
