@@ -323,15 +323,64 @@ def selective_policy(block: torch.nn.Module | None = None, force: tuple[str, ...
 
 def _block_checkpoint(label: Any, index: int, block: torch.nn.Module) -> Any:
     """The checkpoint function of the ``index``-th block (from 0) under ``label``, or None: the block runs as is."""
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    from torch.utils.checkpoint import checkpoint
 
     if label is True:
         return functools.partial(checkpoint, use_reentrant=False)
     if isinstance(label, int):
         return functools.partial(checkpoint, use_reentrant=False) if (index + 1) % label == 0 else None
     policy = label.fn if isinstance(label, PolicyLabel) else selective_policy(block)
-    return functools.partial(checkpoint, use_reentrant=False,
-                             context_fn=lambda: create_selective_checkpoint_contexts(policy))  # fmt: skip
+    return functools.partial(checkpoint, use_reentrant=False, context_fn=lambda: _sac_contexts(policy))
+
+
+def _sac_contexts(policy: Any) -> tuple[Any, Any]:
+    """``create_selective_checkpoint_contexts(policy)``, the forward's outputs it saves marked as saved activations
+    in a recording.
+
+    Note: [selective checkpointing in a record]
+    SAC keeps the outputs its policy saves in its own storage, not through autograd's saved-tensor hooks, so a
+    recording (which learns what is saved from its pack hook) would count them as temporaries. When the innermost
+    saved-tensor hooks at the block's start are a recording's (its ``pack_saved``; the checkpoint pushes its own only
+    after this), a dispatch mode above SAC's caching mode hands each output SAC saves to that pack hook, which only
+    marks its storage (an unrecorded alias is made and dropped): the bytes and the ops are unchanged, the category is
+    right. Under other hooks (``offload="activations"``'s host copies) nothing is marked: torch's ``save_on_cpu``
+    does not offload SAC's outputs either, and they stay temporaries on the GPU.
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from .._engine import torch_compat
+
+    decided: list[Any] = [None]
+
+    def deciding(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        decided[0] = policy(ctx, func, *args, **kwargs)
+        return decided[0]
+
+    forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(deciding)
+    top = torch_compat.lookup("torch._C._autograd._top_saved_tensors_default_hooks")
+    hooks = top(False) if top is not None else None
+    if hooks is None or getattr(hooks[0], "__name__", "") != "pack_saved":
+        return forward_ctx, recompute_ctx
+    pack, saving = hooks[0], (True, CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+
+    class MarkSaved(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            decided[0] = None  # ops SAC ignores never reach the policy
+            out = func(*args, **(kwargs or {}))
+            if decided[0] in saving:
+                for t in tree_leaves(out):
+                    if isinstance(t, torch.Tensor):
+                        pack(t)
+            return out
+
+    @contextlib.contextmanager
+    def forward() -> Iterator[None]:
+        with forward_ctx, MarkSaved():
+            yield
+
+    return forward(), recompute_ctx
 
 
 def _numbered_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -68,14 +68,16 @@ def _record(form: Any, fake: bool = True) -> Any:
     return _RECORDS[key]
 
 
-def _block_saved(t: Any) -> int:
+def _block_saved(t: Any, category: str | None = None) -> int:
     """Bytes the blocks keep from the forward for the backward: storages made by ops inside ``model.layers`` that
-    are alive after the forward's last op (the checkpointed blocks' inputs, their saved activations)."""
+    are alive after the forward's last op (the checkpointed blocks' inputs, their saved activations); ``category``:
+    of that category only."""
     ops, st = t.ops, t.storages
     fwd = ops.seq.to_numpy()[np.flatnonzero(ops.phase.to_numpy() == "forward")]
     end = int(fwd[-1])
     alive = (st.alloc_seq >= int(fwd[0])) & (st.alloc_seq <= end) & ((st.free_seq > end) | (st.free_seq < 0))
-    return int(st[alive & st.module.astype(str).str.contains(r"\.layers\.\d+", regex=True)].nbytes.sum())
+    kept = st[alive & st.module.astype(str).str.contains(r"\.layers\.\d+", regex=True)]
+    return int(kept[kept.category == category].nbytes.sum() if category else kept.nbytes.sum())
 
 
 def _backward_mm(t: Any, block: int, proj: str) -> int:
@@ -94,7 +96,7 @@ def test_selective_fake_record_equals_the_real_cpu_record() -> None:
     assert sorted(real.live_bytes()) == sorted(fake.live_bytes())
     for dev, curve in real.live_bytes().items():
         assert np.array_equal(curve, fake.live_bytes()[dev]), dev
-    cols = ["storage", "device", "nbytes", "alloc_seq", "free_seq"]
+    cols = ["storage", "device", "nbytes", "category", "roles", "alloc_seq", "free_seq"]
     assert real.storages[cols].equals(fake.storages[cols])
 
 
@@ -106,6 +108,9 @@ def test_selective_saves_the_hand_sum_of_its_saved_matmul_outputs() -> None:
     # (scores: B*HEADS x S x S, probabilities @ values: B*HEADS x S x HD)
     per_block = B * S * H + B * S * KV * HD + B * S * INTER + B * S * H + B * HEADS * S * S + B * HEADS * S * HD
     assert sel - full == L * per_block * F32
+    # and the record counts them as activations (Note: [selective checkpointing in a record]), fake and real alike
+    for fake in (True, False):
+        assert _block_saved(_record("selective", fake), "Activation") == sel
 
 
 def test_every_second_block_saves_what_half_the_blocks_save() -> None:
