@@ -1,7 +1,7 @@
 """Generate ``12_serving_capacity.ipynb``: how many requests vLLM serves at once on one GPU (issue 33).
 
 What vLLM does at start-up (weights, the profile run, ``gpu_memory_utilization x`` the GPU, KV cache blocks), checked by
-hand for Llama-3.1-8B on one H100; the profile run's record; bf16 against fp8 and NF4 weights and an fp8 KV cache;
+hand for Llama-3.1-8B on one H100; the profile run's record; bf16 against 8-bit and NF4 weights and an fp8 KV cache;
 sliding-window layers (Gemma-2-9B) against the same model with full attention everywhere, and why they help only
 past ``window + max_num_batched_tokens``; what ``gpu_memory_utilization`` and ``max_model_len`` do, and vLLM's own
 error when one request does not fit; how far to trust the figures.
@@ -36,7 +36,7 @@ cells = [
         f"* what vLLM's start-up budget is made of for `{NAME}` on one H100, checked by hand: weights, the "
         "profile run's peak, the KV bytes of one block, the blocks and the concurrency;\n"
         "* what the profile run is and why its peak is mostly the sampler's float32 logits;\n"
-        "* how much fp8 or NF4 weights, and an fp8 KV cache, add to the number of 8k requests served at once;\n"
+        "* how much 8-bit or NF4 weights, and an fp8 KV cache, add to the number of 8k requests served at once;\n"
         "* how sliding-window layers (Gemma 2/3, Mistral) change the count, and why they do not at 8k with "
         "vLLM's default scheduler step;\n"
         "* what `gpu_memory_utilization` and `max_model_len` do, vLLM's own error when one request does not "
@@ -44,6 +44,12 @@ cells = [
         "\n"
         "Nothing is downloaded: the model is built from its published config, with fake weights. Each `fv.serve` "
         "call records one forward of the model (a few seconds on a laptop CPU)."
+    ),
+    code(
+        "# bitsandbytes (fakeviz[quant]) quantizes the weights of section 3: Binder has it; elsewhere (Colab) this installs it\n"
+        "import importlib.util, subprocess, sys\n"
+        'if importlib.util.find_spec("bitsandbytes") is None:\n'
+        '    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "bitsandbytes>=0.48"])'
     ),
     code(
         "import logging\n"
@@ -126,21 +132,22 @@ cells = [
     md(
         "## 3. Smaller weights, smaller KV cache\n"
         "\n"
-        '`quantization=` quantizes the weights with their library\'s own code (`"fp8"`: torchao on the H100, '
-        '`"nf4"`: bitsandbytes), as `fv.plan` does. `kv_cache_dtype="fp8"` stores keys and values in one byte '
+        '`quantization=` quantizes the weights with their library\'s own code, as `fv.plan` does: `"int8"` and '
+        '`"nf4"` with bitsandbytes (installed here), `"fp8"` with torchao where it is installed (on an H100 its '
+        'weights take the same bytes as int8\'s). `kv_cache_dtype="fp8"` stores keys and values in one byte '
         "instead of two: every block halves."
     ),
     code(
         'rows = {"bf16": figures(base)}\n'
-        'for label, kw in (("fp8 weights", {"quantization": "fp8"}), ("nf4 weights", {"quantization": "nf4"}),\n'
+        'for label, kw in (("int8 weights", {"quantization": "int8"}), ("nf4 weights", {"quantization": "nf4"}),\n'
         '                  ("bf16, fp8 KV cache", {"kv_cache_dtype": "fp8"})):\n'
         '    rows[label] = figures(fv.serve(NAME, gpus="1xH100", max_model_len=8192, **kw))\n'
         'quant = pd.DataFrame(rows).T.astype({"KV blocks": int, "KV tokens": int})\n'
         "quant"
     ),
     md(
-        "Quantizing the weights frees 6.5 GiB (fp8) or 9.3 GiB (NF4), and each freed GiB is 512 blocks: the "
-        "8k requests served at once grow from 55 to about 61 and 64. The embeddings and the output head stay in "
+        "Quantizing the weights frees 6.5 GiB (int8) or 9.3 GiB (NF4), and each freed GiB is 512 blocks: the "
+        "8k requests served at once grow from 55 to about 62 and 64. The embeddings and the output head stay in "
         "bf16 either way (2 GiB of Llama-3.1-8B). An fp8 KV cache does more for serving: every request's cache is "
         "half the size, so twice the requests fit, at some cost in accuracy."
     ),

@@ -76,12 +76,12 @@ def test_profile_run_peak_is_the_sampler(nb) -> None:
 
 def test_quantized_weights_and_fp8_kv(nb) -> None:
     rows = {" ".join(r[:-6]): [float(x) for x in r[-6:]] for r in _table(plain(cell(nb, 'rows = {"bf16"')))[1:]}
-    bf16, fp8, nf4, kv8 = rows["bf16"], rows["fp8 weights"], rows["nf4 weights"], rows["bf16, fp8 KV cache"]
-    assert bf16[0] - fp8[0] == pytest.approx(6.5, abs=0.02) and bf16[0] - nf4[0] == pytest.approx(9.35, abs=0.02)
-    assert round(fp8[5]) == 61 and round(nf4[5]) == 64 and round(bf16[5]) == 55  # the prose: 55 -> 61 and 64
+    bf16, int8, nf4, kv8 = rows["bf16"], rows["int8 weights"], rows["nf4 weights"], rows["bf16, fp8 KV cache"]
+    assert bf16[0] - int8[0] == pytest.approx(6.5, abs=0.02) and bf16[0] - nf4[0] == pytest.approx(9.35, abs=0.02)
+    assert round(int8[5]) == 62 and round(nf4[5]) == 64 and round(bf16[5]) == 55  # the prose: 55 -> 62 and 64
     assert kv8[3] in (2 * bf16[3], 2 * bf16[3] + 1)  # half-size blocks in the same bytes
     assert kv8[5] == pytest.approx(2 * bf16[5], abs=0.02)
-    for r in (bf16, fp8, nf4):  # blocks = KV cache bytes over 2 MiB; the KV tokens 16 a block
+    for r in (bf16, int8, nf4):  # blocks = KV cache bytes over 2 MiB; the KV tokens 16 a block
         assert abs(r[3] - r[2] * GiB / PER_BLOCK) < 0.006 * GiB / PER_BLOCK and r[4] == 16 * r[3]
 
 
