@@ -36,12 +36,16 @@ def test_fit_returns_only_what_fits_ranked_and_each_plan_is_plans_own(cfg) -> No
         # the search took the largest micro-batch that fits with these knobs: the next candidate was tried and failed
         bigger = [b for b in (1, 2, 4, 8) if b > row["micro_batch"]]
         if bigger:
-            above = tried[(tried.micro_batch == bigger[0]) & (tried.checkpointing == row["checkpointing"])]
+            same = (tried.checkpointing == row["checkpointing"]) & (
+                tried.offload.fillna("-") == (row["offload"] or "-")
+            )
+            above = tried[(tried.micro_batch == bigger[0]) & same]
             assert len(above) == 1 and not above.fits.iloc[0]
     assert list(df["rank"]) == list(range(1, len(df) + 1))
     assert list(df.headroom) == sorted(df.headroom, reverse=True)  # no GPU kind: most headroom first
-    # pruned: fewer recordings than every knob at every micro-batch (3 kinds x 4 candidates)
-    assert df.attrs["recordings"] == len(tried) < 3 * 4
+    # pruned: fewer recordings than every knob at every micro-batch (4 candidates each)
+    knobs = len(tried[["checkpointing", "offload"]].astype(str).drop_duplicates())
+    assert df.attrs["recordings"] == len(tried) < knobs * 4
 
 
 def test_with_a_gpu_kind_the_fastest_global_step_comes_first(cfg) -> None:
@@ -64,8 +68,10 @@ def test_nothing_fits_gives_an_empty_frame_that_says_what_was_tried(cfg) -> None
     assert df.empty and "rank" in df.columns
     msg = df.attrs["message"]
     assert msg.startswith("nothing fits 1 x ") and "micro-batch 1" in msg and "checkpointing=True" in msg
-    # each kind fails at the largest micro-batch, then at the smallest: two recordings per kind
-    assert df.attrs["recordings"] == 2 * len(set(df.attrs["tried"].checkpointing))
+    # each knob (checkpointing kind, offload after full checkpointing) fails at the largest micro-batch, then at
+    # the smallest: two recordings per knob
+    knobs = len(df.attrs["tried"][["checkpointing", "offload"]].astype(str).drop_duplicates())
+    assert df.attrs["recordings"] == 2 * knobs and knobs >= 2
 
 
 def test_fit_refuses_what_it_cannot_split(cfg) -> None:
