@@ -20,7 +20,8 @@ sys.path.insert(0, str(NB_DIR))
 from _common import INSTALL, REPOSITORY, sources  # noqa: E402
 
 NOTEBOOKS = sorted(p.name for p in NB_DIR.glob("[0-9][0-9]_*.ipynb"))
-TOPICS = ["quickstart", "70b", "training", "meta", "alias", "export", "inference", "gpus", "long", "finetune"]
+TOPICS = ["quickstart", "70b", "training", "meta", "alias", "export", "inference", "gpus", "long", "finetune",
+          "pipeline", "serving"]  # fmt: skip
 
 
 def test_numbered_tutorials_each_with_its_generator() -> None:

@@ -1,0 +1,217 @@
+"""Generate ``11_pipeline_expert_parallel.ipynb``: context, expert and pipeline parallel, per rank (issue 33).
+
+Context parallel (torch's ring attention over a 32k-token sequence split over 4 GPUs) against plain FSDP, expert
+parallel (Qwen3-30B-A3B's 128 experts over 8 GPUs, tokens moved by all-to-all) against FSDP of the experts, and
+pipeline parallel (Llama-3.1-8B in four stages under 1F1B), each a ``fv.plan(..., parallel=...)`` that records every
+distinct rank in torch's fake process group; what the records assume (routing) and how far to trust them.
+
+``python notebooks/_make_11.py --execute`` writes the notebook with its outputs (see ``_common.py``); the tests
+(``tests/notebook/test_tutorial_11.py``) check its figures against hand computations from the published widths.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import code, md, write  # noqa: E402
+
+DENSE = "meta-llama/Llama-3.1-8B"
+MOE = "Qwen/Qwen3-30B-A3B"
+
+cells = [
+    md(
+        "# 11 · Pipeline, context and expert parallel\n"
+        "\n"
+        "Notebook 08 sharded a model's weights over GPUs (FSDP2) and split its matrices (tensor parallel). Large "
+        "training runs use three more kinds of parallelism, each for a different problem: **context parallel** "
+        "when one sequence's activations do not fit on one GPU, **expert parallel** when a mixture-of-experts "
+        "model's experts should stay put while tokens travel to them, and **pipeline parallel** when the layers "
+        "themselves are split into stages. Memory estimators usually stop here (torchtitan's estimator says "
+        '"DDP, TP, PP, CP, EP are not supported yet"); fakeviz runs the real recipes per rank, in torch\'s fake '
+        "process group, on GPUs you do not have.\n"
+        "\n"
+        "In this notebook you will learn:\n"
+        "\n"
+        '* how `parallel={"cp": 4}` splits a 32k-token sequence over 4 GPUs with torch\'s ring attention, what '
+        "it saves against plain FSDP, and which K/V bytes travel between the ranks;\n"
+        '* how `parallel={"ep": 8}` keeps 16 of Qwen3-30B-A3B\'s 128 experts on each GPU and moves the tokens '
+        "instead, with the all-to-all bytes and the routing assumption behind them;\n"
+        '* how `parallel={"pp": 4}` with a 1F1B schedule gives each stage its own peak;\n'
+        "* how far to trust the figures, and what `fidelity()` names.\n"
+        "\n"
+        "Nothing is downloaded: the models are built from their published configs with 2 layers (6 for the "
+        "pipeline), which keeps each plan to a few seconds; every layer is the same, so the per-layer figures "
+        "hold for the full depth."
+    ),
+    code(
+        "import logging\n"
+        "\n"
+        "import pandas as pd\n"
+        "import transformers\n"
+        "\n"
+        "import fakeviz as fv\n"
+        "\n"
+        "transformers.logging.set_verbosity_error()\n"
+        'for logger in ("bitsandbytes", "torchao", "torch.utils._pytree"):  # notices printed at import\n'
+        "    logging.getLogger(logger).setLevel(logging.ERROR)\n"
+        'pd.set_option("display.width", 150)\n'
+        "GiB, MiB = 2**30, 2**20\n"
+        'KINDS = ["weights", "gradients", "optimizer", "activations", "temporaries", "peak"]\n'
+        "\n"
+        "\n"
+        "def side_by_side(**sims):\n"
+        '    """Rank 0\'s peak by kind for each simulation, in GiB."""\n'
+        "    return (pd.DataFrame({k: s.peaks.loc[0, KINDS] for k, s in sims.items()}).astype(float) / GiB).round(2)"
+    ),
+    md(
+        "## 1. Context parallel: one long sequence over four GPUs\n"
+        "\n"
+        f"`{DENSE}` with 2 layers, one sequence of 32,768 tokens per step, bf16, AdamW. First plain FSDP over 4 "
+        "H100s (`dp_shard`: each GPU holds a quarter of the weights and runs a whole sequence of its own), then "
+        "context parallel over the same 4 (`cp`: the weights sharded the same way, torchtitan's FSDP over "
+        "`dp_shard x cp`, but one sequence split four ways)."
+    ),
+    code(
+        f'dense = fv.models.config("{DENSE}", num_hidden_layers=2)\n'
+        "SEQ = 32768\n"
+        'dp4 = fv.plan(dense, gpus="4xH100", parallel={"dp_shard": 4}, batch=1, seq=SEQ, train=True)\n'
+        'cp4 = fv.plan(dense, gpus="4xH100", parallel={"cp": 4}, batch=1, seq=SEQ, train=True)\n'
+        "print(cp4)\n"
+        'side_by_side(**{"dp_shard 4": dp4, "cp 4": cp4})'
+    ),
+    md(
+        "The weights and optimizer state are the same: both shard them four ways. The activations and the "
+        "temporaries (the attention's and the MLP's working buffers, the logits of 128,256 words per token) "
+        "shrink four times: each rank now holds 8,192 tokens of the sequence. `context_parallel` shards the "
+        "step's inputs, labels and position ids along the sequence with torch's load balancing (rank r holds "
+        "chunks r and 7 - r of eight, so every rank has the same causal work), and replaces SDPA with ring "
+        "attention. Each rank's hidden states:"
+    ),
+    code(
+        "ops = cp4.trace(0).ops\n"
+        'emb = ops[(ops.op == "aten.embedding.default") & (ops.phase == "forward")].iloc[0]\n'
+        "print(f\"embedding output on rank 0: [{emb['shape']}], {emb['nbytes'] / MiB:.0f} MiB\")"
+    ),
+    md(
+        "What the ring moves: in forward, each attention layer all-gathers every rank's K and V (torch's default "
+        'rotate method, `"allgather"`, which torchtitan and accelerate keep); in backward it gathers them again and '
+        "passes the K/V gradients (float32 accumulators) around the ring, one all-to-all per ring step. The "
+        "first layer's collectives on rank 0:"
+    ),
+    code(
+        "coll = cp4.collectives(0)\n"
+        'coll[coll.module.astype(str).str.contains("layers.0.self_attn")][["kind", "phase", "group_size", "bytes_in", '
+        '"bytes_out"]]'
+    ),
+    md(
+        "Llama-3.1-8B has 8 key/value heads of 128: the local K and V of 8,192 tokens in bf16 are "
+        "`2 x 8 x 8192 x 128 x 2` bytes = 32 MiB, and the all-gather returns four times that. The ring's work is "
+        "not the same on every rank (with load balancing, rank r attends to half of what it receives at some "
+        "steps, runs half its queries at others), so the four ranks record different ops: four classes, each "
+        "recorded:"
+    ),
+    code("cp4.classes"),
+    md(
+        "## 2. Expert parallel: experts stay, tokens travel\n"
+        "\n"
+        f"`{MOE}` has 128 experts per layer, each token taking 8 of them. With FSDP alone (`dp_shard`), every GPU "
+        "holds 1/8 of every expert's weights and all-gathers each layer's experts before using them. With "
+        "`ep=8` (borrowing the ranks of `dp_shard`, as torchtitan does), each GPU holds 16 whole experts and "
+        "sends each token to the GPUs of its experts with an all-to-all, and the results back with another. "
+        "fakeviz runs transformers' own expert parallelism (`apply_expert_parallelism` with the model's "
+        "`base_model_ep_plan`: experts `Shard(0)` over the ep ranks, the all-to-all dispatch)."
+    ),
+    code(
+        f'moe = fv.models.config("{MOE}", num_hidden_layers=2)\n'
+        'fs8 = fv.plan(moe, gpus="8xH100", parallel={"dp_shard": 8}, batch=1, seq=4096, train=True)\n'
+        'ep8 = fv.plan(moe, gpus="8xH100", parallel={"ep": 8}, batch=1, seq=4096, train=True)\n'
+        "print(ep8)\n"
+        'side_by_side(**{"dp_shard 8": fs8, "ep 8": ep8})'
+    ),
+    md(
+        "Each GPU holds the same bytes of weights either way (1/8 of each expert, or 1/8 of the experts). What "
+        "differs is the traffic: rank 0's collectives by kind, in GiB per step:"
+    ),
+    code(
+        'pd.DataFrame({name: s.collectives(0).groupby("kind").bytes_in.sum() / GiB\n'
+        '              for name, s in {"dp_shard 8": fs8, "ep 8": ep8}.items()}).fillna(0).round(3)'
+    ),
+    md(
+        "With ep the experts are never all-gathered and their gradients never reduce-scattered; the tokens move "
+        "instead. One layer's forward dispatch on rank 0: the per-expert token counts (128 int64), the tokens "
+        "sent to their experts' ranks, and the experts' outputs coming back:"
+    ),
+    code(
+        "coll = ep8.collectives(0)\n"
+        'coll[coll.module.astype(str).str.contains("layers.0.mlp") & (coll.phase == "forward")][\n'
+        '    ["op", "kind", "group_size", "bytes_in", "bytes_out"]]'
+    ),
+    md(
+        "4,096 tokens x 8 experts each x 2,048 hidden x 2 bytes = 128 MiB each way. How many tokens a GPU "
+        "receives depends on where the router sends them, which fake tensors cannot know: fakeviz assumes "
+        "balanced routing (every expert gets `tokens x 8 / 128` of each rank's tokens), so each rank receives "
+        "what it sends. The record says so:"
+    ),
+    code(
+        'for op, text in ep8.trace(0).fidelity()["assumptions"].groupby("op").assumption.first().items():\n'
+        '    print(f"- {op}: {text}")'
+    ),
+    md(
+        '`record(routing="skewed")` in your own `fv.simulate` step gives the worst case instead (every token '
+        "to experts 0-7). The ep ranks hold the same shapes and run the same ops, so one rank was recorded and "
+        "seven stand in for it (`ep8.stand_ins`)."
+    ),
+    md(
+        "## 3. Pipeline parallel: four stages under 1F1B\n"
+        "\n"
+        f"`{DENSE}` with 6 layers split into 4 stages the way torchtitan splits it (the embedding and the "
+        "norm + head each count as a layer: 8 units, 2 per stage), 8 microbatches of one 2,048-token sequence, "
+        "torch's `Schedule1F1B`:"
+    ),
+    code(
+        f'deep = fv.models.config("{DENSE}", num_hidden_layers=6)\n'
+        'pp4 = fv.plan(deep, gpus="4xH100", parallel={"pp": 4}, batch=8, seq=2048, train=True, microbatches=8,\n'
+        '              schedule="1F1B")\n'
+        "print(pp4)\n"
+        '(pp4.peaks.set_index("rank")[KINDS].astype(float) / GiB).round(2)'
+    ),
+    md(
+        "Stage 0 holds the embedding and one layer, stages 1 and 2 two layers each, stage 3 one layer and the "
+        "head: their weights follow (a layer of Llama-3.1-8B is 218,112,000 parameters, the embedding and the "
+        "head 525,336,576 each). A stage's activations are the microbatches it has run forward and not yet "
+        "backward, times the layers it holds: 1F1B runs more warm-up forwards on the early stages, so stage 1, "
+        "with two layers, holds the most here, and the last stage, which runs each microbatch's backward right "
+        "after its forward, almost none. Its temporaries are the head's logits over 128,256 words, which the "
+        "loss takes in float32."
+    ),
+    md(
+        "## 4. How far to trust it\n"
+        "\n"
+        "* **What runs is the real recipe.** torch's `context_parallel` and ring attention, transformers' expert "
+        "parallelism, torch's pipeline stages and schedules, FSDP2: each rank's record is what that code "
+        "allocates on that rank, with the collectives and their bytes.\n"
+        "* **Tests against hand bytes** (`tests/frontends/test_cp_ep.py`, `test_pipeline_plan.py`, and this "
+        "notebook's test): each cp rank's sequence shard and ring bytes, each ep rank's expert weights and "
+        "all-to-all bytes, each stage's weights, against sums computed from the configs.\n"
+        "* **Routing is an assumption** (balanced unless you say otherwise), stated in `fidelity()`; a skewed "
+        "batch sends more tokens to some GPUs than the record shows.\n"
+        "* **Not in the record**: NCCL's own buffers, the CUDA context, and the time the ring's or the "
+        "all-to-all's messages take beyond the time model's estimate (notebook 09)."
+    ),
+    md(
+        "## Exercises\n"
+        "\n"
+        '1. Plan section 1 with `parallel={"dp_shard": 2, "cp": 2}`. How do the weights and the activations per '
+        "rank compare with `cp 4` and `dp_shard 4`, and how many classes are recorded?\n"
+        "2. Try `seq=32767` with `cp=4`. What does fakeviz refuse, and why does torch's load balancing need it?\n"
+        '3. Plan `mistralai/Mixtral-8x7B-v0.1` (2 layers) with `parallel={"ep": 8}`. How many experts does each GPU '
+        "hold, and how large is one layer's dispatch all-to-all at 4,096 tokens?\n"
+        '4. Run section 3 with `schedule="GPipe"`. Which stage\'s peak changes most, and why?\n'
+        '5. `parallel={"ep": 3}` on Qwen3-30B-A3B: read the error. Which degrees would work on 8 GPUs?'
+    ),
+]
+
+if __name__ == "__main__":
+    write(cells, "11_pipeline_expert_parallel.ipynb")
