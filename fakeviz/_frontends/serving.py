@@ -194,7 +194,7 @@ def _check(max_model_len: Any, gpu_memory_utilization: Any, block_size: Any, kv_
     if max_num_batched_tokens is not None and max_num_seqs is not None and max_num_batched_tokens < max_num_seqs:
         raise ArgumentError("max_num_batched_tokens", max_num_batched_tokens,
                             f"it is below max_num_seqs={max_num_seqs} (vLLM refuses this too)",
-                            "Give max_num_batched_tokens >= max_num_seqs.")  # fmt: skip
+                            "Give max_num_batched_tokens >= max_num_seqs, or a smaller max_num_seqs.")  # fmt: skip
 
 
 def _defaults(gpu: Capacity, max_model_len: int, tokens: int | None, seqs: int | None) -> tuple[int, int]:
@@ -295,8 +295,6 @@ def serve(
                             "vLLM refuses it too unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
                             f"Give max_model_len <= {limit:,}.")  # fmt: skip
     tokens, seqs = _defaults(gpu, max_model_len, max_num_batched_tokens, max_num_seqs)
-    if tokens < seqs:
-        seqs = seqs if max_num_seqs is not None else tokens  # a defaulted max_num_seqs never exceeds the tokens
     _check(max_model_len, gpu_memory_utilization, block_size, kv_cache_dtype, tokens, seqs, 1)
     dt = _serving_dtype(config, dtype, gpu)
     kv_bytes = KV_DTYPES[kv_cache_dtype] or torch.empty((), dtype=dt).element_size()

@@ -241,6 +241,7 @@ def test_not_enough_memory_is_vllms_error() -> None:
         ({"tensor_parallel_size": 2}, "gpus"),
         ({"max_num_batched_tokens": 16, "max_num_seqs": 32}, "max_num_batched_tokens"),
         ({"max_model_len": 0}, "max_model_len"),
+        ({"max_num_batched_tokens": 512}, "max_num_batched_tokens"),  # below vllm serve's 1024 sequences on an H100
     ],
 )
 def test_refusals(kw: dict, argument: str) -> None:
