@@ -153,6 +153,7 @@ def parallel_step(model: Any, names: tuple[str, ...], settings: dict[str, Any],
         if dp:
             fully_shard = torch_compat.require("torch.distributed.fsdp.fully_shard")
             dp_mesh = context_expert.fsdp_mesh(mesh, names)  # dp_shard x cp flattened (torchtitan's fsdp mesh)
+            context_expert.shard_own_dtypes(m, dp_mesh, fully_shard, **offload.fsdp_kwargs(settings))
             for block in _blocks(m):
                 fully_shard(block, mesh=dp_mesh, **offload.fsdp_kwargs(settings))
             fully_shard(m, mesh=dp_mesh, **offload.fsdp_kwargs(settings))  # Note: [offload]
