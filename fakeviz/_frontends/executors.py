@@ -23,7 +23,9 @@ Note: [the default executor]
 ``executor=None`` runs the first point here and times it. A worker process costs seconds before its first
 point (``spawn``: a fresh interpreter imports torch, transformers and fakeviz; then it builds the model), so a pool
 is started only when the remaining points, run one after another, would take longer than :data:`POOL_AFTER_S`
-(a sweep of a small model stays in this process, as before). The pool then holds ``os.cpu_count() - 1``
+(a sweep of a small model stays in this process, as before). It starts as soon as that is known, while the first
+point still runs (a timer: once the first point has taken ``POOL_AFTER_S / points left``), so that the workers'
+start-up overlaps it. The pool then holds ``os.cpu_count() - 1``
 processes and this process runs points too (it is idle otherwise): ``os.cpu_count()`` recordings at once. It is
 made with the ``spawn`` context (``fork`` after torch has started threads is unsafe), kept across the points of
 one call, and shut down before the call returns. ``executor=False`` (or one core) runs every point here, one
@@ -255,19 +257,45 @@ class Runner:
         if self.given:
             self._submit_all(tasks, todo, remote, shared, finished)
             return results
+        inflight: dict[cf.Future[Any], int] = {}
         if self.pool is None:  # the default: a point here, timed (Note: [the default executor])
             if self.point_s is None:
                 i = todo.popleft()
+                left = max(len(todo), expected)
+                lock = threading.Lock()
+
+                def early() -> None:  # the point is slow: the pool starts (and takes points) while it runs
+                    with lock:
+                        if todo:
+                            self._start_pool()
+                            self._submit(tasks, todo, remote, shared, inflight)
+
+                timer = threading.Timer(POOL_AFTER_S / max(1, left), early)
+                timer.daemon = True
+                if todo and (os.cpu_count() or 1) >= 2:
+                    timer.start()
                 t0 = time.perf_counter()
-                finished(i, local(tasks[i]))
-                self.point_s = time.perf_counter() - t0
-            if (os.cpu_count() or 1) < 2 or self.point_s * max(len(todo), expected) < POOL_AFTER_S:
-                for i in todo:
+                try:
                     finished(i, local(tasks[i]))
-                return results
-            self._start_pool()
-        self._share(tasks, todo, local, remote, shared, finished)
+                finally:
+                    timer.cancel()
+                    with lock:  # an early start under way is finished first
+                        self.point_s = time.perf_counter() - t0
+            if self.pool is None:
+                if (os.cpu_count() or 1) < 2 or self.point_s * max(len(todo), expected) < POOL_AFTER_S:
+                    for i in todo:
+                        finished(i, local(tasks[i]))
+                    return results
+                self._start_pool()
+        self._share(tasks, todo, local, remote, shared, finished, inflight)
         return results
+
+    def _submit(self, tasks: list[Any], todo: collections.deque[int], remote: Callable[..., Any], shared: Any,
+                inflight: dict[cf.Future[Any], int]) -> None:  # fmt: skip
+        """Queue points from the front of ``todo`` until each worker has two."""
+        while todo and len(inflight) < 2 * self.workers:
+            i = todo.popleft()
+            inflight[self.pool.submit(_run, remote, (shared, tasks[i]))] = i
 
     def _submit_all(self, tasks: list[Any], todo: Iterator[int], remote: Callable[..., Any], shared: Any,
                     finished: Callable[[int, Any], None]) -> None:  # fmt: skip
@@ -277,15 +305,12 @@ class Runner:
             self.in_workers += 1
 
     def _share(self, tasks: list[Any], todo: collections.deque[int], local: Callable[[Any], Any],
-               remote: Callable[..., Any], shared: Any, finished: Callable[[int, Any], None]) -> None:  # fmt: skip
+               remote: Callable[..., Any], shared: Any, finished: Callable[[int, Any], None],
+               inflight: dict[cf.Future[Any], int]) -> None:  # fmt: skip
         """The default pool's workers take points from the front, this process from the back; each worker has one
         more point queued so that it never waits while this process records."""
-        depth = 2 * self.workers
-        inflight: dict[cf.Future[Any], int] = {}
         while todo or inflight:
-            while todo and len(inflight) < depth:
-                i = todo.popleft()
-                inflight[self.pool.submit(_run, remote, (shared, tasks[i]))] = i
+            self._submit(tasks, todo, remote, shared, inflight)
             if todo:
                 i = todo.pop()
                 finished(i, local(tasks[i]))

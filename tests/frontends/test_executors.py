@@ -101,6 +101,20 @@ def test_the_default_keeps_fast_points_here_and_refuses_what_is_not_an_executor(
         fv.sweep(cfg, gpus="H100", batch=[1, 2], executor=4, progress=False)
 
 
+def test_the_default_pool_shares_the_points_with_this_process(cfg, monkeypatch) -> None:
+    # the threshold at 0 s: any point is "slow", so the default starts its pool while the first point runs
+    monkeypatch.setattr(executors, "POOL_AFTER_S", 0.0)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    axes = {"batch": [1, 2, 3], "seq": 16, "train": True}
+    df = fv.sweep(cfg, gpus="H100", progress=False, rank_by=None, **axes)
+    here = fv.sweep(cfg, gpus="H100", progress=False, rank_by=None, executor=False, **axes)
+    where = df.attrs["executor"]
+    assert where.endswith("points in a pool of 1 worker processes, the rest in this process"), where
+    assert [p.trace.peak_bytes() for p in df.attrs["plans"]] == [p.trace.peak_bytes() for p in here.attrs["plans"]]
+    assert any(p.module is None for p in df.attrs["plans"]) and df.attrs["plans"][0].module is not None
+    _no_session_left()
+
+
 def test_a_dask_cluster_runs_the_points(cfg) -> None:
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
