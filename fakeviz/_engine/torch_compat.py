@@ -53,6 +53,7 @@ __all__ = [
     "overrideable_sdp_enabled",
     "pipeline_shapes_over_fake_group",
     "require",
+    "sac_keeps_out_of_hooks",
     "sdp_priority_order",
     "statement",
 ]
@@ -220,3 +221,16 @@ def pipeline_shapes_over_fake_group() -> bool:
     under a ``"fake"`` backend (``_PipelineSchedule._warmup_p2p``: no vote sent, STATIC, a stage without complete
     shapes refused), so a pipeline plan gives each stage its shapes there (Note: [pipeline plans])."""
     return TORCH_VERSION < (2, 14)
+
+
+def sac_keeps_out_of_hooks() -> dict[str, bool]:
+    """``torch.utils.checkpoint.checkpoint``'s keyword that keeps what selective checkpointing saves out of the
+    saved-tensor hooks around it, as torch has always done by default (Note: [selective checkpointing in a record]):
+    ``{"respect_saved_tensors_hooks": False}`` on a torch with that switch (2.14: without it, such a checkpoint warns
+    that the default will change whenever hooks are active, as a recording's always are), ``{}`` on one without."""
+    import inspect
+
+    from torch.utils.checkpoint import checkpoint
+
+    params = inspect.signature(checkpoint).parameters
+    return {"respect_saved_tensors_hooks": False} if "respect_saved_tensors_hooks" in params else {}

@@ -330,7 +330,10 @@ def _block_checkpoint(label: Any, index: int, block: torch.nn.Module) -> Any:
     if isinstance(label, int):
         return functools.partial(checkpoint, use_reentrant=False) if (index + 1) % label == 0 else None
     policy = label.fn if isinstance(label, PolicyLabel) else selective_policy(block)
-    return functools.partial(checkpoint, use_reentrant=False, context_fn=lambda: _sac_contexts(policy))
+    from .._engine import torch_compat
+
+    return functools.partial(checkpoint, use_reentrant=False, context_fn=lambda: _sac_contexts(policy),
+                             **torch_compat.sac_keeps_out_of_hooks())  # fmt: skip
 
 
 def _sac_contexts(policy: Any) -> tuple[Any, Any]:
@@ -359,6 +362,8 @@ def _sac_contexts(policy: Any) -> tuple[Any, Any]:
         return decided[0]
 
     forward_ctx, recompute_ctx = create_selective_checkpoint_contexts(deciding)
+    for k, v in torch_compat.sac_keeps_out_of_hooks().items():  # checkpoint sets it only on a bare caching mode
+        setattr(forward_ctx, k, v)
     top = torch_compat.lookup("torch._C._autograd._top_saved_tensors_default_hooks")
     hooks = top(False) if top is not None else None
     if hooks is None or getattr(hooks[0], "__name__", "") != "pack_saved":
