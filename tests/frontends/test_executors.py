@@ -80,6 +80,18 @@ def _boom(shared: int, task: int) -> fv.Trace:
     return t
 
 
+def test_fit_through_the_pool_finds_what_it_finds_here(cfg, pool) -> None:
+    kw = {"gpus": "2xH100", "seq": 16, "batch": 4, "parallel": ["balanced", {"dp_shard": 2}], "progress": False}
+    here = fv.fit(cfg, executor=False, **kw)
+    there = fv.fit(cfg, executor=pool, **kw)
+    cols = ["layout", "checkpointing", "micro_batch", "accumulation", "max peak", "global_step_s"]
+    assert here[cols].equals(there[cols]) and there.attrs["recordings"] == here.attrs["recordings"]
+    assert there.attrs["executor"].endswith("on ProcessPoolExecutor")
+    sims = [p for p in there.attrs["plans"] if isinstance(p, fv.Simulation)]
+    assert len(sims) == 1 and sims[0].fits and sims[0].stand_ins == {1: 0}  # rebuilt from the worker's bytes
+    _no_session_left()
+
+
 def test_a_failing_point_is_reported_and_the_others_come_back(pool) -> None:
     with executors.Runner(executor=pool) as run:
         out = run.run([0, 1, 2], local=lambda t: pytest.fail("ran here"), remote=_boom, shared=8)
