@@ -311,3 +311,11 @@ def test_offloads_fakeviz_cannot_honour_are_refused(kw: dict[str, Any], says: st
     with pytest.raises(ArgumentError) as exc:
         fv.plan(_config(), gpus="4xH100", **kw)
     assert says in str(exc.value)
+
+
+def test_a_sweep_takes_offload_as_an_axis() -> None:
+    df = fv.sweep(_config(), gpus="1x80GB", batch=2, seq=16, train=True, offload=[None, "activations"], progress=False,
+                  rank_by=None, executor=False)  # fmt: skip
+    assert df.offload.isna().tolist() == [True, False] and df.offload[1] == "activations"
+    assert np.isnan(df["cpu activations"][0]) and df["cpu activations"][1] > 0
+    assert (df["max peak"] == df["cuda:0 peak"]).all()  # the GPUs' peak, not the host's
