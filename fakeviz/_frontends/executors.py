@@ -29,7 +29,9 @@ start-up overlaps it. The pool then holds ``os.cpu_count() - 1``
 processes and this process runs points too (it is idle otherwise): ``os.cpu_count()`` recordings at once. It is
 made with the ``spawn`` context (``fork`` after torch has started threads is unsafe), kept across the points of
 one call, and shut down before the call returns. ``executor=False`` (or one core) runs every point here, one
-after another; a module passed as the model runs here too (it cannot be sent to a worker; :func:`note` says so).
+after another; a module passed as the model runs here too (it cannot be sent to a worker; :func:`note` says so);
+so does the default when the environment has ``FAKEVIZ_EXECUTOR=serial`` (or ``0``: for a test suite whose
+processes already use every core, e.g. under pytest-xdist, where a pool would only oversubscribe them).
 An executor the caller gives is used as given (every point submitted to it) and left running.
 """
 
@@ -54,6 +56,7 @@ __all__ = ["POOL_AFTER_S", "Failed", "Runner", "error_text", "failed_row", "sear
 
 POOL_AFTER_S = 8.0  # start a pool when the points left would take longer than this one after another
 _CONTEXT = "spawn"
+_SERIAL = ("0", "false", "no", "off", "serial")  # FAKEVIZ_EXECUTOR values that make the default one at a time
 
 
 @dataclass
@@ -100,6 +103,8 @@ def note(model: Any, executor: Any) -> str:
     if isinstance(model, torch.nn.Module):
         return ("the model is a module, which cannot be sent to another process: every point ran in this process "
                 "(give its name, folder or config to run points at once)")  # fmt: skip
+    if executor is None and os.environ.get("FAKEVIZ_EXECUTOR", "").strip().lower() in _SERIAL:
+        return f"FAKEVIZ_EXECUTOR={os.environ['FAKEVIZ_EXECUTOR']}: one point after another in this process"
     if executor is None and (os.cpu_count() or 1) < 2:
         return "one core: one point after another in this process"
     if executor is None and getattr(_WORKER, "on", False):

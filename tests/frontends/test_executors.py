@@ -116,6 +116,7 @@ def test_the_default_keeps_fast_points_here_and_refuses_what_is_not_an_executor(
 def test_the_default_pool_shares_the_points_with_this_process(cfg, monkeypatch) -> None:
     # the threshold at 0 s: any point is "slow", so the default starts its pool while the first point runs
     monkeypatch.setattr(executors, "POOL_AFTER_S", 0.0)
+    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     axes = {"batch": [1, 2, 3], "seq": 16, "train": True}
     df = fv.sweep(cfg, gpus="H100", progress=False, rank_by=None, **axes)
@@ -186,6 +187,11 @@ def test_the_search_in_rounds_finds_what_one_at_a_time_finds() -> None:
                 assert all(1 <= v <= limit for v in seen)
 
 
-def test_one_core_runs_here(monkeypatch) -> None:
+def test_one_core_or_the_environment_keeps_the_default_here(monkeypatch) -> None:
+    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
+    assert executors.note("name", None) == ""
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert "one core" in executors.note("name", None)
+    monkeypatch.setenv("FAKEVIZ_EXECUTOR", "serial")
+    assert executors.note("name", None).startswith("FAKEVIZ_EXECUTOR=serial: one point after another")
+    assert executors.note("name", False).startswith("executor=False")
