@@ -13,6 +13,7 @@ What is measured, all in one process (figures are ratios against baselines measu
 A one-layer warm-up of each runs first, untimed. Peak RSS is the process's high-water mark over the run.
 
     python benchmarks/parallel_plan.py [--layers N] [--seq 8192] [--out PATH]
+    python benchmarks/parallel_plan.py --ep [--layers N]         # DeepSeek-V3, dp_shard 256 x ep 8
 """
 
 from __future__ import annotations
@@ -59,12 +60,81 @@ def _plan(layers: int | None, seq: int, ac: bool, ranks: object) -> tuple[float,
     return time.perf_counter() - t, sim
 
 
+# ------------------------------------------------------------------------------ DeepSeek-V3 with expert parallel
+EP_MODEL = "deepseek-ai/DeepSeek-V3"
+EP_OUT = HERE / "results" / "parallel_plan_deepseek_v3.json"
+# torchtitan's deepseek_v3_671b config gives ep 2 with dp_shard filling the world, 4 x 4096 tokens per microbatch and
+# Interleaved1F1B (the pp degree left to the launch); no published memory. fakeviz's layout here, stated: 256 GPUs
+# (32 nodes of 8), dp_shard 256 with ep 8 borrowed from it (32 experts per rank, each FSDP-sharded over its 32 efsdp
+# ranks), seq 4096, batch 1, full activation checkpointing, AdamW, bf16; no pp (an ep plan does not combine with pp)
+EP_PARALLEL = {"dp_shard": 256, "ep": 8}
+
+
+def ep_deepseek_v3(out: Path = EP_OUT, layers: int | None = None) -> dict:
+    """The DeepSeek-V3 row: ``fv.plan`` with ``parallel=EP_PARALLEL`` (Note: [expert parallel plans]), one rank per
+    class recorded (``ranks="auto"``) against recording all 256 (extrapolated: 256 x the seconds and the RSS growth
+    per recorded rank)."""
+    import fakeviz as fv
+    import fakeviz.models  # noqa: F401
+
+    def rss() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+    world = EP_PARALLEL["dp_shard"]
+    fv.plan(fv.models.config(EP_MODEL, num_hidden_layers=4), gpus="H100", parallel={"ep": 8}, batch=1, seq=256,
+            train=True)  # warm-up, untimed  # fmt: skip
+    cfg = fv.models.config(EP_MODEL, **({"num_hidden_layers": layers} if layers else {}))
+    rss0 = rss()
+    t = time.perf_counter()
+    sim = fv.plan(cfg, gpus="H100", parallel=EP_PARALLEL, batch=1, seq=4096, train=True, checkpointing=True)
+    dt = time.perf_counter() - t
+    rss1 = rss()
+    n = len(sim.ranks)
+    pk = sim.peaks
+    worst = pk.loc[pk.peak.idxmax()]
+    row = pk.iloc[0]
+    coll = sim.collectives(0)
+    a2a = coll[coll.kind == "all_to_all"]
+    results = {
+        "setup": {"model": EP_MODEL, "gpus": f"{world}xH100", "parallel": EP_PARALLEL, "seq": 4096, "batch": 1,
+                  "checkpointing": "full", "layers": layers or "all",
+                  "layout": "fakeviz's (torchtitan's deepseek_v3_671b: ep 2, dp_shard -1, pp from the launch)"},
+        "auto_s": round(dt, 1),
+        "ranks_recorded": n,
+        "ranks_stood_in": len(sim.stand_ins),
+        "classes": len(sim.classes),
+        "per_rank_s": round(dt / n, 1),
+        "all_estimate_s": round(dt / n * world, 0),
+        "auto_vs_all_estimate": round(n / world, 4),
+        "rss_gib": round(rss1, 2),
+        "rss_growth_per_rank_gib": round((rss1 - rss0) / n, 3),
+        "all_rss_estimate_gib": round(rss0 + (rss1 - rss0) / n * world, 1),
+        "peak_gib": round(int(row["peak"]) / 2**30, 1),
+        "by_kind_gib": {k: round(int(row[k]) / 2**30, 2)
+                        for k in ("weights", "gradients", "optimizer", "activations", "temporaries")},
+        "highest_peak_gib": round(int(worst["peak"]) / 2**30, 1),
+        "all_to_all_per_step_gib": round(float(a2a.bytes_in.sum()) / 2**30, 2),
+        "all_to_all_calls": len(a2a),
+        "fits": bool(sim.fits),
+        "text": sim.text,
+    }  # fmt: skip
+    print(json.dumps(results, indent=1), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n")
+    print("wrote", out)
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--ep", action="store_true", help="only the DeepSeek-V3 dp_shard 256 x ep 8 row")
     a = ap.parse_args()
+    if a.ep:
+        ep_deepseek_v3(layers=a.layers)
+        return
     _baseline(1, 256, False)  # warm-up, untimed
     _plan(1, 256, False, "auto")
     results = {}
