@@ -96,7 +96,7 @@ def _text_config(cfg: Any) -> Any:
     return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
-def check_cp(cfg: Any, cp: int, *, seq: int, dtype: Any, train: bool, new_tokens: int, tp: int = 1) -> None:
+def check_cp(cfg: Any, cp: int, *, seq: int, dtype: Any, train: bool, new_tokens: int) -> None:
     """Refuse ``cp`` where torch's ring attention cannot run it (Note: [context parallel plans]).
 
     Args:
@@ -106,7 +106,6 @@ def check_cp(cfg: Any, cp: int, *, seq: int, dtype: Any, train: bool, new_tokens
         dtype: the model's dtype (``None``: the config's).
         train: a training step (else a forward).
         new_tokens: tokens to generate (refused: ring attention shards a full sequence, not a KV cache).
-        tp: the tensor-parallel degree (each rank's attention has ``heads / tp`` heads).
 
     Raises:
         ArgumentError: naming ``parallel`` (or ``seq``) and what to give instead.
@@ -340,8 +339,7 @@ def check(model: Any, parallel: dict[str, int], shape: tuple[int, ...], names: t
     cfg = models.config(model)
     sizes = _sizes(names, shape)
     if "cp" in names:
-        check_cp(cfg, sizes["cp"], seq=seq, dtype=as_dtype(dtype), train=train, new_tokens=new_tokens,
-                 tp=sizes.get("tp", 1))  # fmt: skip
+        check_cp(cfg, sizes["cp"], seq=seq, dtype=as_dtype(dtype), train=train, new_tokens=new_tokens)
     if parallel.get("ep", 1) > 1:
         check_ep(cfg, parallel)
 
