@@ -8,8 +8,9 @@
 #
 # In its own virtual environment (.venv-torch-<requirement>, git-ignored, kept between runs; pip's cache keeps the
 # wheels): installs the requirement, then fakeviz[test] with that torch kept; runs the demo (python -m fakeviz
-# demo, on fake cuda:0), tests/engine and tests/analysis, then the tutorials' own checks
-# (tests/notebook/test_tutorial_[0-9]*.py) in a second pytest run. .ci/run calls it after the main suite.
+# demo, on fake cuda:0), then one pytest run of the tutorials' own checks (tests/notebook/test_tutorial_[0-9]*.py,
+# in this environment's kernel), tests/engine and tests/analysis, on pytest-xdist workers as scripts/test.sh does
+# (scripts/xdist.sh). .ci/run calls it after the main suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -41,8 +42,12 @@ start=$(date +%s)
 "$VENV/bin/python" -m fakeviz demo
 echo "test_torch: demo on torch $TORCH took $(( $(date +%s) - start )) s"
 
-"$VENV/bin/python" -m pytest tests/engine tests/analysis "$@"
 # the tutorials run in this environment's own kernel (nbrun's "dev" kernel), not in the Binder one (the pinned torch),
-# from a fresh pytest process: a kernel started from one that ran the engine tests inherits its peak RSS (Linux keeps
-# ru_maxrss across exec), and tutorial 02 checks its own peak (seen: 1.73 GiB after tests/engine, under 1.5 alone)
-FAKEVIZ_NB_KERNEL=dev exec "$VENV/bin/python" -m pytest tests/notebook/test_tutorial_[0-9]*.py "$@"
+# each from a process that has run nothing else: a kernel started from one that ran the engine tests inherits its
+# peak RSS (Linux keeps ru_maxrss across exec), and tutorial 02 checks its own peak (seen: 1.73 GiB after
+# tests/engine, under 1.5 alone). Under xdist tests/conftest.py runs the tutorials first on each worker (Note: [the
+# suite under xdist]); serially (-n 0) they run first because they are named first.
+source scripts/xdist.sh
+xdist_args "$VENV/bin/python" "$@"
+FAKEVIZ_NB_KERNEL=dev exec "$VENV/bin/python" -m pytest ${XDIST[@]+"${XDIST[@]}"} \
+  tests/notebook/test_tutorial_[0-9]*.py tests/engine tests/analysis "$@"

@@ -7,6 +7,7 @@ The tests mirror the package's layers: ``tests/core``, ``tests/engine``, ``tests
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # `import zoo` from every layer's folder
 
 from c_core import build_core, have_c_compiler  # noqa: E402 - tests/ is on sys.path from here on
+from js_bundle import ensure_bundle  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +41,60 @@ def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     else:
         monkeypatch.setenv("FAKEVIZ_PURE_PYTHON", "1")
     return request.param
+
+
+# ----------------------------------------------------------------------------------------- one run, two workers
+# Note: [the suite under xdist]
+# `scripts/test.sh` and `scripts/test_torch.sh` run the suite with pytest-xdist (`-n 2 --dist loadfile`: the CI's two
+# cores). Three things keep that equal to a serial run:
+# - a file runs whole on one worker (`loadfile`), so its module fixtures are built once, as in a serial run;
+# - a tutorial's checks (tests/notebook/test_tutorial_NN.py) and tests/notebook/test_tutorials.py's test that runs
+#   the same notebook share one work unit (`_scope`): nbrun executes a notebook once per process and hands later
+#   callers that copy, so two workers would execute it twice. These units go first, so each runs on a worker
+#   that has run nothing else yet: a kernel inherits the peak RSS of the process that starts it (Linux keeps
+#   ru_maxrss across exec), and tutorial 02 checks its kernel's peak (`-p no:xdist` / `-n 0` runs serially);
+# - the explorer's bundle is built before the workers start (Note: [one bundle build per run] in js_bundle.py).
+# Tests that measure their own process (peak RSS, threads) measure the worker, a process of their own as before.
+_TUTORIAL = re.compile(r"tests/notebook/test_tutorial_(\d+)\w*\.py$")
+_TUTORIAL_RUN = re.compile(r"tests/notebook/test_tutorials\.py::test_runs_in\w*\[(\d+)_")
+
+
+def _scope(nodeid: str) -> str:
+    """The work unit a test belongs to: its file, or ``tutorial NN`` (see Note: [the suite under xdist])."""
+    path = nodeid.split("::", 1)[0]
+    m = _TUTORIAL.search(path) or _TUTORIAL_RUN.search(nodeid)
+    return f"tutorial {m.group(1)}" if m else path
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Build the explorer's bundle once, in the process that starts the workers (or the only one)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    try:
+        ensure_bundle()
+    except AssertionError:
+        pass  # npm failed: the tests that need the bundle call ensure_bundle themselves and fail with npm's output
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile`` with a tutorial's tests in one unit, the tutorials first (Note: [the suite under xdist])."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class TutorialsFirst(LoadFileScheduling):
+        sorted = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.sorted:  # the queue is in collection order: tutorials first, the rest as collected
+                order = sorted(self.workqueue, key=lambda s: not s.startswith("tutorial "))
+                self.workqueue = type(self.workqueue)((s, self.workqueue[s]) for s in order)
+                self.sorted = True
+            super()._assign_work_unit(node)
+
+    config.option.loadscopereorder = False  # keep the order: xdist would put the files with most tests first
+    return TutorialsFirst(config, log)

@@ -48,21 +48,12 @@ os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
 
 def built_bundle() -> Path | None:
-    """The explorer's ES module, rebuilt from js/ when npm is here (``npm ci`` first if its tools are missing);
-    None when npm is not installed and it was never built (the caller skips)."""
-    js = ROOT / "js"
-    out = ROOT / "fakeviz" / "static" / "explorer.js"
-    npm = shutil.which("npm")
+    """The explorer's ES module, rebuilt from js/ when npm is here and a source changed (``npm ci`` first if its
+    tools are missing; ``tests/js_bundle.py``: one build per run, under a lock); None when npm is not installed and
+    it was never built (the caller skips)."""
+    from js_bundle import ensure_bundle  # tests/ is on sys.path (tests/conftest.py, benchmarks/explorer.py)
 
-    def run(*args: str) -> None:
-        proc = subprocess.run([npm, *args], cwd=js, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"npm {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-
-    if npm is not None:
-        if not (js / "node_modules" / ".bin" / "esbuild").exists():
-            run("ci", "--no-audit", "--no-fund")
-        run("run", "build")
-    return out if out.is_file() else None
+    return ensure_bundle()
 
 
 def chromium_path() -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from js_bundle import ensure_bundle  # tests/ is on sys.path (tests/conftest.py)
 
 import fakeviz as fv
 
@@ -42,19 +43,16 @@ def _npm(*args: str, cwd: Path = JS, timeout: int = 600) -> subprocess.Completed
 
 
 def _npm_install() -> None:
-    if not (JS / "node_modules" / ".bin" / "vitest").exists():
-        _npm("ci", "--no-audit", "--no-fund")
+    ensure_bundle()  # `npm ci` when node_modules lacks esbuild or vitest, under the build's lock
 
 
 @pytest.fixture(scope="session")
 def bundle() -> Path:
-    """The built bundle, rebuilt from js/src when npm is here (esbuild takes well under a second)."""
-    if NPM is not None:
-        _npm_install()
-        _npm("run", "build")
-    elif not (STATIC / "explorer.js").is_file():
+    """The built bundle, rebuilt from js/src when npm is here and a source changed (js_bundle: one build per run)."""
+    out = ensure_bundle()
+    if out is None:
         pytest.skip("npm is not installed and fakeviz/static/explorer.js was never built")
-    return STATIC / "explorer.js"
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from js_bundle import ensure_bundle  # tests/ is on sys.path (tests/conftest.py)
 
 import fakeviz as fv
 
@@ -26,23 +27,15 @@ warnings.filterwarnings("ignore", message=".*loss_type=None.*")
 
 ROOT = Path(__file__).resolve().parents[2]
 JS = ROOT / "js"
-STATIC = ROOT / "fakeviz" / "static"
-NPM = shutil.which("npm")
 
 
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    """The built bundle (as tests/views/test_explorer.py builds it): the widget needs it to exist."""
-    if NPM is not None:
-        steps = [["run", "build"]]
-        if not (JS / "node_modules" / ".bin" / "esbuild").exists():
-            steps.insert(0, ["ci", "--no-audit", "--no-fund"])
-        for args in steps:
-            proc = subprocess.run([NPM, *args], cwd=JS, capture_output=True, text=True, timeout=600)
-            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    if not (STATIC / "explorer.js").is_file():
+    """The built bundle (js_bundle.ensure_bundle, as tests/views/test_explorer.py builds it): the widget needs it."""
+    out = ensure_bundle()
+    if out is None:
         pytest.skip("npm is not installed and fakeviz/static/explorer.js was never built")
-    return STATIC / "explorer.js"
+    return out
 
 
 def _gpt2_step(gpu: str | None = None) -> fv.Trace:
