@@ -445,7 +445,10 @@ def plan(
             "tp": 8}`` (``dp_replicate`` x ``dp_shard`` is HSDP), for a model given by name, folder or config.
             Every rank runs torchtitan's recipe (FSDP2 ``fully_shard`` per block, tensor parallel by the model's
             own plan) under the fake process group: Note: [parallel plans] in :mod:`fakeviz._frontends.parallel`.
-            ``batch`` is then each data-parallel rank's batch.
+            ``batch`` is then each data-parallel rank's batch. ``cp``: context parallel (torch's ring attention
+            over the sequence split ``cp`` ways), ``ep``: expert parallel for a mixture of experts (its ranks
+            borrowed from ``dp_shard``; all-to-all dispatch): Note: [context parallel plans], Note: [expert
+            parallel plans] in :mod:`fakeviz._frontends.context_expert`.
         ranks: with ``parallel``: ``"auto"`` (one rank per shard layout; identical ranks stand in), ``"all"``,
             or a list.
         executor: with ``parallel`` and ``ranks="auto"``: where the first rank of each shard layout after rank 0
