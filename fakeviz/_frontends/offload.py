@@ -20,6 +20,16 @@ GPU as the ops that make them:
   activations between forward and backward (each is copied back as its backward node runs); the host holds them.
   On the device-map path, the plan's ``transfers`` and on parallel plans :func:`transfers` show these copies.
 
+With ``offload="cpu"`` the step's inputs are made where the model's parameters are (``fakeviz.models.inputs``: the
+host) and FSDP's root moves them to the GPU, as a data loader that yields host tensors would; their copies are among
+the transfers (a few bytes per token). ``Simulation.transfers(rank)`` and ``Plan.transfers`` count the whole
+record, set-up included (the buffers moved to the GPU).
+
+The device-map path has no ``offload="cpu"``: a map entry ``"cpu"`` is accelerate's own offload there (``device_map=
+{..., "model.layers.30": "cpu"}``, or what ``"auto"`` / ``"sequential"`` put on the cpu when the GPUs are full): those
+modules' weights stay on the host and run there, their inputs copied over by the hooks (``Plan.transfers``), and
+such a plan is reported as not fitting (``Plan.offloaded``). ``offload="activations"`` works on both paths.
+
 What fakeviz does not model here: the time the copies take is the time model's (PCIe bandwidth, as for any
 ``_to_copy`` between host and GPU); whether the host has the memory is not checked (a ``cpu`` row has no capacity).
 """
