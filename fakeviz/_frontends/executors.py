@@ -12,7 +12,8 @@ check of the format; the plan around it comes back without its fake module (``Pl
 fake tensors stay in the worker). A worker keeps the model it built for the next point of the same build (one
 model alive at a time, as a sequential sweep does). A point that raises is a :class:`Failed` in its place (the
 error's type and text, and its partial record where the error carries one): the other points go on. A worker
-process that dies (killed for memory) fails the points it held the same way.
+process that dies (killed for memory) breaks a process pool: the points queued on it fail the same way (their
+error names the broken pool), and the default's points not yet sent run in this process.
 
 The figures are the same as one point after another in this process (``tests/frontends/test_executors.py``
 checks peaks and bytes exactly): a point's record depends on its settings and its build only (Note: [one fake
@@ -185,6 +186,7 @@ class Runner:
     points: int = field(default=0)  # points run so far, here or in workers
     in_workers: int = field(default=0)  # of them, in workers
     point_s: float | None = None  # the default's timed first point (Note: [the default executor])
+    broken: bool = False  # a worker of our pool died: no more points go to it
     workers: int = 0
 
     def __enter__(self) -> Runner:
@@ -298,13 +300,22 @@ class Runner:
     def _submit(self, tasks: list[Any], todo: collections.deque[int], remote: Callable[..., Any], shared: Any,
                 inflight: dict[cf.Future[Any], int]) -> None:  # fmt: skip
         """Queue points from the front of ``todo`` until each worker has two."""
-        while todo and len(inflight) < 2 * self.workers:
-            i = todo.popleft()
-            inflight[self.pool.submit(_run, remote, (shared, tasks[i]))] = i
+        while todo and len(inflight) < 2 * self.workers and not self.broken:
+            try:
+                fut = self.pool.submit(_run, remote, (shared, tasks[todo[0]]))
+                inflight[fut] = todo.popleft()
+            except cf.BrokenExecutor:  # a worker died: its queued points fail, the rest run in this process
+                self.broken = True
 
     def _submit_all(self, tasks: list[Any], todo: Iterator[int], remote: Callable[..., Any], shared: Any,
                     finished: Callable[[int, Any], None]) -> None:  # fmt: skip
-        futures = {self.executor.submit(_run, remote, (shared, tasks[i])): i for i in todo}
+        futures: dict[cf.Future[Any], int] = {}
+        for i in todo:
+            try:
+                futures[self.executor.submit(_run, remote, (shared, tasks[i]))] = i
+            except (cf.BrokenExecutor, RuntimeError) as exc:  # broken, or shut down: this point fails, not the call
+                settings = tasks[i] if isinstance(tasks[i], dict) else {"task": tasks[i]}
+                finished(i, Failed(settings, error_text(exc)))
         for fut in cf.as_completed(futures):
             finished(futures[fut], self._result(fut, tasks[futures[fut]]))
             self.in_workers += 1
@@ -316,7 +327,11 @@ class Runner:
         more point queued so that it never waits while this process records."""
         while todo or inflight:
             self._submit(tasks, todo, remote, shared, inflight)
-            if todo:
+            if todo and self.broken:
+                i = todo.popleft()
+                finished(i, local(tasks[i]))
+                ready = [f for f in inflight if f.done()]
+            elif todo:
                 i = todo.pop()
                 finished(i, local(tasks[i]))
                 ready = [f for f in inflight if f.done()]

@@ -102,6 +102,21 @@ def test_a_failing_point_is_reported_and_the_others_come_back(pool) -> None:
     _no_session_left()
 
 
+def _die(shared: int, task: int) -> int:
+    if task == 1:
+        os._exit(3)  # the worker process dies, as when the kernel kills it for memory
+    return task
+
+
+def test_a_dying_worker_fails_its_points_not_the_call() -> None:
+    with cf.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as ex:
+        ex.submit(int).result()  # started
+        with executors.Runner(executor=ex) as run:
+            out = run.run([0, 1, 2], local=lambda t: pytest.fail("ran here"), remote=_die, shared=0)
+    assert isinstance(out[1], executors.Failed) and "BrokenProcessPool" in out[1].error
+    assert all(r == k or isinstance(r, executors.Failed) for k, r in enumerate(out))
+
+
 def test_the_default_keeps_fast_points_here_and_refuses_what_is_not_an_executor(cfg) -> None:
     df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, progress=False)
     assert df.attrs["executor"].startswith("in this process")  # tiny points: a pool would not pay for itself
