@@ -43,6 +43,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .. import models
 from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import parse_gpus
@@ -91,7 +92,6 @@ def _layouts(model: Any, n: int, given: Any) -> list[dict[str, int] | None]:
     out: list[dict[str, int] | None] = [None]
     if n == 1 or isinstance(model, torch.nn.Module):
         return out
-    from .. import models
     from .parallel import check_tp
 
     cfg = models.config(model)
@@ -268,6 +268,7 @@ def fit(
     planning.check_sizes(batch=batch, seq=seq)
     optimizer = steps.check_optimizer(optimizer)
     executors.check(executor)
+    models.as_dtype(dtype)  # a dtype it cannot read is refused here, not in every configuration
     layouts = _layouts(model, n, parallel)
     if isinstance(model, torch.nn.Module) and any(lay is not None for lay in layouts):
         raise ArgumentError("parallel", parallel, "a module runs on a device map only (each rank rebuilds the model)",
@@ -369,7 +370,8 @@ def _table(searches: list[_Search], tried: list[dict[str, Any]], skipped: list[s
                                 "forward are not in the recorded step's peak"] if (df.accumulation > 1).any() else [])  # fmt: skip
     if not len(df):
         what = "; ".join(f"{r['layout']} micro-batch {r['micro_batch']} checkpointing={r['checkpointing']}"
-                         + (f" offload={r['offload']}" if r["offload"] else "") + f": {format_bytes(r['max peak'])}"
+                         + (f" offload={r['offload']}" if r["offload"] else "")
+                         + (f": failed ({r['error']})" if r["error"] else f": {format_bytes(r['max peak'])}")
                          for r in tried)  # fmt: skip
         df.attrs["message"] = (f"nothing fits {n} x {format_bytes(cap)}: tried {what}"
                                + (f"; skipped {'; '.join(skipped)}" if skipped else ""))  # fmt: skip

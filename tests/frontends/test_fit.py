@@ -81,6 +81,10 @@ def test_fit_refuses_what_it_cannot_split(cfg) -> None:
         fv.fit(cfg, gpus="4xH100", batch=6, parallel=[{"dp_shard": 4}], progress=False)
     with pytest.raises(ArgumentError, match="batch"):
         fv.fit(cfg, gpus="H100", batch=0, progress=False)
+    with pytest.raises(ArgumentError, match="dtype='bf17'"):  # refused once, not failed in every configuration
+        fv.fit(cfg, gpus="H100", dtype="bf17", progress=False)
+    with pytest.raises(ArgumentError, match="executor"):
+        fv.fit(cfg, gpus="H100", executor="pool", progress=False)
     module = fv.models.build(cfg, device="cuda:0")
     with pytest.raises(ArgumentError, match="device map only"):
         fv.fit(module, gpus="2xH100", parallel=[{"dp_shard": 2}], progress=False)
