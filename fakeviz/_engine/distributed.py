@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 
 from . import patches as _patches
 
-__all__ = ["Mailbox", "script_object_text", "snapshot"]
+__all__ = ["Mailbox", "current_mailbox", "script_object_text", "snapshot"]
 
 
 def script_object_text(a: Any) -> str:
@@ -123,6 +124,14 @@ def patch_sharding_prop(on: bool) -> None:
 # shape, dtype and stride), as a STATIC stage derives it. Once the sender is recorded, every receive is checked
 # against what was really sent (:meth:`Mailbox.stale`) and a rank that received other values is recorded again;
 # a sender that is never recorded (``ranks=[k]``, a stand-in) leaves the assumption in ``fidelity()``.
+_CURRENT = threading.local()  # .box: the mailbox of the rank being recorded in this thread (Mailbox.rank)
+
+
+def current_mailbox() -> Mailbox | None:
+    """The :class:`Mailbox` of the rank being recorded in this thread, or None outside a simulation."""
+    return getattr(_CURRENT, "box", None)
+
+
 class Mailbox:
     """The point-to-point messages of one simulation (Note: [values between simulated ranks])."""
 
@@ -140,6 +149,8 @@ class Mailbox:
         """Rank ``rank`` is being recorded (in this thread, into ``trace``): its sends are kept, its receives
         answered."""
         self._rank, self._trace = rank, trace
+        self._expected: list[tuple[tuple[int, ...], Any, Any, str]] = []
+        _CURRENT.box = self
         self.sent[rank], self.got[rank] = {}, {}
         self._count = {}
         self._queued = {}
@@ -150,6 +161,7 @@ class Mailbox:
             for t in reversed(tokens):
                 _patches.pop(t)
             self._rank, self._trace = -1, None
+            _CURRENT.box = None
 
     def post(self, dst: int, tensor: Any, known: bool = False) -> None:
         key = ("s", self._rank, dst)
@@ -179,6 +191,8 @@ class Mailbox:
             value = self.sent[src][(self._rank, seq)]
         elif self._queued.get((src, self._rank)):
             value, why = self._queued[(src, self._rank)].pop(0)
+        elif any(e[0] == tuple(tensor.shape) and e[1] == tensor.dtype for e in self._expected):
+            _, _, value, why = next(e for e in self._expected if e[0] == tuple(tensor.shape) and e[1] == tensor.dtype)
         else:
             value, why = self._echo(src, tensor)
         self.got[self._rank][(src, seq)] = (value, why)
@@ -196,6 +210,16 @@ class Mailbox:
                            f"the ones this rank sent it (PipelineStage's warm-up vote: every later stage votes "
                            f"as the stages before it)")  # fmt: skip
         return None, None
+
+    def expect(self, shape: tuple[int, ...], dtype: Any, fill: int, why: str) -> None:
+        """A receive of ``shape`` and ``dtype`` from a rank not recorded yet gets ``fill`` everywhere (a fact the step
+        knows by construction, ``why`` says which), until the end of this rank's recording; checked like every
+        assumption."""
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            value = torch.full(tuple(shape), fill, dtype=dtype, device="cpu")
+        self._expected.append((tuple(shape), dtype, value, why))
 
     def assume_object(self, src: int, obj: Any, why: str) -> None:
         """The next object receive from ``src`` gets ``obj`` unless ``src`` has sent one already: its sizes
@@ -273,6 +297,15 @@ def _give_values(t: Any, value: Any) -> None:
         t.constant = value.clone()
 
 
+@contextlib.contextmanager
+def _inside() -> Iterator[None]:
+    _CURRENT.inside = True
+    try:
+        yield
+    finally:
+        _CURRENT.inside = False
+
+
 def _peer(group: Any, peer: int | None, group_peer: int | None) -> int:
     c10d = torch.distributed.distributed_c10d
     g = c10d._group_or_default_group(group)
@@ -290,21 +323,30 @@ def _push_exchange(box: Mailbox) -> list[int]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     def send(tensor: Any, dst: int | None = None, group: Any = None, tag: int = 0, group_dst: int | None = None) -> Any:
+        if getattr(_CURRENT, "inside", False):  # torch's own re-entry (a torch function mode calls send again)
+            return send0(tensor, dst, group, tag, group_dst)
         known = _values_of(tensor) is not None
-        out = send0(tensor, dst, group, tag, group_dst)
+        with _inside():
+            out = send0(tensor, dst, group, tag, group_dst)
         box.post(_peer(group, dst, group_dst), tensor, known)
         return out
 
     def recv(tensor: Any, src: int | None = None, group: Any = None, tag: int = 0, group_src: int | None = None) -> Any:
+        if getattr(_CURRENT, "inside", False):
+            return recv0(tensor, src, group, tag, group_src)
         known = _values_of(tensor) is not None
-        out = recv0(tensor, src, group, tag, group_src)
+        with _inside():
+            out = recv0(tensor, src, group, tag, group_src)
         if src is not None or group_src is not None:
             box.deliver(_peer(group, src, group_src), tensor, known)
         return out
 
     def batch_isend_irecv(p2p_op_list: list[Any]) -> Any:
+        if getattr(_CURRENT, "inside", False):
+            return batch0(p2p_op_list)
         known = [_values_of(op.tensor) is not None for op in p2p_op_list]
-        works = batch0(p2p_op_list)
+        with _inside():
+            works = batch0(p2p_op_list)
         for op, had in zip(p2p_op_list, known):
             peer = c10d.get_global_rank(op.group, op.group_peer)
             if op.op in (c10d.isend, dist.isend):

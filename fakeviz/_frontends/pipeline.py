@@ -21,12 +21,18 @@ decoder-only transformer of transformers' layout (``model.embed_tokens``, ``mode
   ``reshard_after_forward=False`` (torchtitan's default under pp: each microbatch's forward would gather again),
   ``to_empty`` on the rank's GPU, then ``PipelineStage(chunk, index, stages, device, group=pp group)`` with no shapes
   given: torch infers them, its warm-up vote and metadata exchange reading what the neighbouring ranks sent (Note:
-  [values between simulated ranks] in :mod:`fakeviz._engine.distributed`);
+  [values between simulated ranks] in :mod:`fakeviz._engine.distributed`). A looped or V schedule's stages get
+  their shapes (:func:`_shapes`: what torch's inference finds), since a rank's later stage receives from a rank
+  recorded after it: the record has no metadata exchange and no inference forward where torchtitan's run has them
+  (a few hundred bytes of p2p and one microbatch's forward and backward before the step). So do all stages on a
+  torch that decides shapes locally under a fake group (>= 2.14:
+  :func:`fakeviz._engine.torch_compat.pipeline_shapes_over_fake_group`);
 * the schedule (``torch.distributed.pipelining.schedules``; a name this torch lacks is refused with the names it
   has) with ``microbatches`` (default: torchtitan's microbatch size 1, so ``batch`` microbatches) and torchtitan's
   loss (``cross_entropy`` of the flattened logits in float32) on the last stage; ``batch`` is the data-parallel
-  rank's batch, every rank gets the targets, the first stage the inputs; then AdamW's step (its state made first,
-  :func:`.steps.init_state`: a steady-state step).
+  rank's batch, every rank gets the targets, the first stage the inputs, ``return_outputs=False`` where the
+  schedule has it (a trainer reads the losses; torch would otherwise keep every microbatch's logits until the step
+  ends); then AdamW's step (its state made first, :func:`.steps.init_state`: a steady-state step).
 
 Ranks of one pipeline rank whose parameters have the same local shapes record alike (:func:`.parallel.rank_keys`
 with the pipeline coordinate in the key); ranks of different pipeline ranks never stand in for each other.
@@ -47,6 +53,7 @@ from torch import nn
 
 from .._core.errors import ArgumentError
 from .._engine import torch_compat
+from .._engine.distributed import current_mailbox
 
 __all__ = ["SCHEDULES", "PipelineChunk", "pipeline_plan", "split_stages"]
 
@@ -210,8 +217,15 @@ def pipeline_step(model: Any, names: tuple[str, ...], settings: dict[str, Any], 
     name, cls = schedule_class(settings["schedule"])
     pp, n_stages, mb = settings["parallel"]["pp"], len(split), settings["microbatches"]
 
+    multi, exchanged = _multi(cls), torch_compat.pipeline_shapes_over_fake_group()
+
     def step(rank: int, mesh: Any) -> None:
         dev = torch.device("cuda", torch.cuda.current_device())
+        box = current_mailbox()
+        if multi and exchanged and box is not None:  # every stage given its shapes votes STATIC (1)
+            box.expect((1,), torch.int32, 1,
+                       "PipelineStage's warm-up vote from a rank not recorded yet: 1 (STATIC), as every stage of a "
+                       "pipeline plan with a looped schedule is given its shapes")  # fmt: skip
         with torch.device("meta"):
             m = models.build(model, dtype=settings["dtype"])
         _check_model(m)
@@ -231,7 +245,7 @@ def pipeline_step(model: Any, names: tuple[str, ...], settings: dict[str, Any], 
                 fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=False)
             chunk.to_empty(device=dev)
             chunks.append(chunk)
-            shapes = {} if torch_compat.pipeline_shapes_over_fake_group() else _shapes(m, i, n_stages, settings)
+            shapes = {} if exchanged and not multi else _shapes(m, i, n_stages, settings)
             stages.append(PipelineStage(chunk, i, n_stages, dev, group=pp_mesh.get_group(), **shapes))
         held[rank] = list(ids)
         if not layouts:
@@ -249,10 +263,12 @@ def pipeline_step(model: Any, names: tuple[str, ...], settings: dict[str, Any], 
             for c in chunks:
                 stack.enter_context(checkpointing(c, settings["checkpointing"]))
             losses: list[Any] = []
+            # the losses are what a trainer reads; torch would otherwise keep every microbatch's logits to the end
+            quiet = {"return_outputs": False} if "return_outputs" in inspect.signature(sched.step).parameters else {}
             if any(s.is_first for s in stages):
-                sched.step(tokens, target=target, losses=losses)
+                sched.step(tokens, target=target, losses=losses, **quiet)
             else:
-                sched.step(target=target, losses=losses)
+                sched.step(target=target, losses=losses, **quiet)
         opt.step()
         opt.zero_grad()
 
@@ -299,9 +315,6 @@ def check(parallel: dict[str, int], *, batch: int, microbatches: Any, schedule: 
             raise ArgumentError("stages", stages, f"{len(split)} stages for pp={pp} x stages_per_rank="
                                 f"{stages_per_rank}", f"give {pp * stages_per_rank} stages")  # fmt: skip
     else:
-        if pp * stages_per_rank > layers:
-            raise ArgumentError("parallel['pp']", pp, f"{pp * stages_per_rank} stages for {layers} layers",
-                                f"use pp x stages_per_rank <= {layers}")  # fmt: skip
         split = split_stages(layers, pp * stages_per_rank)
     mb = batch if microbatches is None else microbatches
     if not isinstance(mb, int) or isinstance(mb, bool) or mb < 1:
