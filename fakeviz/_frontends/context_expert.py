@@ -77,7 +77,7 @@ __all__ = [
 ]  # fmt: skip
 
 EP_ASSUMPTION = (
-    "expert parallel: every rank routes its {tokens} tokens the same balanced way (record(routing=) of the router), "
+    "expert parallel: every rank routes its {tokens} tokens the same balanced way (the router's topk assumed balanced), "
     "so it receives from each of the {ep} ranks of its ep group what it sends to that rank ({rows} rows of top_k x "
     "tokens / ep): the all-to-all's received counts are this rank's own sent counts"
 )
