@@ -391,6 +391,12 @@ def pipeline_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
 
     sim = simulate(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
                    _rank_keys=keys)  # fmt: skip
+    if _multi(schedule_class(schedule)[1]) or not torch_compat.pipeline_shapes_over_fake_group():
+        said = ("PipelineStage was given each stage's shapes (Note: [pipeline plans]): torchtitan's stages, given "
+                "none, agree them at the first step (a metadata exchange of a few hundred bytes and one microbatch's "
+                "forward and backward before the schedule runs), which this record does not have")  # fmt: skip
+        for t in sim.traces.values():
+            t.meta.setdefault("assumptions", []).append([-1, "PipelineStage", said, None, None])
     sim.settings = {**settings, "dtype": str(settings["dtype"]) if settings["dtype"] else None, "model": str(model),
                     "tp_replicated": [], "stages": split, "stage_of": dict(held)}  # fmt: skip
     return sim
