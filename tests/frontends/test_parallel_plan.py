@@ -102,8 +102,8 @@ def test_hsdp_replicas_are_identical_and_inference_has_no_optimizer() -> None:
 
 
 def test_bad_parallel_arguments() -> None:
-    with pytest.raises(ValueError, match="(?s)unknown axis 'pp'.*fakeviz.simulate"):
-        fv.plan(_cfg(), gpus="8xH100", parallel={"pp": 2, "dp_shard": 4})
+    with pytest.raises(ValueError, match="(?s)unknown axis 'sp'.*fakeviz.simulate"):
+        fv.plan(_cfg(), gpus="8xH100", parallel={"sp": 2, "dp_shard": 4})
     with pytest.raises(ValueError, match="holds 4 GPUs, but parallel=.* makes 8 ranks"):
         fv.plan(_cfg(), gpus="4xH100", parallel={"dp_shard": 4, "tp": 2})
     with pytest.raises(ValueError, match="tp=3 does not divide num_key_value_heads=2"):
