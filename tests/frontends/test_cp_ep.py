@@ -163,6 +163,76 @@ def test_ep_on_deepseek_v3_keeps_the_assumed_routing_past_its_router() -> None:
     assert a2a.bytes_in.tolist() == [64 * 8, tokens * 8 * H * BF16, tokens * 8 * H * BF16]
 
 
+def _balanced_router(self, hidden_states):  # Mixtral's router with the routing the fake run assumes, both runs
+    hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+    logits = torch.nn.functional.linear(hidden_states, self.weight)
+    probs = torch.nn.functional.softmax(logits.float(), dim=-1)
+    idx = (torch.arange(hidden_states.shape[0])[:, None] * self.top_k + torch.arange(self.top_k)[None, :]) % EXPERTS
+    top = probs.gather(1, idx)
+    return logits, top / top.sum(dim=-1, keepdim=True), idx
+
+
+def _ep_step(rank: int, mesh: object) -> None:
+    """The expert-parallel recipe of the plans (context_expert.expert_parallel, FSDP2 per block) on cpu."""
+    import types
+
+    from torch.distributed.fsdp import fully_shard
+    from transformers import MixtralForCausalLM
+
+    from fakeviz._frontends import context_expert
+
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(_moe())
+    for mod in model.modules():
+        if type(mod).__name__ == "MixtralTopKRouter":
+            mod.forward = types.MethodType(_balanced_router, mod)
+    context_expert.expert_parallel(model, mesh, ("dp_shard",), 2)
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh["dp_shard"])
+    fully_shard(model, mesh=mesh["dp_shard"])
+    ids = torch.randint(0, 256, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+
+
+def _real_rank(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fakeviz._analysis.collectives import collectives
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    with fv.record(fake=False, device="cpu") as trace:
+        _ep_step(rank, init_device_mesh("cpu", (2,), mesh_dim_names=("dp_shard",)))
+    if rank == 0:
+        collectives(trace)[COLL].to_csv(out, index=False)
+    dist.destroy_process_group()
+
+
+COLL = ["op", "kind", "phase", "group_size", "bytes_in", "bytes_out"]
+
+
+def test_ep_collectives_equal_a_real_gloo_run(tmp_path: object) -> None:
+    """Two real CPU processes over gloo run the same ep step (transformers' all-to-all dispatch, FSDP2) as the fake
+    process group's rank 0, with the router giving both the balanced routing: every collective, its kind, group and
+    bytes, is the same. (The op logs differ where DTensor and functional collectives record differently on a real
+    group: 4 ``_wrap_tensor_autograd`` and 9 ``empty_strided`` rows in the real run, 21 views in the fake one.)"""
+    import socket
+
+    import pandas as pd
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / "real.csv")  # type: ignore[operator]
+    mp.spawn(_real_rank, args=(port, out), nprocs=2, join=True)
+    fake = fv.simulate(_ep_step, 2, mesh_shape=(2,), mesh_dim_names=("dp_shard",), device="cpu", ranks=[0])
+    real = pd.read_csv(out)
+    got = fake.collectives(0)[COLL].reset_index(drop=True)
+    assert len(real) == 18 and real.astype(str).equals(got.astype(str))
+    assert (got.kind == "all_to_all").sum() == 2 * 5  # per layer: counts, tokens out, back; backward: two
+
+
 # ---------------------------------------------------------------------------------------------------- refusals
 def test_cp_and_ep_refuse_what_they_cannot_run() -> None:
     with pytest.raises(ArgumentError, match="(?s)parallel.*ep needs a mixture-of-experts model; LlamaConfig is dense"):
