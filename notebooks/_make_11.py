@@ -159,9 +159,9 @@ cells = [
         '    print(f"- {op}: {text}")'
     ),
     md(
-        '`record(routing="skewed")` in your own `fv.simulate` step gives the worst case instead (every token '
-        "to experts 0-7). The ep ranks hold the same shapes and run the same ops, so one rank was recorded and "
-        "seven stand in for it (`ep8.stand_ins`)."
+        'A plan assumes balanced routing; a single-GPU record takes `fv.record(routing="skewed")` for the worst '
+        "case (every token to the same 8 experts). The ep ranks hold the same shapes and run the same ops, so one "
+        "rank was recorded and seven stand in for it (`ep8.stand_ins`)."
     ),
     md(
         "## 3. Pipeline parallel: four stages under 1F1B\n"
@@ -181,10 +181,10 @@ cells = [
         "Stage 0 holds the embedding and one layer, stages 1 and 2 two layers each, stage 3 one layer and the "
         "head: their weights follow (a layer of Llama-3.1-8B is 218,112,000 parameters, the embedding and the "
         "head 525,336,576 each). A stage's activations are the microbatches it has run forward and not yet "
-        "backward, times the layers it holds: 1F1B runs more warm-up forwards on the early stages, so stage 1, "
-        "with two layers, holds the most here, and the last stage, which runs each microbatch's backward right "
-        "after its forward, almost none. Its temporaries are the head's logits over 128,256 words, which the "
-        "loss takes in float32."
+        "backward, times the layers it holds: 1F1B runs more warm-up forwards on the early stages, so stage 1 "
+        "holds more than stage 2 with the same two layers. The last stage runs each microbatch's backward right "
+        "after its forward; what it holds is the head's: the logits of a microbatch over 128,256 words (2,048 x "
+        "128,256 x 2 bytes = 0.49 GiB in bf16) and the loss's float32 copies of them."
     ),
     md(
         "## 4. How far to trust it\n"
