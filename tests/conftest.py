@@ -7,6 +7,7 @@ The tests mirror the package's layers: ``tests/core``, ``tests/engine``, ``tests
 
 from __future__ import annotations
 
+import gc
 import re
 import sys
 from pathlib import Path
@@ -64,6 +65,21 @@ def _scope(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     m = _TUTORIAL.search(path) or _TUTORIAL_RUN.search(nodeid)
     return f"tutorial {m.group(1)}" if m else path
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Exempt what the imports made from every later garbage collection (Note: [gc.freeze after collection])."""
+    gc.collect()
+    gc.freeze()
+
+
+# Note: [gc.freeze after collection]
+# Many tests call gc.collect() before each recording, so that no cyclic garbage is freed in the middle of one and the
+# real and fake records free storages at the same op. A full collection walks every tracked object, and after the
+# test modules are imported (torch, torch._dynamo, transformers, pandas, plotly) those are about 400,000: 0.3-1.5 s a
+# call, thousands of calls. Collected modules, classes and functions live for the whole session; gc.freeze() moves
+# them to the permanent generation, which collections skip, so a collection walks only what tests made (gc.collect()
+# measured: 1.45 s -> 2 us right after the freeze). Everything a test makes is collected as before.
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
