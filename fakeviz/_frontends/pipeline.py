@@ -260,8 +260,8 @@ def pipeline_step(model: Any, names: tuple[str, ...], settings: dict[str, Any], 
         target = torch.randint(0, vocab, (batch, seq), device=dev)
         with contextlib.ExitStack() as stack, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*returned a view tensor", category=UserWarning)
-            for c in chunks:
-                stack.enter_context(checkpointing(c, settings["checkpointing"]))
+            for c in chunks:  # each stage's blocks (its layers, numbered by the model's own indices)
+                stack.enter_context(checkpointing(c.model.layers, settings["checkpointing"]))
             losses: list[Any] = []
             # the losses are what a trainer reads; torch would otherwise keep every microbatch's logits to the end
             quiet = {"return_outputs": False} if "return_outputs" in inspect.signature(sched.step).parameters else {}

@@ -96,6 +96,19 @@ def test_microbatches_in_flight_per_schedule(microbatches: int) -> None:
     assert _activation_high_water(sims["1F1B"], P - 1) < _activation_high_water(sims["GPipe"], P - 1)
 
 
+def test_checkpointing_keeps_each_stage_block_inputs_only() -> None:
+    """Full activation checkpointing in a pipeline: each block saves its input only (one microbatch's hidden states,
+    mb x seq x hidden x 4 bytes), so stage 1 under GPipe holds M microbatches x 2 blocks of them at most, plus what
+    its head and loss save (the last stage) or the embedding's indices (the first)."""
+    kw = dict(gpus="2xH100", parallel={"pp": 2}, batch=4, seq=16, train=True, microbatches=4, schedule="GPipe")
+    off, on = fv.plan(_cfg(4), ranks="all", **kw), fv.plan(_cfg(4), ranks="all", checkpointing=True, **kw)
+    one = 1 * 16 * H * F32
+    for r in (0, 1):
+        assert _activation_high_water(on, r) < _activation_high_water(off, r), r
+    # stage 0: per microbatch, 2 blocks' inputs saved (the embedding's output and block 0's), plus its int64 ids
+    assert _activation_high_water(on, 0) >= 4 * 2 * one
+
+
 def test_looped_and_v_schedules_hold_their_stages() -> None:
     kw = dict(gpus="2xH100", batch=4, seq=16, train=True, microbatches=4, ranks="all")
     inter = fv.plan(_cfg(4), parallel={"pp": 2}, schedule="Interleaved1F1B", **kw)
