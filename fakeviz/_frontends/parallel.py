@@ -10,8 +10,13 @@ The step every rank runs is the recipe torchtitan uses for a decoder-only transf
   row: ``colwise`` -> ``ColwiseParallel()``, ``rowwise`` -> ``RowwiseParallel()``); embeddings, norms and the
   output head are replicated across ``tp`` (``Replicate()`` DTensors: no sequence parallelism);
 * activation checkpointing of the repeated blocks when asked (:func:`.steps.checkpointing`);
+* ``ep``: the experts sharded by expert over ranks borrowed from ``dp_shard``, tokens moved by all-to-all (Note:
+  [expert parallel plans] in :mod:`.context_expert`);
 * ``dp_shard`` (FSDP2) / ``dp_replicate`` x ``dp_shard`` (HSDP): ``fully_shard`` of each repeated block, then
-  of the root, over the data-parallel mesh;
+  of the root, over the data-parallel mesh (``dp_shard`` x ``cp`` flattened with ``cp``; a module kept in another
+  dtype, a float32 router, gets its own group first);
+* ``cp``: the step under torch's ``context_parallel``, the sequence sharded, ring attention (Note: [context
+  parallel plans] in :mod:`.context_expert`);
 * ``to_empty`` onto the rank's fake GPU, then the step: a steady-state training step with AdamW (the state
   made by its own code first, :func:`.steps.init_state`), or a forward, or ``generate``. ``batch`` is the
   batch of one data-parallel rank (torchtitan's local batch).
