@@ -10,7 +10,7 @@ machine may be shared: other processes take cores from both runs), and the CPU s
 the pool's workers): on two idle cores the pool's wall time would be about the busier one's, which
 ``idle_two_core_ratio_estimate`` divides by the sequential run's CPU time (an estimate, labelled as such).
 
-    python benchmarks/sweep_executor.py [--repeat 2] [--layers N] [--out PATH]
+    python benchmarks/sweep_executor.py [--repeat 2] [--layers N] [--out PATH] [--append]
 
 Results: ``benchmarks/results/sweep_executor.json``.
 """
@@ -54,11 +54,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--layers", type=int, default=None, help="shorten the model (same widths) for a quick run")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--append", action="store_true", help="add this run's repeats to those already in --out")
     args = ap.parse_args()
     model: Any = MODEL
     if args.layers:
         model = fv.models.config(MODEL, num_hidden_layers=args.layers)
-    runs = []
+    runs = json.loads(args.out.read_text())["runs"] if args.append and args.out.exists() else []
     for k in range(args.repeat):
         load = os.getloadavg()
         seq_s, seq_df, seq_cpu, _ = _run(model, False)
