@@ -675,6 +675,7 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         plans = [plans[i] for i in order]
     df.attrs["plans"] = _Plans(plans)
     df.attrs["rank_by"] = by
+    df.attrs["executor"] = run.where
     return df
 
 
