@@ -59,7 +59,7 @@ def parse_parallel(parallel: dict[str, int], gpus: Any) -> tuple[tuple[int, ...]
     if unknown:
         raise ValueError(
             f"parallel: unknown axis {', '.join(map(repr, unknown))}; plan knows {', '.join(AXES)}.\n"
-            "For pipeline stages or another recipe, write the step yourself and call fakeviz.simulate(step, ...)."
+            "For another recipe, write the step yourself and call fakeviz.simulate(step, ...)."
         )
     sizes = {}
     for k, v in parallel.items():
