@@ -47,7 +47,7 @@ from .. import models
 from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import parse_gpus
-from . import executors, planning, steps
+from . import executors, offload, planning, steps
 
 __all__ = ["fit"]
 
@@ -182,7 +182,8 @@ def _unpacked(result: Any) -> Any:
 def _peak(p: Any) -> int:
     if isinstance(p, executors.Failed):
         return 0
-    return int(p.peaks.peak.max()) if len(p.peaks) else 0
+    gpu = offload.gpu_rows(p.peaks)  # a plan with offload has cpu rows (the host): never the GPU's peak
+    return int(gpu.peak.max()) if len(gpu) else 0
 
 
 # ------------------------------------------------------------------------------------------------ search
