@@ -185,5 +185,8 @@ def with_host_row(peaks: pd.DataFrame, trace: Any, settings: dict[str, Any]) -> 
 
 def gpu_rows(peaks: pd.DataFrame) -> pd.DataFrame:
     """The GPU rows of a peaks table (without the ``cpu`` row :func:`with_host_row` adds): what a GPU's peak,
-    headroom and fit are read from."""
-    return peaks[peaks.device.astype(str) != "cpu"] if len(peaks) else peaks
+    headroom and fit are read from. A host row is a ``cpu`` row without a capacity: a simulation on
+    ``device="cpu"`` has ranks whose own device is ``cpu``, with their capacity, and they stay."""
+    if not len(peaks):
+        return peaks
+    return peaks[~((peaks.device.astype(str) == "cpu") & peaks.capacity.isna())]
