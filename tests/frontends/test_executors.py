@@ -144,7 +144,8 @@ def test_the_default_pool_shares_the_points_with_this_process(cfg, monkeypatch) 
 
 
 def test_a_dask_cluster_runs_the_points(cfg) -> None:
-    distributed = pytest.importorskip("distributed")
+    # dask's own module path: a bare "distributed" can be another top-level module (benchmarks/distributed.py)
+    distributed = pytest.importorskip("dask.distributed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         with distributed.Client(lc) as client:
             df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, train=True, progress=False, rank_by=None,
