@@ -89,8 +89,13 @@ def write(cells: list, name: str, argv: list[str] | None = None) -> Path:
         return out
     out = HERE / name
     if argv[:1] == ["--execute"]:
+        import os
+
         from nbclient import NotebookClient
 
+        # stored outputs are made one point after another (the tests re-execute them so: Note: [no pools in the
+        # suite] in tests/conftest.py); a pool's recordings and source lines depend on the machine's load
+        os.environ.setdefault("FAKEVIZ_EXECUTOR", "serial")
         NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
         nb = tidy(nb)
     nbf.write(nb, out)
