@@ -127,12 +127,19 @@ def worker_cache(key: Any, make: Callable[[], Any]) -> Any:
     return _CACHE[key]
 
 
+# The user's line of an op recorded in a worker: the worker runs no line of the user's, and the spawn bootstrap's
+# ``<string>:1`` would read as a line of user code; so a point runs from this one line, named for what it is.
+_IN_WORKER = compile("result = fn(*args)", "<fakeviz worker>", "exec")
+
+
 def _run(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
     """What a worker runs: ``fn(*args)`` with its record(s) as ``.fvz`` bytes (``("ok", result)``), or
     ``("error", (text, partial record bytes or None))``."""
     _WORKER.on = True
     try:
-        return "ok", _pack(fn(*args))
+        space = {"fn": fn, "args": args}
+        exec(_IN_WORKER, space)  # noqa: S102 - our own constant code: ops report this line as their user's
+        return "ok", _pack(space["result"])
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, never fatal for the others
         partial = getattr(exc, "trace", None)
         return "error", (error_text(exc), partial.to_bytes() if partial is not None else None)

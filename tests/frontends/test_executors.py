@@ -117,7 +117,8 @@ def test_a_dying_worker_fails_its_points_not_the_call() -> None:
     assert all(r == k or isinstance(r, executors.Failed) for k, r in enumerate(out))
 
 
-def test_the_default_keeps_fast_points_here_and_refuses_what_is_not_an_executor(cfg) -> None:
+def test_the_default_keeps_fast_points_here_and_refuses_what_is_not_an_executor(cfg, monkeypatch) -> None:
+    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)  # the default, not the suite's serial one
     df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, progress=False)
     assert df.attrs["executor"].startswith("in this process")  # tiny points: a pool would not pay for itself
     module = fv.models.build(cfg, device="cuda:0")
