@@ -46,7 +46,13 @@ from . import context_expert, offload
 
 __all__ = ["AXES", "parallel_plan"]
 
-AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # mesh order: outermost (slowest-varying rank) first, as torchtitan
+AXES = (
+    "pp",
+    "dp_replicate",
+    "dp_shard",
+    "cp",
+    "tp",
+)  # mesh order: outermost (slowest-varying rank) first, as torchtitan
 BORROWED = ("ep",)  # degrees that borrow the ranks of other axes (ep: dp_shard's), no mesh axis of their own
 _STYLES = ("colwise", "rowwise")
 

@@ -367,8 +367,10 @@ def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity]
         s["paged_bytes"] = steps.paged_bytes(opt)
         with steps.checkpointing(model, s["checkpointing"]):
             try:
-                with record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace, \
-                        offloading.saved_on_host(s):  # inside: Note: [saved activations on the host in a record]
+                with (
+                    record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace,
+                    offloading.saved_on_host(s),
+                ):  # inside: Note: [saved activations on the host in a record]
                     steps.run(built.runner or model, batch=s["batch"], seq=s["seq"], train=s["train"],
                               new_tokens=s["new_tokens"], optimizer=opt)  # fmt: skip
             except RecordError as exc:  # the step failed: the partial record says where (never "fits")
@@ -476,7 +478,12 @@ def plan(
         _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
         if train and new_tokens:
             raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}, train={train}: not a step to run")
-        pipe = {"microbatches": microbatches, "schedule": schedule, "stages": stages, "stages_per_rank": stages_per_rank}
+        pipe = {
+            "microbatches": microbatches,
+            "schedule": schedule,
+            "stages": stages,
+            "stages_per_rank": stages_per_rank,
+        }
         if isinstance(parallel, dict) and parallel.get("pp", 1) != 1:  # Note: [pipeline plans]
             from .pipeline import pipeline_plan
 
@@ -490,7 +497,9 @@ def plan(
                              new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
                              executor=executor)  # fmt: skip
     if any(v is not None for v in (microbatches, schedule, stages, stages_per_rank)):
-        raise ValueError("microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}")
+        raise ValueError(
+            "microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}"
+        )
     caps = parse_gpus(gpus)
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
