@@ -321,7 +321,13 @@ def _no_dialog(page: Any, timeout: float = 60_000) -> None:
         title = " ".join(dialog.first.inner_text(timeout=1_000).split())
         if title.startswith("Select Kernel"):
             # on a loaded machine JupyterLab may ask which kernel before its sessions answer (fresh-clone CI saw it
-            # stay 60 s): accept its preselected kernel, as a person would
+            # stay 60 s): pick the Python kernel (its preselection can be "No Kernel"), as a person would
+            options = dialog.first.locator("select")
+            if options.count():
+                try:
+                    options.first.select_option(label="Python 3 (ipykernel)", timeout=5_000)
+                except Exception:  # noqa: BLE001 - another label: keep the preselected one
+                    pass
             dialog.first.locator(".jp-Dialog-button.jp-mod-accept").click(timeout=10_000)
         dialog.first.wait_for(state="detached", timeout=timeout)
     except Exception as exc:  # playwright's TimeoutError
