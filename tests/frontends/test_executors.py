@@ -147,21 +147,18 @@ def test_the_default_pool_shares_the_points_with_this_process(cfg, monkeypatch) 
     _no_session_left()
 
 
-def _dask_distributed() -> Any:
+def _dask_distributed(monkeypatch: pytest.MonkeyPatch) -> Any:
     """dask.distributed, whose package is the top-level ``distributed``: other tests of the same worker put
-    ``benchmarks/`` first on sys.path, whose ``distributed.py`` would be imported in its place."""
-    saved = list(sys.path)
-    sys.path[:] = [p for p in sys.path if Path(p).name != "benchmarks"]
+    ``benchmarks/`` first on sys.path, whose ``distributed.py`` would be imported in its place, here and in the
+    cluster's worker processes (spawn hands them this sys.path): kept off sys.path for the whole test."""
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if Path(p).name != "benchmarks"])
     if "distributed" in sys.modules and not hasattr(sys.modules["distributed"], "LocalCluster"):
-        del sys.modules["distributed"]
-    try:
-        return pytest.importorskip("dask.distributed")
-    finally:
-        sys.path[:] = saved
+        monkeypatch.delitem(sys.modules, "distributed")
+    return pytest.importorskip("dask.distributed")
 
 
-def test_a_dask_cluster_runs_the_points(cfg) -> None:
-    distributed = _dask_distributed()
+def test_a_dask_cluster_runs_the_points(cfg, monkeypatch) -> None:
+    distributed = _dask_distributed(monkeypatch)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
         with distributed.Client(lc) as client:
             df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, train=True, progress=False, rank_by=None,
