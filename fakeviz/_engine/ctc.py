@@ -55,7 +55,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
 from . import patches as _patches
@@ -296,7 +295,6 @@ _PREVIOUS: dict[Any, Callable[..., Any] | None] = {}
 
 
 def _install() -> None:
-    table = fake_impls.op_implementations_dict
     rules = {
         "_use_cudnn_ctc_loss": _use_rule,
         "_cudnn_ctc_loss": _cudnn_rule,
@@ -304,13 +302,7 @@ def _install() -> None:
         "_ctc_loss_backward": _ctc_backward_rule,
     }
     for name in sorted(FAKE_RULE_OPS):
-        op, rule = torch_compat.op_or_none(name), rules[name.split(".")[1]]
-        current = table.get(op)
-        if getattr(current, "_fakeviz_rule", False):
-            continue
-        _PREVIOUS[op] = current
-        rule._fakeviz_rule = True  # type: ignore[attr-defined]
-        _patches.push_item(table, op, rule, entry="fake-rules")  # for the process (Note: [patch registry])
+        _patches.install_fake_rule(torch_compat.op_or_none(name), rules[name.split(".")[1]], _PREVIOUS)
 
 
 _install()

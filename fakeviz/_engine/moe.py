@@ -54,11 +54,9 @@ assumes (Note: [values under fake tensors]).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
 from . import patches as _patches
@@ -213,7 +211,8 @@ def _contiguous(size: list[Any]) -> list[Any]:
 def _grouped_mm_rule(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
     """FakeTensorMode's implementation of ``aten._grouped_mm`` for fakeviz's modes."""
     if mode not in _MODES:
-        return _previous(mode, func, *args, **kwargs) if _previous is not None else NotImplemented
+        prev = _PREVIOUS.get(func)
+        return prev(mode, func, *args, **kwargs) if prev is not None else NotImplemented
     names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
     bound = dict(zip(names, args))
     bound.update(kwargs)
@@ -233,21 +232,13 @@ FAKE_RULE_OPS: frozenset[str] = frozenset(
     name for name in ("aten._grouped_mm.default",) if torch_compat.op_or_none(name) is not None
 )
 
-_previous: Callable[..., Any] | None = None
+_PREVIOUS: dict[Any, Any] = {}  # op -> the rule fakeviz's replaced
 
 
 def _install() -> None:
-    global _previous
     op = torch_compat.op_or_none("aten._grouped_mm.default")
-    if op is None:
-        return
-    table = fake_impls.op_implementations_dict
-    current = table.get(op)
-    if getattr(current, "_fakeviz_rule", False):
-        return
-    _previous = current
-    _grouped_mm_rule._fakeviz_rule = True  # type: ignore[attr-defined]
-    _patches.push_item(table, op, _grouped_mm_rule, entry="fake-rules")  # for the process (Note: [patch registry])
+    if op is not None:
+        _patches.install_fake_rule(op, _grouped_mm_rule, _PREVIOUS)
 
 
 _install()

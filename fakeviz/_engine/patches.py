@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 __all__ = ["ENTRIES", "Busy", "Entry", "OnImport", "active", "claim", "declare", "enter", "home", "leave",
-           "original", "pop", "push", "push_call", "push_item", "push_member", "watch", "where"]  # fmt: skip
+           "install_fake_rule", "original", "pop", "push", "push_call", "push_item", "push_member", "watch", "where"]  # fmt: skip
 
 SCOPES = ("import", "session", "gpu-session", "record")
 
@@ -341,6 +341,20 @@ def push(owner: Any, name: str, value: Any, *, entry: str) -> int:
 def push_item(table: dict[Any, Any], key: Any, value: Any, *, entry: str) -> int:
     """Set ``table[key] = value`` for declared ``entry``; the token undoes it."""
     return _push(table, key, value, entry, item=True)
+
+
+def install_fake_rule(op: Any, rule: Callable[..., Any], previous: dict[Any, Any]) -> None:
+    """Put fakeviz's fake ``rule`` for aten ``op`` in FakeTensorMode's op table for the process (entry
+    ``fake-rules``), once; the rule it replaces goes to ``previous[op]`` (what the rule answers other modes with)."""
+    from torch._subclasses import fake_impls
+
+    table = fake_impls.op_implementations_dict
+    current = table.get(op)
+    if getattr(current, "_fakeviz_rule", False):
+        return
+    previous[op] = current
+    rule._fakeviz_rule = True  # type: ignore[attr-defined]
+    push_item(table, op, rule, entry="fake-rules")
 
 
 def push_member(lst: list[Any], member: Any, *, entry: str) -> int:

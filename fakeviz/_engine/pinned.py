@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch._subclasses import fake_impls
 from torch._subclasses.fake_tensor import in_kernel_invocation_manager
 
 from . import patches as _patches
@@ -30,15 +29,16 @@ FAKE_RULE_OPS: frozenset[str] = frozenset(
     name for name in ("aten._pin_memory.default",) if torch_compat.op_or_none(name) is not None
 )
 
-_previous: Any = None
+_PREVIOUS: dict[Any, Any] = {}  # op -> the rule fakeviz's replaced
 
 
 def _pin_memory_rule(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
     """FakeTensorMode's implementation of ``aten._pin_memory`` for fakeviz's modes: a new host tensor of the
     input's sizes, strides and dtype."""
     if not adopted(mode):
-        if _previous is not None:
-            return _previous(mode, func, *args, **kwargs)
+        prev = _PREVIOUS.get(func)
+        if prev is not None:
+            return prev(mode, func, *args, **kwargs)
         raise NotImplementedError(f"NYI: {func}")  # torch's own answer for this op
     src = args[0] if args else kwargs["self"]
     with in_kernel_invocation_manager(mode):
@@ -47,17 +47,9 @@ def _pin_memory_rule(mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _install() -> None:
-    global _previous
     op = torch_compat.op_or_none("aten._pin_memory.default")
-    if op is None:
-        return
-    table = fake_impls.op_implementations_dict
-    current = table.get(op)
-    if getattr(current, "_fakeviz_rule", False):
-        return
-    _previous = current
-    _pin_memory_rule._fakeviz_rule = True  # type: ignore[attr-defined]
-    _patches.push_item(table, op, _pin_memory_rule, entry="fake-rules")  # for the process (Note: [patch registry])
+    if op is not None:
+        _patches.install_fake_rule(op, _pin_memory_rule, _PREVIOUS)
 
 
 _install()
