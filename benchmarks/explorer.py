@@ -122,10 +122,10 @@ def _plotly_anchor(trace: Any) -> dict[str, Any]:
     from fakeviz import views
 
     figs = {
-        "layer_tree": lambda: views.layer_tree(trace),
-        "memory_bars": lambda: views.memory_bars(trace, "H100"),
-        "memory_timeline": lambda: views.memory_timeline(trace, capacity="H100"),
-        "alias_graph": lambda: views.alias_graph(trace),
+        "layer_tree": lambda: views.layer_tree_figure(trace),
+        "memory_bars": lambda: views.memory_bars_figure(trace, "H100"),
+        "memory_timeline": lambda: views.memory_timeline_figure(trace, capacity="H100"),
+        "alias_graph": lambda: views.alias_graph_figure(trace),
         "ops_table": lambda: views.ops_table_figure(trace),
     }
     out: dict[str, Any] = {}

@@ -134,7 +134,7 @@ def predict(f: timing.OpFeatures, table: dict[str, timing.Achieved]) -> np.ndarr
 
 def step_pred(f: timing.OpFeatures, table: dict[str, timing.Achieved]) -> float:
     est = timing.estimate(f, GPU, table=table)[0]
-    return timing.simulate(f, est, timing.host_times(f, table=table), np.zeros(len(f)))[0]
+    return timing.critical_path(f, est, timing.host_times(f, table=table), np.zeros(len(f)))[0]
 
 
 COMPUTE_GRID = np.round(np.arange(0.05, 1.001, 0.025), 3)

@@ -7,7 +7,7 @@ AdamW; ``conv_large``: convolutions with cuDNN workspaces), for real on
 optimizer step) inside
 ``fv.record(fake=False, device="cuda:0")``, and compares the peaks that
 ``torch.cuda.memory_stats()`` reports with the ones the model
-(``fakeviz._analysis.allocator.simulate_trace``) computes from the recorded trace:
+(``fakeviz._analysis.allocator.replay_trace``) computes from the recorded trace:
 
 * ``requested_bytes.all.peak``: raw bytes asked for; checks the *record*
   (which storages exist when), independently of the allocator model;
@@ -208,7 +208,7 @@ def run_case(name: str, step: Callable[[], Any], *, history: bool) -> dict[str, 
     import torch
 
     import fakeviz as fv
-    from fakeviz._analysis.allocator import simulate_trace
+    from fakeviz._analysis.allocator import replay_trace
 
     with torch.device("cuda:0"):
         kept = step()  # warm-up, not recorded
@@ -232,7 +232,7 @@ def run_case(name: str, step: Callable[[], Any], *, history: bool) -> dict[str, 
     del kept
     _settle()
 
-    run = simulate_trace(trace, "cuda:0")
+    run = replay_trace(trace, "cuda:0")
     row: dict[str, Any] = {
         "case": name,
         "ops": trace.num_ops,
@@ -303,7 +303,7 @@ def fake_twin(step: Callable[[], Any], row: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     import fakeviz as fv
-    from fakeviz._analysis.allocator import simulate_trace
+    from fakeviz._analysis.allocator import replay_trace
 
     before = torch.cuda.memory_stats()
     t = time.perf_counter()
@@ -315,7 +315,7 @@ def fake_twin(step: Callable[[], Any], row: dict[str, Any]) -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {str(exc)[:1500]}"}
     seconds = time.perf_counter() - t
     after = torch.cuda.memory_stats()
-    run = simulate_trace(trace, "cuda:0")
+    run = replay_trace(trace, "cuda:0")
     row["_fake_oplog"] = trace.oplog_lines()
     out: dict[str, Any] = {
         "ops": trace.num_ops,

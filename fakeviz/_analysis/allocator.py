@@ -1,6 +1,6 @@
 """A model of PyTorch's CUDA caching allocator, replayed over a recorded trace.
 
-:func:`simulate` replays the storage allocations and frees of one device, in
+:func:`replay` replays the storage allocations and frees of one device, in
 the order the recorder saw them, through a re-implementation of the default
 ``CUDACachingAllocator`` (``DeviceCachingAllocator`` in
 ``c10/cuda/CUDACachingAllocator.cpp``; constants in ``c10/core/AllocatorConfig.h``
@@ -110,8 +110,8 @@ __all__ = [
     "Segment",
     "allocation_size",
     "round_size",
-    "simulate",
-    "simulate_trace",
+    "replay",
+    "replay_trace",
 ]
 
 K_MIN_BLOCK_SIZE = 512  # all sizes are rounded to at least 512 bytes
@@ -232,7 +232,7 @@ class AllocatorRun:
     num_ooms: int
     capacity: int | None
     segments: list[Segment]
-    # the event log in compact form (see _event_order and simulate), expanded by `events`
+    # the event log in compact form (see _event_order and replay), expanded by `events`
     _code: np.ndarray = field(repr=False)
     _seq: np.ndarray = field(repr=False)
     _extra: list[tuple[int, str, int, int, int, int]] = field(repr=False)  # (row that caused it, event...)
@@ -308,7 +308,7 @@ def _event_order(
     return code[order], seq[order]
 
 
-def simulate(
+def replay(
     nbytes: np.ndarray | list[int],
     alloc_seq: np.ndarray | list[int],
     free_seq: np.ndarray | list[int],
@@ -537,14 +537,14 @@ def _final_segments(
     return out
 
 
-def simulate_trace(trace: Record, device: str, *, capacity: int | str | None = None) -> AllocatorRun:
-    """Run :func:`simulate` over the storages of one device of a record.
+def replay_trace(trace: Record, device: str, *, capacity: int | str | None = None) -> AllocatorRun:
+    """Run :func:`replay` over the storages of one device of a record.
 
     Args:
         trace: the recorded trace.
         device: device string as in ``trace.storages["device"]`` (e.g. ``"cuda:0"``).
         capacity: bytes, a size like ``"80GB"`` or a GPU name (see
-            :meth:`fakeviz._core.gpus.Capacity.parse`); see :func:`simulate`.
+            :meth:`fakeviz._core.gpus.Capacity.parse`); see :func:`replay`.
 
     Returns:
         The :class:`AllocatorRun`; ``storage`` holds the trace's storage ids.
@@ -553,7 +553,7 @@ def simulate_trace(trace: Record, device: str, *, capacity: int | str | None = N
         capacity = Capacity.parse(capacity).bytes
     st = storages_table(trace)
     sel = (st["device"].astype(object) == device).to_numpy(dtype=bool)
-    return simulate(
+    return replay(
         st["nbytes"].to_numpy()[sel],
         st["alloc_seq"].to_numpy()[sel],
         st["free_seq"].to_numpy()[sel],

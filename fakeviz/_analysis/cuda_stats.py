@@ -3,7 +3,7 @@
 A fake cuda session (:mod:`fakeviz._engine.cuda_api`) answers ``torch.cuda.memory_allocated()``,
 ``memory_reserved()``, ``max_memory_allocated()``, ``memory_stats()`` ... with :func:`memory_stats`, called
 on the record *while it is being recorded*: the storages allocated so far and the frees seen so far are
-replayed through :func:`fakeviz._analysis.allocator.simulate` (with the trace's own capacity, as the views
+replayed through :func:`fakeviz._analysis.allocator.replay` (with the trace's own capacity, as the views
 use it), so a script that prints its memory reads the figures the trace's analyses show afterwards.
 
 "Now" is between two ops: ``n`` ops recorded, every storage the recorder has seen freed so far freed
@@ -18,7 +18,7 @@ import numpy as np
 from .._core.gpus import capacity_of
 from .._core.record import Record
 from .._core.schema import ST_COLS, field
-from .allocator import ALLOC, FREE, K_SMALL_BUFFER, K_SMALL_SIZE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, simulate
+from .allocator import ALLOC, FREE, K_SMALL_BUFFER, K_SMALL_SIZE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, replay
 
 __all__ = ["STATS", "memory_stats"]
 
@@ -79,7 +79,7 @@ def memory_stats(rec: Record, device: str, since: int = -1) -> dict[str, int]:
     nb, al, fr, ids, n_ops = _storages(rec, device)
     cap = capacity_of(rec.meta)
     # n_ops + 1 keeps the frees seen since op n-1 (free_seq == n) in order instead of clamping them
-    run = simulate(nb, al, fr, n_ops + 1, capacity=cap.bytes if cap else None, storage_ids=ids)
+    run = replay(nb, al, fr, n_ops + 1, capacity=cap.bytes if cap else None, storage_ids=ids)
     ev = run.events
     n = len(ev)
     act = np.fromiter((_CODES[e[0]] for e in ev), np.int8, n)

@@ -122,9 +122,9 @@ def memory_timeline(trace: Record, *, device: str | None = None, allocator: bool
 
 def allocator_run(trace: Record, dev: str, capacity: int | None = None) -> Any:
     """The caching-allocator model of device ``dev`` with ``capacity`` bytes (None: no limit), cached."""
-    from .allocator import simulate_trace
+    from .allocator import replay_trace
 
-    return trace.cached(("allocator", dev, capacity), lambda: simulate_trace(trace, dev, capacity=capacity))
+    return trace.cached(("allocator", dev, capacity), lambda: replay_trace(trace, dev, capacity=capacity))
 
 
 def _allocator_run(trace: Record, dev: str) -> Any:

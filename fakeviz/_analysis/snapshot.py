@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core.gpus import Capacity
-from .allocator import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, AllocatorRun, simulate_trace
+from .allocator import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE, AllocatorRun, replay_trace
 from .tables import ops_table, storages_table
 
 __all__ = ["export_memory_snapshot"]
@@ -175,7 +175,7 @@ def export_memory_snapshot(
     """A ``torch.cuda.memory._snapshot()``-style dict of the modelled allocator over a trace.
 
     Every cuda device of the trace is replayed through the allocator model
-    (:func:`fakeviz._analysis.allocator.simulate_trace`), and its segments and actions
+    (:func:`fakeviz._analysis.allocator.replay_trace`), and its segments and actions
     are reported under its CUDA device index.
 
     Args:
@@ -208,7 +208,7 @@ def export_memory_snapshot(
     segments: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
     for name, idx in sorted(devices.items(), key=lambda kv: kv[1]):
-        run = simulate_trace(trace, name, capacity=cap)
+        run = replay_trace(trace, name, capacity=cap)
         device_traces[idx].extend(_device_trace(run, frames))
         segments.extend(_segments(run, idx, frames))
         summary[name] = run.summary()

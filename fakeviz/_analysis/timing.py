@@ -37,7 +37,7 @@ from .collectives import NAMESPACES as _COLLECTIVE_NAMESPACES
 
 __all__ = [
     "ACHIEVED", "CLASSES", "Achieved", "OpFeatures", "StepTime", "estimate", "features", "op_class", "op_times",
-    "simulate", "step_time",
+    "critical_path", "step_time",
 ]  # fmt: skip
 
 CLASSES = (
@@ -514,7 +514,7 @@ def estimate(
     f: OpFeatures, gpu: GPUSpec | str, *, tf32: bool = False, table: dict[str, Achieved] | None = None,
     gap_s: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """GPU seconds of every op (collectives excluded: their time is the link's, see :func:`simulate`) and its bound
+    """GPU seconds of every op (collectives excluded: their time is the link's, see :func:`critical_path`) and its bound
     (codes into ``("none", "compute", "memory", "latency")``). ``table`` and ``gap_s`` replace :data:`ACHIEVED` and
     :data:`KERNEL_GAP_S` (``benchmarks/fit_time.py`` tries its fitted table and kernel times without the gap)."""
     spec = gpu_spec(gpu)
@@ -585,7 +585,9 @@ class StepTime:
         return "host" if self.host_s > self.gpu_s else "gpu"
 
 
-def simulate(f: OpFeatures, est: np.ndarray, host: np.ndarray, coll_s: np.ndarray) -> tuple[float, np.ndarray, float]:
+def critical_path(
+    f: OpFeatures, est: np.ndarray, host: np.ndarray, coll_s: np.ndarray
+) -> tuple[float, np.ndarray, float]:
     """The critical path of one rank's step: ``(step seconds, each op's end on its stream, exposed comm seconds)``.
 
     The host issues op ``i`` at ``H_i = sum(host[:i+1])``; the compute stream runs it at
@@ -670,7 +672,7 @@ def op_times(rec: Record, gpu: GPUSpec | str, *, tf32: bool = False, host_scale:
     """One row per op: ``seq, op, phase, module, cls, flops, bytes, est_s, bound, start_s, end_s``.
 
     ``est_s`` is the op's own time (GPU for kernels, the link for collectives); ``end_s`` its end on the step's
-    critical path (:func:`simulate`), so ``end_s`` of the last op is about the step's time.
+    critical path (:func:`critical_path`), so ``end_s`` of the last op is about the step's time.
     """
     import pandas as pd
 
@@ -680,7 +682,7 @@ def op_times(rec: Record, gpu: GPUSpec | str, *, tf32: bool = False, host_scale:
     f = features(rec)
     est, bound = estimate(f, spec, tf32=tf32)
     coll = collective_seconds(f, spec, **links)
-    _, end, _ = simulate(f, est, host_times(f, host_scale), coll)
+    _, end, _ = critical_path(f, est, host_times(f, host_scale), coll)
     own = np.where(f.cls == _CODE["collective"], coll, est)
     ops = ops_table(rec)
     return pd.DataFrame(
@@ -704,7 +706,7 @@ def step_time(
     est, _ = estimate(f, spec, tf32=tf32)
     host = host_times(f, host_scale)
     coll = collective_seconds(f, spec, **links)
-    step, _, exposed = simulate(f, est, host, coll)
+    step, _, exposed = critical_path(f, est, host, coll)
     by_class = {c: float(est[f.cls == i].sum()) for i, c in enumerate(CLASSES) if c not in ("none", "collective")}
     by_class = {c: v for c, v in by_class.items() if v > 0}
     phase = rec.col("phase")[max(start, 0) :].astype(np.int64)

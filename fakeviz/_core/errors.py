@@ -9,6 +9,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointMismatchError",
     "DataDependentError",
+    "FakeVizDeprecationWarning",
     "FakeVizError",
     "FakeVizWarning",
     "HubError",
@@ -16,11 +17,43 @@ __all__ = [
     "RecordError",
     "TraceFormatError",
     "UnknownModelError",
+    "renamed",
 ]
 
 
 class FakeVizWarning(UserWarning):
     """Warnings emitted by fakeviz."""
+
+
+class FakeVizDeprecationWarning(FakeVizWarning, FutureWarning):
+    """A public name that still works under its old spelling and will go: the warning names the new one.
+
+    A ``FutureWarning`` (shown by default, as pandas' deprecations are) and a :class:`FakeVizWarning` (the test
+    suite turns fakeviz's own warnings into errors, so no test or tutorial keeps calling an old name).
+    """
+
+
+def renamed(module: str, names: dict[str, str], namespace: dict[str, Any], why: str = "") -> Any:
+    """A module ``__getattr__`` (PEP 562) that answers each old public name of ``names`` (old -> new) with the
+    object the new name holds in ``namespace``, warning :class:`FakeVizDeprecationWarning` at the caller
+    (``why``: the rule behind the new name, in parentheses after it).
+
+    The old names stay out of ``__all__`` and ``dir()``; ``from module import old`` warns too. CONTRIBUTING's
+    "Words" lists every old name and when it was renamed.
+    """
+    import warnings
+
+    def __getattr__(name: str) -> Any:
+        if name in names:
+            new = names[name]
+            warnings.warn(
+                f"{module}.{name} is now {module}.{new}{f' ({why})' if why else ''}; the old name will be removed.",
+                FakeVizDeprecationWarning, stacklevel=2,
+            )  # fmt: skip
+            return namespace[new]
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 class FakeVizError(RuntimeError):

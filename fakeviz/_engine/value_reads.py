@@ -4,7 +4,7 @@ The part of Note: [values under fake tensors] (in :mod:`fakeviz._engine.values`)
 reads a value the fake run does not know: :func:`bounds` (3. in the Note: what every draw can be, following
 the read tensor back through the recorded ops), :data:`ASSUMPTIONS` and :func:`rule_for_read` (the reads
 library code makes for a known reason, answered by a stated assumption), and the errors for the rest
-(:func:`describe`, :func:`advice`, and :func:`guard_error` for a branch on a symbolic size under
+(:func:`describe`, :func:`read_advice`, and :func:`guard_error` for a branch on a symbolic size under
 ``record(symbolic=True)``). Nothing here runs before such a read: the recorder's hot path never calls it.
 """
 
@@ -24,7 +24,7 @@ from .._core.errors import DataDependentError
 from .._core.schema import FLAG_INPLACE, OP_COLS, OUT_COLS, field
 
 __all__ = [
-    "ASSUMPTIONS", "NORMAL_BOUND", "advice", "bounds", "describe", "guard_error", "known_value", "rule_for_read",
+    "ASSUMPTIONS", "NORMAL_BOUND", "read_advice", "bounds", "describe", "guard_error", "known_value", "rule_for_read",
 ]  # fmt: skip
 
 #: Every normal draw lies within this many standard deviations of its mean (Note: [values under fake tensors]).
@@ -341,7 +341,7 @@ def guard_error(rec: Any, exc: BaseException) -> DataDependentError | None:
     return DataDependentError(msg, op=op, module=module, user_line=line)
 
 
-def advice(exc: BaseException, limit: int) -> str:
+def read_advice(exc: BaseException, limit: int) -> str:
     """What to do about a read of an unknown value ``exc`` (the DataDependentError's body); ``limit``: how many
     elements a tensor with a value may have."""
     where = getattr(exc, "fakeviz_unknown", "") or ""

@@ -713,4 +713,4 @@ class Values:
 
 def advice(exc: BaseException) -> str:
     """What to do about a read of an unknown value ``exc`` (the body of the recorder's DataDependentError)."""
-    return _reads.advice(exc, VALUE_LIMIT)
+    return _reads.read_advice(exc, VALUE_LIMIT)

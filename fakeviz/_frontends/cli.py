@@ -65,7 +65,7 @@ def _dtype(text: str) -> str:
         raise argparse.ArgumentTypeError(f"unknown dtype {text!r}: use bf16, fp16, fp32, fp64 or fp8") from None
 
 
-def parse_gpus(text: str) -> tuple[int, str]:
+def gpus_option(text: str) -> tuple[int, str]:
     """``--gpus``: ``"8xH100"`` -> ``(8, "H100")`` (:func:`fakeviz._core.gpus.split_gpus`: ``gpus=``'s one parser).
 
     Raises:
@@ -213,7 +213,7 @@ def _check(args: argparse.Namespace) -> None:
         from .._core.errors import ArgumentError
 
         try:
-            args.gpus_parsed = parse_gpus(args.gpus)
+            args.gpus_parsed = gpus_option(args.gpus)
         except ArgumentError as exc:
             raise UsageError(f"{exc.written}: {exc.problem} (write e.g. --gpus 8xH100, H100 or 2x80GB)") from exc
     if args.capacity is not None:

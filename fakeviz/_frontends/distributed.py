@@ -183,7 +183,7 @@ class Simulation:
     def transfers(self, rank: int | None = None) -> pd.DataFrame:
         """Bytes ``rank`` (default: the first recorded) copies between its host and its GPU, one row per direction
         (``src``, ``dst``, ``copies``, ``bytes``; as :attr:`fakeviz.Plan.transfers`; Note: [offload])."""
-        return offload.transfers(self.trace(self.ranks[0] if rank is None else rank))
+        return _placement.transfers(self.trace(self.ranks[0] if rank is None else rank))
 
     def collectives(self, rank: int | None = None) -> pd.DataFrame:
         """The collectives of ``rank`` (default: the first recorded): :func:`fakeviz._analysis.collectives.collectives`."""

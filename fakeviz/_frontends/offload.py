@@ -18,7 +18,7 @@ GPU as the ops that make them:
   backward (the training step, as torchtitan's and torch's examples wrap it): every tensor autograd saves is copied
   to a pinned host tensor when saved and back to the GPU when the backward unpacks it. The GPU keeps no saved
   activations between forward and backward (each is copied back as its backward node runs); the host holds them.
-  On the device-map path, the plan's ``transfers`` and on parallel plans :func:`transfers` show these copies.
+  On the device-map path, the plan's ``transfers`` and on parallel plans ``Simulation.transfers(rank)`` (:func:`fakeviz._analysis.placement.transfers`) show these copies.
 
 With ``offload="cpu"`` the step's inputs are made where the model's parameters are (``fakeviz.models.inputs``: the
 host) and FSDP's root moves them to the GPU, as a data loader that yields host tensors would; their copies are among
@@ -52,7 +52,6 @@ __all__ = [
     "gpu_rows",
     "materialize",
     "saved_on_host",
-    "transfers",
     "with_host_row",
 ]
 
@@ -157,14 +156,6 @@ def saved_on_host(settings: dict[str, Any]) -> Iterator[None]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         yield
-
-
-def transfers(trace: Any) -> pd.DataFrame:
-    """The bytes copied between the host and a GPU in ``trace`` (:func:`fakeviz._analysis.placement.transfers`:
-    one row per direction, ``src``, ``dst``, ``bytes``, ``copies``)."""
-    from .._analysis import placement
-
-    return placement.transfers(trace)
 
 
 def with_host_row(peaks: pd.DataFrame, trace: Any, settings: dict[str, Any]) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """The alias graph: storages, the tensors viewing them, parameter names, tied weights and in-place writes.
 
 :func:`alias_graph_data` bounds and lays out :func:`fakeviz._analysis.alias.alias_graph` (a pure function of a
-record); :func:`alias_graph` draws it.
+record); :func:`alias_graph_figure` draws it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from .._analysis.alias import alias_graph as alias_frames
-from .._analysis.alias import aliases, tensor_table
+from .._analysis.alias import alias_graph, aliases, tensor_table
 from .._core.fmt import esc, format_bytes
 from .._core.palette import CATEGORY_COLORS, EDGE_COLORS, NONE_COLOR
 from .._core.record import Record
@@ -21,7 +20,7 @@ from .style import plotly
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import plotly.graph_objects as go
 
-__all__ = ["GraphData", "alias_graph", "alias_graph_data"]
+__all__ = ["GraphData", "alias_graph_figure", "alias_graph_data"]
 
 
 @dataclass
@@ -98,7 +97,7 @@ def alias_graph_data(trace: Record, around: Any = None, max_nodes: int = 200) ->
     # tensors until everything fits (names are what tells a parameter apart).
     request = max_nodes
     for _ in range(8):
-        nodes, edges = alias_frames(trace, around, max_nodes=request)
+        nodes, edges = alias_graph(trace, around, max_nodes=request)
         tied_names = set(edges.loc[edges["kind"] == "tied", "src"])
         excess = len(nodes) - max_nodes
         if excess <= 0 or request <= 2:
@@ -213,7 +212,7 @@ def _node_hover(r: dict[str, Any]) -> str:
     return "<br>".join(lines)
 
 
-def alias_graph(source: Record | GraphData, around: Any = None, max_nodes: int = 200) -> go.Figure:
+def alias_graph_figure(source: Record | GraphData, around: Any = None, max_nodes: int = 200) -> go.Figure:
     """Storages and the tensors that view them, tied parameters and in-place writes highlighted.
 
     Args:

@@ -2,7 +2,7 @@
 bytes by category over the run with phases shaded and the peak marked.
 
 :func:`bars_data`, :func:`timeline_data` and :func:`phase_runs` compute the data (pure functions of a record);
-:func:`memory_bars` and :func:`memory_timeline` draw it.
+:func:`memory_bars_figure` and :func:`memory_timeline_figure` draw it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from .._analysis.memory import decimate_minmax
-from .._analysis.memory import memory_timeline as live_by_category
+from .._analysis.memory import decimate_minmax, memory_timeline
 from .._analysis.memory import peaks as peaks_of
 from .._analysis.tables import ops_table
 from .._analysis.verdict import verdict as verdict_of
@@ -34,8 +33,8 @@ __all__ = [
     "BarsData",
     "bars_data",
     "decimate",
-    "memory_bars",
-    "memory_timeline",
+    "memory_bars_figure",
+    "memory_timeline_figure",
     "phase_runs",
     "pick_device",
     "timeline_data",
@@ -114,7 +113,7 @@ def bars_data(trace: Record, capacity: str | int | float | None = None) -> BarsD
     )
 
 
-def memory_bars(
+def memory_bars_figure(
     source: Record | BarsData, capacity: str | int | float | None = None, *, full_capacity: bool = False
 ) -> go.Figure:
     """One stacked bar per device at that device's peak, by category, with capacity and verdict.
@@ -286,7 +285,7 @@ def timeline_data(trace: Record, device: str | None = None, max_points: int = 40
         ValueError: the device has no memory in this trace.
     """
     device = pick_device(trace, device)
-    mem = live_by_category(trace, device=device)
+    mem = memory_timeline(trace, device=device)
     if mem.empty:
         raise ValueError(f"no memory on {device!r} in this trace; devices: {', '.join(peaks_of(trace))}")
     total = mem["total"].to_numpy()
@@ -343,7 +342,7 @@ def _limit_runs(runs: pd.DataFrame, max_runs: int) -> pd.DataFrame:
     return pd.concat([first_of_phase, rest]).sort_values("start")
 
 
-def memory_timeline(
+def memory_timeline_figure(
     source: Record | pd.DataFrame,
     device: str | None = None,
     max_points: int = 4000,

@@ -38,10 +38,10 @@ from .._core.fmt import esc, format_bytes
 from .._core.gpus import capacity_of
 from .._core.record import Record
 from .explorer import display_with_fallback, fallback_bundle
-from .graph import alias_graph, alias_graph_data
-from .memory import bars_data, memory_bars, memory_timeline, pick_device
+from .graph import alias_graph_data, alias_graph_figure
+from .memory import bars_data, memory_bars_figure, memory_timeline_figure, pick_device
 from .static import static_html
-from .tree import layer_tree
+from .tree import layer_tree_figure
 
 __all__ = ["FigureWidget", "Panels", "PlotlyLibrary", "panels", "plotly_library"]
 
@@ -132,13 +132,15 @@ class Panels(ipywidgets.VBox):
         self._alias_nodes = alias_nodes
         self._storage_module = storage_modules(trace)
         self._static_id = f"fv-panels-{id(self):x}"
-        tree_fig = layer_tree(trace, measure)
+        tree_fig = layer_tree_figure(trace, measure)
         self._tree_ids = list(tree_fig.data[0].ids or ())
         self._paths = _unescaped_ids(trace, measure, self._tree_ids)
         self._bars_data = bars_data(trace, cap)
-        bars_fig = memory_bars(self._bars_data, full_capacity=full_capacity)
-        timeline_fig = memory_timeline(trace, self._device, max_points, capacity=cap, full_capacity=full_capacity)
-        graph_fig = alias_graph(trace, max_nodes=alias_nodes)
+        bars_fig = memory_bars_figure(self._bars_data, full_capacity=full_capacity)
+        timeline_fig = memory_timeline_figure(
+            trace, self._device, max_points, capacity=cap, full_capacity=full_capacity
+        )
+        graph_fig = alias_graph_figure(trace, max_nodes=alias_nodes)
         self.tree = FigureWidget(_sized(tree_fig, 420))
         self.tree._fv_static = self._static_id
         self.bars = FigureWidget(_sized(bars_fig, 380))
@@ -225,7 +227,7 @@ class Panels(ipywidgets.VBox):
         data = alias_graph_data(self._trace, around, self._alias_nodes)
         if module:
             data.around = module
-        fig = _sized(alias_graph(data), None)
+        fig = _sized(alias_graph_figure(data), None)
         with self.graph.batch_update():
             self.graph.data = []
             self.graph.add_traces(list(fig.data))

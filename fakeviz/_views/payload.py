@@ -8,7 +8,7 @@ Data traits
     judges: not the host's), one peak per device (bytes, seq, phase, op, module, user line, by category, allocator
     peaks), and ``palette``, the colours the panel draws with: :func:`fakeviz._core.palette.palette` (categories
     and phases in schema order, alias-graph edges, the colour cycle, the neutral colour) plus ``tree``, the colour
-    of each device / dtype key of the layer tree (as :func:`fakeviz.views.layer_tree` colours them) and of each
+    of each device / dtype key of the layer tree (as :func:`fakeviz.views.layer_tree_figure` colours them) and of each
     precision of the weights (the tree pack's ``precision`` strings, Note: [weight precision]). The browser
     sets them as CSS custom properties of the panel: no colour is defined in ``js/``.
 ``tree``, ``memory``, ``ops``, ``alias`` (bytes)

@@ -17,7 +17,7 @@ from .._core.palette import NONE_COLOR, PALETTE
 
 __all__ = ["MEASURES", "byte_ticks", "color_map", "format_measure", "plotly"]
 
-#: Measures :func:`~fakeviz.views.layer_tree` can size boxes by: every figure of the layer tree, plus
+#: Measures :func:`~fakeviz.views.layer_tree_figure` can size boxes by: every figure of the layer tree, plus
 #: ``flops`` (forward + backward FLOPs) and ``ops`` (forward + backward op count).
 MEASURES: tuple[str, ...] = (*FIGURES, "flops", "ops")
 BYTE_FIGURES = frozenset({"param_bytes", "buffer_bytes", "act_bytes", "act_saved_bytes", "grad_bytes", "opt_bytes"})

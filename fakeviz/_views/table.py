@@ -1,6 +1,6 @@
 """The ops table: the recorded ops filtered by module, phase, device and op name, and a plotly Table of them.
 
-:func:`ops_table` is a pure function of a record (:func:`fakeviz._analysis.tables.ops_table` plus each op's FLOPs);
+:func:`ops_table_data` is a pure function of a record (:func:`fakeviz._analysis.tables.ops_table` plus each op's FLOPs);
 :func:`ops_table_figure` draws it, every cell escaped.
 """
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .._analysis.tables import ops_table as ops_frame
+from .._analysis.tables import ops_table
 from .._analysis.tree import folded_modules
 from .._core.fmt import esc, format_bytes, format_flops
 from .._core.record import Record
@@ -22,7 +22,7 @@ from .style import plotly
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import plotly.graph_objects as go
 
-__all__ = ["ops_table", "ops_table_figure"]
+__all__ = ["ops_table_data", "ops_table_figure"]
 
 
 def _module_filter(trace: Record, ops: pd.DataFrame, module: str) -> np.ndarray:
@@ -39,7 +39,7 @@ def _module_filter(trace: Record, ops: pd.DataFrame, module: str) -> np.ndarray:
     return mods.isin(match).to_numpy()
 
 
-def ops_table(
+def ops_table_data(
     trace: Record,
     module: str | None = None,
     phase: str | Sequence[str] | None = None,
@@ -65,7 +65,7 @@ def ops_table(
     Raises:
         ValueError: unknown phase.
     """
-    ops = ops_frame(trace)
+    ops = ops_table(trace)
     flops = trace.col("flops")
     mask = np.ones(len(ops), bool)
     if module is not None:
@@ -101,22 +101,22 @@ def ops_table_figure(
     op: str | None = None,
     limit: int | None = 500,
 ) -> go.Figure:
-    """A plotly Table of :func:`ops_table` (every cell escaped).
+    """A plotly Table of :func:`ops_table_data` (every cell escaped).
 
     Args:
-        source: a trace, or a DataFrame from :func:`ops_table` (filters then ignored).
-        module: see :func:`ops_table`.
-        phase: see :func:`ops_table`.
-        device: see :func:`ops_table`.
-        op: see :func:`ops_table`.
-        limit: see :func:`ops_table`.
+        source: a trace, or a DataFrame from :func:`ops_table_data` (filters then ignored).
+        module: see :func:`ops_table_data`.
+        phase: see :func:`ops_table_data`.
+        device: see :func:`ops_table_data`.
+        op: see :func:`ops_table_data`.
+        limit: see :func:`ops_table_data`.
 
     Returns:
         A plotly Figure with one Table: seq, phase, op, module, output
         (dtype[shape] device), bytes, FLOPs, user line and arguments.
     """
     go = plotly()
-    df = source if isinstance(source, pd.DataFrame) else ops_table(source, module, phase, device, op, limit)
+    df = source if isinstance(source, pd.DataFrame) else ops_table_data(source, module, phase, device, op, limit)
 
     def text(col: str, width: int | None = None) -> list[str]:
         """Column ``col`` as escaped text, cut at ``width`` characters."""

@@ -1,6 +1,6 @@
 """The layer tree: an icicle (or treemap) of the module hierarchy sized by a measure, repeated blocks folded.
 
-:func:`tree_data` computes the rows (a pure function of a record), :func:`layer_tree` draws them. The colour of a
+:func:`tree_data` computes the rows (a pure function of a record), :func:`layer_tree_figure` draws them. The colour of a
 module is the device or dtype holding most of its parameter bytes (:func:`color_keys`), which the explorer's
 payload uses too.
 """
@@ -21,7 +21,7 @@ from .style import MEASURES, color_map, format_measure, plotly
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import plotly.graph_objects as go
 
-__all__ = ["NO_PARAMETERS", "TreeData", "color_keys", "layer_tree", "param_split", "tree_data"]
+__all__ = ["NO_PARAMETERS", "TreeData", "color_keys", "layer_tree_figure", "param_split", "tree_data"]
 
 #: The colour key of a module that holds no parameter (drawn in the palette's neutral colour).
 NO_PARAMETERS = "no parameters"
@@ -225,7 +225,7 @@ def tree_data(trace: Record, measure: str = "params", color: str = "device", fol
     return TreeData(table=table, measure=measure, color=color, folded=folded, colors=cmap)
 
 
-def layer_tree(
+def layer_tree_figure(
     source: Record | TreeData,
     measure: str = "params",
     color: str = "device",

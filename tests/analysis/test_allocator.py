@@ -63,7 +63,7 @@ def test_round_size_and_allocation_size() -> None:
 
 # ------------------------------------------------------ hand-computed sequences
 def test_three_small_allocations_share_one_segment() -> None:
-    run = A.simulate([1000, 2000, 100], [0, 1, 2], [-1, -1, -1], 3)
+    run = A.replay([1000, 2000, 100], [0, 1, 2], [-1, -1, -1], 3)
     assert run.block_size.tolist() == [1024, 2048, 512]
     assert (run.block_addr - B0).tolist() == [0, 1024, 3072]  # lower addresses first, one after the other
     assert run.allocated.tolist() == [1024, 3072, 3584]
@@ -84,7 +84,7 @@ def test_best_fit_reuses_the_600k_hole_not_the_lowest_address() -> None:
     # op 0..3: C 800 KiB, a 512 B separator, A 600 KiB, another separator; op 4 frees C and A;
     # op 4 then asks for 590 KiB: free blocks are 800 KiB @0, 600 KiB @800K+512, and the tail.
     sizes = [800 * KiB, 512, 600 * KiB, 512, 590 * KiB]
-    run = A.simulate(sizes, [0, 1, 2, 3, 4], [4, -1, 4, -1, -1], 5)
+    run = A.replay(sizes, [0, 1, 2, 3, 4], [4, -1, 4, -1, -1], 5)
     off = (run.block_addr - B0).tolist()
     assert off[:4] == [0, 800 * KiB, 800 * KiB + 512, 1400 * KiB + 512]
     assert off[4] == 800 * KiB + 512  # the 600 KiB hole: the smallest block that fits
@@ -100,17 +100,17 @@ def test_best_fit_reuses_the_600k_hole_not_the_lowest_address() -> None:
 def test_best_fit_ties_break_by_address() -> None:
     # two equal 4 KiB holes: the lower address wins (BlockComparatorSize compares ptr last)
     sizes = [4096, 512, 4096, 512, 4096]
-    run = A.simulate(sizes, [0, 1, 2, 3, 4], [4, -1, 4, -1, -1], 5)
+    run = A.replay(sizes, [0, 1, 2, 3, 4], [4, -1, 4, -1, -1], 5)
     assert run.block_addr[4] == run.block_addr[0] == B0
 
 
 def test_large_request_gets_its_own_rounded_segment() -> None:
-    run = A.simulate([12 * MiB], [0], [-1], 1)
+    run = A.replay([12 * MiB], [0], [-1], 1)
     assert run.reserved.tolist() == [12 * MiB] and run.allocated.tolist() == [12 * MiB]
     assert not run.segments[0].is_small
     # 12 MiB + 1 B rounds to 12 MiB + 512, the segment to 14 MiB; the 2 MiB - 512 remainder
     # is > kSmallSize, so the block is split and only 12 MiB + 512 counts as allocated
-    run = A.simulate([12 * MiB + 1], [0], [-1], 1)
+    run = A.replay([12 * MiB + 1], [0], [-1], 1)
     assert run.reserved.tolist() == [14 * MiB]
     assert run.allocated.tolist() == [12 * MiB + 512]
     assert _blocks(run) == [[(0, 12 * MiB + 512, 0), (12 * MiB + 512, 2 * MiB - 512, -1)]]
@@ -118,7 +118,7 @@ def test_large_request_gets_its_own_rounded_segment() -> None:
 
 def test_mid_size_request_splits_a_20mib_segment() -> None:
     # 5 MiB -> 20 MiB segment, split; a second 5 MiB reuses the remainder; 12 MiB does not fit the 10 MiB left
-    run = A.simulate([5 * MiB, 5 * MiB, 12 * MiB], [0, 1, 2], [-1, -1, -1], 3)
+    run = A.replay([5 * MiB, 5 * MiB, 12 * MiB], [0, 1, 2], [-1, -1, -1], 3)
     assert (run.block_addr[:2] - B0).tolist() == [0, 5 * MiB]
     assert run.reserved.tolist() == [20 * MiB, 20 * MiB, 32 * MiB]
     assert run.allocated.tolist() == [5 * MiB, 10 * MiB, 22 * MiB]
@@ -130,20 +130,20 @@ def test_mid_size_request_splits_a_20mib_segment() -> None:
 def test_unsplit_large_remainder_is_charged_as_allocated() -> None:
     # 1.5 MiB -> 20 MiB segment, leaving 18.5 MiB; an 18 MiB request takes that block whole:
     # the 0.5 MiB remainder is not > kSmallSize, so no split, and allocated grows by 18.5 MiB
-    run = A.simulate([3 * MiB // 2, 18 * MiB], [0, 1], [-1, -1], 2)
+    run = A.replay([3 * MiB // 2, 18 * MiB], [0, 1], [-1, -1], 2)
     assert run.block_size.tolist() == [3 * MiB // 2, 37 * MiB // 2]
     assert run.allocated.tolist() == [3 * MiB // 2, 20 * MiB]
     assert run.requested.tolist() == [3 * MiB // 2, 39 * MiB // 2]
     assert run.reserved.tolist() == [20 * MiB, 20 * MiB]
     # same for a fresh segment: 19.5 MiB -> a 20 MiB segment, remainder 0.5 MiB stays in the block
-    run = A.simulate([39 * MiB // 2], [0], [-1], 1)
+    run = A.replay([39 * MiB // 2], [0], [-1], 1)
     assert run.block_size.tolist() == [20 * MiB] and run.allocated.tolist() == [20 * MiB]
 
 
 def test_free_merges_with_free_neighbours() -> None:
     # three 2 MiB blocks in one 20 MiB segment; free the outer ones, then the middle one
     sizes = [2 * MiB, 2 * MiB, 2 * MiB, 19 * MiB]
-    run = A.simulate(sizes, [0, 1, 2, 4], [3, 4, 3, -1], 5)
+    run = A.replay(sizes, [0, 1, 2, 4], [3, 4, 3, -1], 5)
     # after op 3: [A free][B][C free + tail free merged]; after op 4's free of B: one 20 MiB block,
     # which the 19 MiB request then reuses whole (remainder 1 MiB is not > kSmallSize): no new segment
     assert run.reserved.tolist() == [20 * MiB] * 5
@@ -155,7 +155,7 @@ def test_free_merges_with_free_neighbours() -> None:
 
 def test_merge_only_within_a_segment() -> None:
     # two 2 MiB small segments; freeing everything gives two free segments, never one 4 MiB block
-    run = A.simulate([1 * MiB, 1 * MiB, 1 * MiB, 1 * MiB], [0, 0, 0, 0], [1, 1, 1, 1], 2)
+    run = A.replay([1 * MiB, 1 * MiB, 1 * MiB, 1 * MiB], [0, 0, 0, 0], [1, 1, 1, 1], 2)
     assert [(s.size, s.blocks) for s in run.segments] == [
         (2 * MiB, [(run.segments[0].address, 2 * MiB, -1)]),
         (2 * MiB, [(run.segments[1].address, 2 * MiB, -1)]),
@@ -164,14 +164,14 @@ def test_merge_only_within_a_segment() -> None:
 
 def test_frees_of_an_op_come_before_its_allocations() -> None:
     # storage 0 is freed before op 1, which allocates storage 1 of the same size: same address
-    run = A.simulate([1 * MiB, 1 * MiB], [0, 1], [1, -1], 2)
+    run = A.replay([1 * MiB, 1 * MiB], [0, 1], [1, -1], 2)
     assert run.block_addr[0] == run.block_addr[1]
     assert run.reserved.tolist() == [2 * MiB, 2 * MiB]
     assert [e[0] for e in run.events] == ["segment_alloc", "alloc", "free", "alloc"]
 
 
 def test_preexisting_storages_first_zero_and_symbolic_sizes_allocate_nothing() -> None:
-    run = A.simulate([4096, 0, -1, 8192], [0, 0, 0, -1], [-1, -1, -1, -1], 1, storage_ids=[10, 11, 12, 13])
+    run = A.replay([4096, 0, -1, 8192], [0, 0, 0, -1], [-1, -1, -1, -1], 1, storage_ids=[10, 11, 12, 13])
     assert run.block_addr[3] == B0  # existed before recording: allocated first
     assert run.block_addr[0] == B0 + 8192
     assert run.block_addr[1] == run.block_addr[2] == -1
@@ -181,7 +181,7 @@ def test_preexisting_storages_first_zero_and_symbolic_sizes_allocate_nothing() -
 
 
 def test_freed_after_the_last_op() -> None:
-    run = A.simulate([4096], [0], [1], 1)  # free_seq == n_ops: freed after the last op
+    run = A.replay([4096], [0], [1], 1)  # free_seq == n_ops: freed after the last op
     assert run.requested.tolist() == [4096]
     assert run.events[-1][:2] == ("free", 1)
     assert _blocks(run) == [[(0, 2 * MiB, -1)]]
@@ -191,7 +191,7 @@ def test_capacity_releases_cached_segments_then_reports_oom() -> None:
     # op 0: 12 MiB (segment 12 MiB); freed before op 1; op 1: 14 MiB does not fit the cached
     # 12 MiB block and 12 + 14 > 24 MiB: the fully free 12 MiB segment is released first.
     # op 2: another 14 MiB: nothing cached to release, 28 > 24 MiB: OOM, recorded, and the run goes on.
-    run = A.simulate([12 * MiB, 14 * MiB, 14 * MiB], [0, 1, 2], [1, -1, -1], 3, capacity=24 * MiB)
+    run = A.replay([12 * MiB, 14 * MiB, 14 * MiB], [0, 1, 2], [1, -1, -1], 3, capacity=24 * MiB)
     assert run.reserved.tolist() == [12 * MiB, 14 * MiB, 28 * MiB]
     assert run.oom_seq == 2 and run.num_ooms == 1
     acts = [(e[0], e[1]) for e in run.events]
@@ -203,22 +203,22 @@ def test_capacity_releases_cached_segments_then_reports_oom() -> None:
     assert oom[3] == 24 * MiB - 14 * MiB and oom[4] == 14 * MiB  # modelled free memory, rounded request
     assert run.peak_reserved == 28 * MiB and run.peak_reserved_seq == 2
     # without capacity nothing is ever released
-    free_run = A.simulate([12 * MiB, 14 * MiB, 14 * MiB], [0, 1, 2], [1, -1, -1], 3)
+    free_run = A.replay([12 * MiB, 14 * MiB, 14 * MiB], [0, 1, 2], [1, -1, -1], 3)
     assert free_run.reserved.tolist() == [12 * MiB, 26 * MiB, 40 * MiB] and free_run.oom_seq == -1
 
 
 def test_capacity_is_inclusive() -> None:
     # alloc_block fails only when reserved + segment > the limit: filling it exactly is fine
-    run = A.simulate([5 * MiB, 4096], [0, 1], [-1, -1], 2, capacity=22 * MiB)
+    run = A.replay([5 * MiB, 4096], [0, 1], [-1, -1], 2, capacity=22 * MiB)
     assert run.reserved.tolist() == [20 * MiB, 22 * MiB] and run.oom_seq == -1
-    run = A.simulate([5 * MiB, 4096], [0, 1], [-1, -1], 2, capacity=22 * MiB - 1)
+    run = A.replay([5 * MiB, 4096], [0, 1], [-1, -1], 2, capacity=22 * MiB - 1)
     assert run.oom_seq == 1 and run.events[2] == ("oom", 1, 1, 2 * MiB - 1, 4096)
 
 
 def test_capacity_never_releases_a_partly_used_segment() -> None:
     # a 20 MiB segment split by a live 2 MiB block stays; the fully free 2 MiB small segment goes
     sizes = [2 * MiB, 4 * KiB, 30 * MiB]
-    run = A.simulate(sizes, [0, 0, 2], [-1, 1, -1], 3, capacity=45 * MiB)
+    run = A.replay(sizes, [0, 0, 2], [-1, 1, -1], 3, capacity=45 * MiB)
     assert [e[0] for e in run.events if e[0].startswith("segment")] == [
         "segment_alloc", "segment_alloc", "segment_free", "segment_alloc",
     ]  # fmt: skip
@@ -229,7 +229,7 @@ def test_capacity_never_releases_a_partly_used_segment() -> None:
 def test_peak_counts_a_storage_freed_in_the_op_that_made_it() -> None:
     # not produced by the recorder (free_seq <= alloc_seq), but replayed as a transient allocation
     # right after its allocation, before the op's next allocation
-    run = A.simulate([4 * MiB, 1024], [0, 0], [0, -1], 1)
+    run = A.replay([4 * MiB, 1024], [0, 0], [0, -1], 1)
     assert run.requested.tolist() == [1024] and run.allocated.tolist() == [1024]
     assert [e[0] for e in run.events] == ["segment_alloc", "alloc", "free", "segment_alloc", "alloc"]
     assert run.peak_allocated == run.peak_requested == 4 * MiB
@@ -238,9 +238,9 @@ def test_peak_counts_a_storage_freed_in_the_op_that_made_it() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="differ in length"):
-        A.simulate([1, 2], [0], [-1, -1], 1)
+        A.replay([1, 2], [0], [-1, -1], 1)
     with pytest.raises(ValueError, match="capacity"):
-        A.simulate([1], [0], [-1], 1, capacity=-1)
+        A.replay([1], [0], [-1], 1, capacity=-1)
 
 
 # ----------------------------------------------- literal port, random sequences
@@ -354,7 +354,7 @@ def test_matches_a_literal_port_of_the_allocator(seed: int, capacity: int | None
     rng = np.random.default_rng(seed)
     n_ops = 120
     nbytes, alloc, free = _random_case(rng, 300, n_ops)
-    run = A.simulate(nbytes, alloc, free, n_ops, capacity=capacity)
+    run = A.replay(nbytes, alloc, free, n_ops, capacity=capacity)
 
     ref = _Reference(capacity)
     blocks: dict[int, _Block] = {}
@@ -382,7 +382,7 @@ def test_matches_a_literal_port_of_the_allocator(seed: int, capacity: int | None
 def test_invariants_on_random_sequences() -> None:
     rng = np.random.default_rng(42)
     nbytes, alloc, free = _random_case(rng, 2000, 800)
-    run = A.simulate(nbytes, alloc, free, 800)
+    run = A.replay(nbytes, alloc, free, 800)
     assert (run.reserved >= run.allocated).all() and (run.allocated >= run.requested).all()
     assert (run.block_size % A.K_MIN_BLOCK_SIZE == 0).all()
     assert (run.block_size[nbytes > 0] >= nbytes[nbytes > 0]).all()
@@ -402,7 +402,7 @@ def test_simulates_100k_storages_quickly() -> None:
     free[free >= n_ops] = -1
     nbytes = np.where(rng.random(n) < 0.7, rng.integers(1, 1 * MiB, n), rng.integers(1 * MiB, 64 * MiB, n))
     t = time.perf_counter()
-    run = A.simulate(nbytes, alloc, free, n_ops)
+    run = A.replay(nbytes, alloc, free, n_ops)
     elapsed = time.perf_counter() - t
     assert len(run.allocated) == n_ops
     assert elapsed < 3.0, f"{elapsed:.2f} s"  # ~0.3 s on a laptop core; generous for loaded CI machines
@@ -421,7 +421,7 @@ def test_requested_equals_live_bytes_on_recorded_traces(name: str) -> None:
     with fv.record(device="cuda:0") as tr:
         zoo.run(name)
     lb = tr.live_bytes()["cuda:0"]
-    run = A.simulate_trace(tr, "cuda:0")
+    run = A.replay_trace(tr, "cuda:0")
     np.testing.assert_array_equal(run.requested, lb)
     assert run.peak_requested == lb.max()
     assert (run.allocated >= run.requested).all() and (run.reserved >= run.allocated).all()
@@ -431,7 +431,7 @@ def test_requested_equals_live_bytes_on_recorded_traces(name: str) -> None:
     assert int((run.block_addr >= 0).sum()) == len(on_dev)
 
 
-def test_simulate_trace_selects_one_device() -> None:
+def test_replay_trace_selects_one_device() -> None:
     with fv.record(device="cuda:0") as tr:
         a = torch.randn(256, 256)
         b = a.to("cuda:1") * 2
@@ -439,10 +439,10 @@ def test_simulate_trace_selects_one_device() -> None:
         del b
     lb = tr.live_bytes()
     for dev in ("cuda:0", "cuda:1"):
-        np.testing.assert_array_equal(A.simulate_trace(tr, dev).requested, lb[dev])
-    empty = A.simulate_trace(tr, "cuda:7")
+        np.testing.assert_array_equal(A.replay_trace(tr, dev).requested, lb[dev])
+    empty = A.replay_trace(tr, "cuda:7")
     assert len(empty.storage) == 0 and empty.reserved.tolist() == [0] * tr.num_ops
-    assert A.simulate_trace(tr, "cuda:0", capacity="1MB").oom_seq == 0  # a 2 MiB small segment at op 0
+    assert A.replay_trace(tr, "cuda:0", capacity="1MB").oom_seq == 0  # a 2 MiB small segment at op 0
 
 
 def test_recorded_wide_model_uses_the_large_pool() -> None:
@@ -452,7 +452,7 @@ def test_recorded_wide_model_uses_the_large_pool() -> None:
         model(torch.randn(1024, 4096)).square().mean().backward()
         opt = torch.optim.AdamW(model.parameters())
         opt.step()
-    run = A.simulate_trace(tr, "cuda:0")
+    run = A.replay_trace(tr, "cuda:0")
     np.testing.assert_array_equal(run.requested, tr.live_bytes()["cuda:0"])
     large = [s for s in run.segments if not s.is_small]
     assert len(large) >= 8 and all(s.size % A.K_ROUND_LARGE == 0 for s in large)
@@ -547,7 +547,7 @@ def test_snapshot_structure_and_consistency(tmp_path: Path) -> None:
     _assert_viewer_can_unpickle(raw)
     assert len(snap["device_traces"]) == 1
     _replay(snap, 0)
-    run = A.simulate_trace(tr, "cuda:0")
+    run = A.replay_trace(tr, "cuda:0")
     assert sum(s["total_size"] for s in snap["segments"]) == run.reserved[-1]
     # the segments are the state at the end, after the frees that follow the last op
     st = tr.storages.set_index("storage")
@@ -608,7 +608,7 @@ def test_pytorch_readers_accept_the_snapshot(tmp_path: Path) -> None:
     snap = export_memory_snapshot(tr)
     del kept
     _replay(snap, 0)
-    run = A.simulate_trace(tr, "cuda:0")
+    run = A.replay_trace(tr, "cuda:0")
 
     stats = _memory_viz.segsum(snap)  # asserts its own accounting identities
     assert f"segments: {len(run.segments)}" in stats

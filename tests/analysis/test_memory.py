@@ -292,7 +292,7 @@ def test_kv_cache_bytes_match_the_formula_fake_and_real(kv_traces):
 
 
 def test_generation_steps_are_marked(kv_traces):
-    from fakeviz.views import memory_timeline
+    from fakeviz.views import memory_timeline_figure
 
     impl, traces = kv_traces
     (real, got), fake = traces[False], traces[True][0]
@@ -310,7 +310,7 @@ def test_generation_steps_are_marked(kv_traces):
         assert ends == [_kv_bytes(cfg, KV_P + k) for k in range(KV_N)]
     else:
         assert ends == [_kv_bytes(cfg, KV_P + KV_N - 1)] * KV_N
-    fig = memory_timeline(real)
+    fig = memory_timeline_figure(real)
     assert [sh.name for sh in fig.layout.shapes if sh.type == "line" and sh.name][: len(steps)] == [s[2] for s in steps]
 
 

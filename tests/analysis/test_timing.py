@@ -147,15 +147,15 @@ def _features(cls: list[str], est: list[float], host: float) -> tuple[timing.OpF
 def test_a_step_is_the_critical_path_of_host_and_gpu():
     # GPU bound: the host runs ahead, the GPU runs back to back
     f, est, host = _features(["gemm"] * 4, [1e-3] * 4, 10e-6)
-    step, end, _ = timing.simulate(f, est, host, np.zeros(4))
+    step, end, _ = timing.critical_path(f, est, host, np.zeros(4))
     assert step == pytest.approx(10e-6 + 4e-3) and end[-1] == pytest.approx(step)
     # host bound: tiny kernels wait for the host to issue them
     f, est, host = _features(["elementwise"] * 100, [2e-6] * 100, 20e-6)
-    step, _, _ = timing.simulate(f, est, host, np.zeros(100))
+    step, _, _ = timing.critical_path(f, est, host, np.zeros(100))
     assert step == pytest.approx(100 * 20e-6 + 2e-6)
     # a sync (.item()) makes the host wait for the GPU: the ops after it cannot be issued early
     f, est, host = _features(["gemm", "sync", "gemm"], [1e-3, 5e-6, 1e-3], 10e-6)
-    step, _, _ = timing.simulate(f, est, host, np.zeros(3))
+    step, _, _ = timing.critical_path(f, est, host, np.zeros(3))
     assert step == pytest.approx(10e-6 + 1e-3 + 5e-6 + 10e-6 + 1e-3)
 
 
@@ -171,7 +171,7 @@ def test_ring_all_reduce_time_and_overlap_with_compute():
     assert coll[1] == pytest.approx(want)
     # nothing reads its output until op 4: it runs under ops 2 and 3, exposed only past them
     f.waits_on = np.array([-1, -1, -1, -1, 1])
-    step, end, exposed = timing.simulate(f, est, host, coll)
+    step, end, exposed = timing.critical_path(f, est, host, coll)
     assert end[1] == pytest.approx(2e-3 + want)
     assert exposed == pytest.approx(max(0.0, 2e-3 + want - 6e-3))
     assert step == pytest.approx(max(6e-3, 2e-3 + want) + 1e-5)

@@ -83,5 +83,5 @@ def test_the_old_tables_and_texts_plus_the_weights_precision() -> None:
     html, n = re.subn(r"<div class='fv-weights'><b>weights</b>: [^<]*</div>", "", trace._repr_html_())
     assert n == 1 and make_pre_move.digest(html) == pre_move["repr_html"]
     # the layer tree's hover names each module's weights ("<br>weights: fp32", escaped in the figure's JSON)
-    figure, n = re.subn(r"\\u003cbr\\u003eweights: [^\\\"]*", "", views.layer_tree(trace).to_json())
+    figure, n = re.subn(r"\\u003cbr\\u003eweights: [^\\\"]*", "", views.layer_tree_figure(trace).to_json())
     assert n == 16 and make_pre_move.digest(figure) == pre_move["view_layer_tree"]

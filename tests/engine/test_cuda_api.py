@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fakeviz as fv
-from fakeviz._analysis.allocator import simulate_trace
+from fakeviz._analysis.allocator import replay_trace
 from fakeviz._core.gpus import GPUS, capacity_of
 from fakeviz._engine import cuda_api, cuda_shim
 
@@ -249,7 +249,7 @@ def test_autocast_cuda():
 def _expected(trace: Any, n: int, since: int = -1, at_reset: int = 0) -> dict[str, int]:
     """The allocator model of the finished trace, replayed up to "between op n-1 and op n" (the frees seen
     before op n, none of op n's allocations), from its event log."""
-    run = simulate_trace(trace, "cuda:0", capacity=capacity_of(trace.meta))
+    run = replay_trace(trace, "cuda:0", capacity=capacity_of(trace.meta))
     row = {sid: i for i, sid in enumerate(run.storage.tolist())}
     fig = {"allocated": 0, "reserved": 0, "requested": 0, "peak": at_reset, "ooms": 0}
     for action, seq, sid, _addr, size in run.events:
@@ -308,7 +308,7 @@ def test_memory_figures_equal_the_trace_at_the_same_op(core: str, monkeypatch: p
         read()
         one.add_(1)
     assert tr.meta["recorder_core"] == core
-    run = simulate_trace(tr, "cuda:0")
+    run = replay_trace(tr, "cuda:0")
     live = tr.live_bytes()["cuda:0"]
     direct = 0
     for n, got in points:

@@ -26,7 +26,7 @@ import torch
 import zoo
 
 import fakeviz as fv
-from fakeviz._analysis.allocator import simulate_trace
+from fakeviz._analysis.allocator import replay_trace
 from fakeviz._engine.torch_compat import TORCH_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,6 +106,6 @@ def test_fake_cuda_oplog_equals_h200(name: str) -> None:
 
 @pytest.mark.parametrize("name", [_param(n, ALLOC_XFAIL) for n in GOLDEN["cases"]])
 def test_fake_cuda_allocated_peak_equals_h200(name: str) -> None:
-    run = simulate_trace(_trace(name), "cuda:0")
+    run = replay_trace(_trace(name), "cuda:0")
     assert run.peak_allocated == GOLDEN["cases"][name]["allocated"]
     assert run.peak_requested == GOLDEN["cases"][name]["requested"]

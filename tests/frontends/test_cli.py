@@ -20,7 +20,7 @@ import torch
 
 import fakeviz as fv
 from fakeviz import models
-from fakeviz._frontends.cli import main, parse_gpus
+from fakeviz._frontends.cli import gpus_option, main
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_GPT2 = ["gpt2", "--set", "n_layer=1", "--seq", "16"]
@@ -167,12 +167,12 @@ def test_no_subcommand_is_a_usage_error(capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_parse_gpus():
-    assert parse_gpus("8xH100") == (8, "H100")
-    assert parse_gpus("H100") == (1, "H100")
-    assert parse_gpus("2x80GB") == (2, "80GB")
+def test_gpus_option():
+    assert gpus_option("8xH100") == (8, "H100")
+    assert gpus_option("H100") == (1, "H100")
+    assert gpus_option("2x80GB") == (2, "80GB")
     with pytest.raises(ValueError, match="unknown GPU"):
-        parse_gpus("4xH900")
+        gpus_option("4xH900")
 
 
 def test_saved_trace_report_and_missing_file(tmp_path, capsys):

@@ -277,7 +277,7 @@ def test_collective_streams_by_hand() -> None:
     f.coll_after = np.array([-1, timing.AFTER_NOTHING, 1, -1, -1, timing.AFTER_COMPUTE, -1])
     est = np.array([5e-3, 1e-4, 0, 5e-3, 1e-5, 0, 1e-5])
     coll = np.array([0, 0, 2e-3, 0, 0, 1e-3, 0])
-    step, end, exposed = timing.simulate(f, est, np.zeros(n), coll)
+    step, end, exposed = timing.critical_path(f, est, np.zeros(n), coll)
     assert end[1] == pytest.approx(1e-4)  # the copy-in runs at once, beside the first GEMM
     assert end[2] == pytest.approx(1e-4 + 2e-3)  # then its collective, still under the GEMM
     assert end[4] == pytest.approx(1e-2 + 1e-5)  # the reader waits for nothing more than the GEMMs

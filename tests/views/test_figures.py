@@ -180,7 +180,7 @@ def test_bars_totals_equal_the_peak(mlp_trace):
             assert t.loc[dev, cat] == pk.by_category[cat], (dev, cat)
         assert t.loc[dev, "seq"] == pk.seq and t.loc[dev, "op"] == pk.op
     # the figure's stacked bars add up to the same totals, category by category
-    fig = V.memory_bars(mlp_trace)
+    fig = V.memory_bars_figure(mlp_trace)
     bars = [tr for tr in fig.data if tr.type == "bar"]
     assert {b.name for b in bars} == {c for c in fv.CATEGORIES if t[c].any()}
     for b in bars:
@@ -194,7 +194,7 @@ def test_bars_totals_equal_the_peak(mlp_trace):
 
 def test_bars_allocator_markers_on_cuda_only(mlp_trace):
     peaks = mlp_trace.peak()
-    fig = V.memory_bars(mlp_trace)
+    fig = V.memory_bars_figure(mlp_trace)
     by_name = {tr.name: tr for tr in fig.data}
     for col in ("allocated", "reserved"):
         tr = by_name[f"{col} (allocator model)"]
@@ -213,7 +213,7 @@ def test_bars_capacity_line_at_the_catalog_value(mlp_trace, gpu):
     verdict = mlp_trace.verdict(gpu)
     assert data.title == verdict["text"] and data.title.startswith("fits: cuda:0 peaks at")
     assert data.title.endswith(f"of {V.format_bytes(cap)}")
-    fig = V.memory_bars(data)
+    fig = V.memory_bars_figure(data)
     assert fig.layout.title.text.startswith(verdict["text"])
     lines = [s for s in fig.layout.shapes if s.type == "line"]
     # one capacity segment over each accelerator's bar (cuda:0 at 0, cuda:1 at 1), none over cpu
@@ -231,7 +231,7 @@ def test_bars_capacity_line_at_the_catalog_value(mlp_trace, gpu):
     top = max(t["total"].max(), t["reserved"].max())
     assert top <= fig.layout.yaxis.range[1] < cap
     assert any(a.text.startswith("capacity ") and "above the axis" in a.text for a in fig.layout.annotations)
-    full = V.memory_bars(data, full_capacity=True)
+    full = V.memory_bars_figure(data, full_capacity=True)
     assert full.layout.yaxis.range[1] >= cap and not any("above the axis" in a.text for a in full.layout.annotations)
 
 
@@ -248,7 +248,7 @@ def test_bars_verdict_when_it_does_not_fit(mlp_trace):
     assert "first fails at op 0 " in data.title  # the first allocation already needs a 2 MiB segment
     row = data.table.set_index("device").loc["cuda:0"]
     assert not row["fits"] and row["headroom"] < 0
-    fig = V.memory_bars(data)
+    fig = V.memory_bars_figure(data)
     assert any("over by" in a.text for a in fig.layout.annotations)
     # a size string works as well as bytes
     assert V.bars_data(mlp_trace, "80GB").capacity == 80 * 10**9
@@ -283,7 +283,7 @@ def test_folded_icicle_keeps_totals(odd_trace, measure):
     assert len(unfolded) > len(t)
     by_level = t.groupby("depth")["measure"].sum()
     assert by_level.equals(unfolded.groupby("depth")["measure"].sum())
-    fig = V.layer_tree(data)
+    fig = V.layer_tree_figure(data)
     ic = fig.data[0]
     assert ic.type == "icicle" and ic.branchvalues == "total"
     assert _y(ic.values)[0] == want
@@ -298,7 +298,7 @@ def test_folded_tree_flags_the_odd_layer(odd_trace):
     for _, row in t.iterrows():  # every figure of the fold is there
         for k in FIGURES:
             assert row[k] == f.loc[row.path, k], (row.path, k)
-    fig = V.layer_tree(odd_trace)
+    fig = V.layer_tree_figure(odd_trace)
     ic = fig.data[0]
     i = list(ic.ids).index("LlamaForCausalLM.model.layers.3")
     assert ic.labels[i] == "⚠ 3" and ic.marker.line.color[i] == "#D62728"
@@ -327,7 +327,7 @@ def test_tree_colour_by_device_dtype_and_class(mlp_trace):
     cls = V.tree_data(mlp_trace, color="class").table.set_index("id")
     assert cls.loc["Sequential.1", "color_key"] == "ReLU"
     assert cls.loc["Sequential.0", "color"] == cls.loc["Sequential.2", "color"] != cls.loc["Sequential.1", "color"]
-    fig = V.layer_tree(mlp_trace, color="device")
+    fig = V.layer_tree_figure(mlp_trace, color="device")
     legend = {tr.name: tr.marker.color for tr in fig.data[1:]}
     assert legend == {"cuda:0": dev.loc["Sequential", "color"], "cuda:1": dev.loc["Linear", "color"],
                       "no parameters": "#DDDDDD"}  # fmt: skip
@@ -343,7 +343,7 @@ def test_tree_tied_weights_keep_plotly_drawing(gpt2_trace):
     assert root["value"] == kids["value"].sum() and root["inflated"]
     assert root["measure"] == gpt2_trace.modules.params.iloc[0]
     assert "tied" in root["hover"] and "box sized" in root["hover"]
-    fig = V.layer_tree(data)
+    fig = V.layer_tree_figure(data)
     ic = fig.data[0]
     _check_plotly_totals(_y(ic.values), list(ic.ids), list(ic.parents))
     assert ic.text[0] == V.format_count(root["measure"])  # the text shows the true figure
@@ -353,13 +353,13 @@ def test_tree_measures_and_options(llama_trace):
     t = V.tree_data(llama_trace, "flops", folded=False).table
     mt = llama_trace.modules
     assert (t["measure"].to_numpy() == (mt.flops_fwd + mt.flops_bwd).to_numpy()).all()
-    assert "FLOP" in V.layer_tree(llama_trace, "flops").data[0].text[0]
+    assert "FLOP" in V.layer_tree_figure(llama_trace, "flops").data[0].text[0]
     with pytest.raises(ValueError, match="unknown measure"):
         V.tree_data(llama_trace, "nope")
     with pytest.raises(ValueError, match="unknown color"):
         V.tree_data(llama_trace, color="nope")
-    assert V.layer_tree(llama_trace, kind="treemap").data[0].type == "treemap"
-    assert V.layer_tree(llama_trace, max_depth=None).data[0].maxdepth == -1
+    assert V.layer_tree_figure(llama_trace, kind="treemap").data[0].type == "treemap"
+    assert V.layer_tree_figure(llama_trace, max_depth=None).data[0].maxdepth == -1
 
 
 # ------------------------------------------------------------------ timeline
@@ -401,7 +401,7 @@ def test_decimate_keeps_spikes_and_dips():
 
 def test_timeline_figure(llama_trace):
     pk = llama_trace.peak()["cuda:0"]
-    fig = V.memory_timeline(llama_trace, max_points=300, capacity="H100")
+    fig = V.memory_timeline_figure(llama_trace, max_points=300, capacity="H100")
     areas = [tr for tr in fig.data if tr.stackgroup == "memory"]
     assert areas and all(tr.line.shape == "hv" for tr in areas)
     total = next(tr for tr in fig.data if tr.name == "total")
@@ -427,7 +427,7 @@ def test_timeline_figure(llama_trace):
     assert len(cap) == 1 and cap[0].y0 == GPUS["H100"]
     # the figure from the data alone
     df = V.timeline_data(llama_trace, max_points=300)
-    fig2 = V.memory_timeline(df)
+    fig2 = V.memory_timeline_figure(df)
     assert {s.name for s in fig2.layout.shapes if s.type == "rect"} <= present
 
 
@@ -435,7 +435,7 @@ def test_timeline_phase_bands_are_bounded_but_cover_every_phase(mlp_trace):
     runs = V.phase_runs(mlp_trace)
     present = set(runs.phase)
     assert {"init", "forward", "backward", "optimizer"} <= present
-    fig = V.memory_timeline(mlp_trace, "cuda:0", max_phase_runs=2)
+    fig = V.memory_timeline_figure(mlp_trace, "cuda:0", max_phase_runs=2)
     bands = [s for s in fig.layout.shapes if s.type == "rect"]
     assert {s.name for s in bands} == present and len(bands) == len(present)
     # default device: the accelerator with the highest peak
@@ -451,7 +451,7 @@ def test_alias_graph_is_bounded(big_trace, max_nodes):
     assert len(data.nodes) <= max_nodes and data.dropped > 0
     ids = set(data.nodes["id"])
     assert set(data.edges["src"]) <= ids and set(data.edges["dst"]) <= ids
-    fig = V.alias_graph(data)
+    fig = V.alias_graph_figure(data)
     drawn = sum(len(tr.x) for tr in fig.data if tr.mode and tr.mode.startswith("markers") and tr.name.endswith("s"))
     assert drawn == len(data.nodes) <= max_nodes
     assert f"of {data.total}" in fig.layout.title.text
@@ -472,7 +472,7 @@ def test_alias_graph_layout_is_deterministic(big_trace):
         assert n.loc[dst, "x"] == n.loc[src, "x"] + 1
     # AdamW writes the parameter in place: highlighted
     assert (a.edges.kind == "write").any()
-    fig = V.alias_graph(a)
+    fig = V.alias_graph_figure(a)
     assert "write edge" in {tr.name for tr in fig.data}
     tens = next(tr for tr in fig.data if tr.name == "tensors")
     assert "#D62728" in list(tens.marker.line.color)
@@ -485,7 +485,7 @@ def test_alias_graph_highlights_tied_parameters(gpt2_trace):
     names = set(data.nodes[data.nodes.kind == "name"].label)
     assert {"GPT2LMHeadModel.lm_head.weight", "GPT2LMHeadModel.transformer.wte.weight"} <= names
     assert data.nodes[data.nodes.kind == "tensor"].tied.any()
-    fig = V.alias_graph(data)
+    fig = V.alias_graph_figure(data)
     tied = next(tr for tr in fig.data if tr.name == "tied edge")
     assert tied.line.color == "#F58518" and tied.line.width > 2
     assert "around lm_head.weight" in fig.layout.title.text
@@ -495,29 +495,29 @@ def test_alias_graph_highlights_tied_parameters(gpt2_trace):
 def test_ops_table_filters(odd_trace):
     ops = odd_trace.ops
     m = "LlamaForCausalLM.model.layers.3"
-    t = V.ops_table(odd_trace, module=m, limit=None)
+    t = V.ops_table_data(odd_trace, module=m, limit=None)
     mods = ops.module.astype(object)
     want = ops[(mods == m) | mods.str.startswith(m + ".").fillna(False).astype(bool)]
     assert len(t) == len(want) > 0 and list(t.seq) == list(want.seq)
     assert not (mods == "LlamaForCausalLM.model.layers.30").any()  # the prefix is a path, not a string prefix
     # a folded path matches its members
-    fold = V.ops_table(odd_trace, module="LlamaForCausalLM.model.layers.0-2,4-5", limit=None)
+    fold = V.ops_table_data(odd_trace, module="LlamaForCausalLM.model.layers.0-2,4-5", limit=None)
     assert set(fold.module.astype(str).str.split(".").str[3]) == {"0", "1", "2", "4", "5"}
-    bw = V.ops_table(odd_trace, module=m, phase="backward", limit=None)
+    bw = V.ops_table_data(odd_trace, module=m, phase="backward", limit=None)
     assert len(bw) and (bw.phase == "backward").all() and len(bw) < len(t)
-    fb = V.ops_table(odd_trace, phase=["forward", "backward"], limit=None)
+    fb = V.ops_table_data(odd_trace, phase=["forward", "backward"], limit=None)
     assert len(fb) == ops.phase.isin(["forward", "backward"]).sum()
-    mm = V.ops_table(odd_trace, op="MM", limit=None)
+    mm = V.ops_table_data(odd_trace, op="MM", limit=None)
     assert len(mm) and mm.op.astype(str).str.contains("mm").all()
     assert len(mm) == ops.op.astype(str).str.lower().str.contains("mm").sum()
     assert (mm.flops > 0).all()
-    assert len(V.ops_table(odd_trace, device="cuda:0", limit=None)) == (ops.device == "cuda:0").sum()
-    assert len(V.ops_table(odd_trace, limit=7)) == 7
+    assert len(V.ops_table_data(odd_trace, device="cuda:0", limit=None)) == (ops.device == "cuda:0").sum()
+    assert len(V.ops_table_data(odd_trace, limit=7)) == 7
     with pytest.raises(ValueError, match="unknown phase"):
-        V.ops_table(odd_trace, phase="fwd")
+        V.ops_table_data(odd_trace, phase="fwd")
     fig = V.ops_table_figure(odd_trace, module=m, op="mm", limit=5)
     table = fig.data[0]
-    assert table.type == "table" and all(len(col) == len(V.ops_table(odd_trace, m, op="mm", limit=5))
+    assert table.type == "table" and all(len(col) == len(V.ops_table_data(odd_trace, m, op="mm", limit=5))
                                          for col in table.cells.values)  # fmt: skip
     assert "FLOP" in " ".join(table.cells.values[6])
 
@@ -525,11 +525,11 @@ def test_ops_table_filters(odd_trace):
 # ------------------------------------------------------------------ escaping and serialization
 def _all_figures(trace, around=None):
     return {
-        "layer_tree": V.layer_tree(trace, color="class"),
-        "layer_tree_unfolded": V.layer_tree(trace, "flops", folded=False),
-        "memory_bars": V.memory_bars(trace, "H100"),
-        "memory_timeline": V.memory_timeline(trace, max_points=100),
-        "alias_graph": V.alias_graph(trace, around=around),
+        "layer_tree": V.layer_tree_figure(trace, color="class"),
+        "layer_tree_unfolded": V.layer_tree_figure(trace, "flops", folded=False),
+        "memory_bars": V.memory_bars_figure(trace, "H100"),
+        "memory_timeline": V.memory_timeline_figure(trace, max_points=100),
+        "alias_graph": V.alias_graph_figure(trace, around=around),
         "ops_table": V.ops_table_figure(trace),
     }
 
@@ -544,7 +544,7 @@ def test_user_text_is_escaped(weird_trace):
         assert any(escaped in s for s in strings), name  # the text is there, as text
         assert "<script>alert" not in fig.to_html(include_plotlyjs=False), name
     # the names reach the hover of the tree and the alias graph
-    ic = V.layer_tree(weird_trace).data[0]
+    ic = V.layer_tree_figure(weird_trace).data[0]
     assert escaped in ic.hovertext[0] and ic.labels[0] == escaped
     # user text is never in a hovertemplate, where %{...} would be interpreted
     for fig in _all_figures(weird_trace).values():
@@ -592,18 +592,18 @@ def test_views_of_runs_without_modules_or_ops():
         a = torch.randn(64, 64)
         (a @ a).sum()
     for trace in (empty, plain):
-        tree = V.layer_tree(trace)
+        tree = V.layer_tree_figure(trace)
         assert "no module was seen" in tree.layout.title.text and len(tree.data[0].ids) == 0
         for fig in (
-            V.memory_bars(trace, "H100"),
-            V.memory_timeline(trace),
-            V.alias_graph(trace),
+            V.memory_bars_figure(trace, "H100"),
+            V.memory_timeline_figure(trace),
+            V.alias_graph_figure(trace),
             V.ops_table_figure(trace),
         ):
             json.loads(fig.to_json())
-    assert V.memory_bars(empty).layout.title.text.startswith("no memory was recorded")
-    assert V.memory_timeline(empty).layout.title.text == "Memory: no memory was recorded"
-    assert len(V.ops_table(plain)) == plain.num_ops
+    assert V.memory_bars_figure(empty).layout.title.text.startswith("no memory was recorded")
+    assert V.memory_timeline_figure(empty).layout.title.text == "Memory: no memory was recorded"
+    assert len(V.ops_table_data(plain)) == plain.num_ops
 
 
 # ------------------------------------------------------------- one format for bytes
@@ -637,14 +637,14 @@ def test_js_formats_bytes_as_python(tmp_path):
 def test_timeline_axis_fits_the_data_and_one_op_has_one_tick():
     with fv.record(device="cuda:0") as trace:
         torch.empty(10)
-    fig = V.memory_timeline(trace, capacity="H100")
+    fig = V.memory_timeline_figure(trace, capacity="H100")
     assert fig.layout.yaxis.range[1] < GPUS["H100"]  # the curve is not squashed under an 80 GB axis
     assert any("above the axis" in a.text for a in fig.layout.annotations)
     assert [s.y0 for s in fig.layout.shapes if s.name == "capacity"] == [GPUS["H100"]]
     # one op: whole-number ticks, one per op, and the range around it
     assert fig.layout.xaxis.tickformat == "d" and fig.layout.xaxis.dtick == 1
     assert tuple(fig.layout.xaxis.range) == (-0.5, 0.5)
-    full = V.memory_timeline(trace, capacity="H100", full_capacity=True)
+    full = V.memory_timeline_figure(trace, capacity="H100", full_capacity=True)
     assert full.layout.yaxis.range[1] >= GPUS["H100"]
 
 
@@ -653,12 +653,12 @@ def test_ops_table_figure_says_how_many_of_how_many(llama_trace):
     assert n > 50
     fig = V.ops_table_figure(llama_trace, limit=50)
     assert fig.layout.title.text.startswith(f"50 of {n:,} ops")
-    assert V.ops_table(llama_trace, limit=50).attrs["matched"] == n
+    assert V.ops_table_data(llama_trace, limit=50).attrs["matched"] == n
     assert V.ops_table_figure(llama_trace, limit=None).layout.title.text.startswith(f"{n:,} ops")
 
 
 def test_alias_graph_is_labelled_and_at_most_a_screen_tall(llama_trace):
-    fig = V.alias_graph(llama_trace, max_nodes=200)
+    fig = V.alias_graph_figure(llama_trace, max_nodes=200)
     assert fig.layout.height <= 720
     nodes = [tr for tr in fig.data if tr.name in ("storages", "tensors", "names")]
     assert nodes and all(tr.mode == "markers+text" and tr.text and all(tr.text) for tr in nodes)
@@ -673,9 +673,9 @@ def test_icicle_draws_no_zero_size_sector(mlp_trace):
     tests/browser/test_saved_notebook.py clicks one)."""
     data = V.tree_data(mlp_trace, "params")
     zero = set(data.table.loc[data.table["value"] <= 0, "id"].astype(str))
-    ids = set(V.layer_tree(mlp_trace, "params").data[0].ids)
+    ids = set(V.layer_tree_figure(mlp_trace, "params").data[0].ids)
     assert zero and not (zero - {data.table["id"].iloc[0]}) & ids
-    icicle = V.layer_tree(mlp_trace, "params").data[0]
+    icicle = V.layer_tree_figure(mlp_trace, "params").data[0]
     assert all(v > 0 for v in icicle["values"]) and isinstance(icicle.marker.line.width, (int, float))
 
 
@@ -683,7 +683,7 @@ def test_alias_graph_title_names_a_tensor_by_its_metadata_not_its_repr():
     with fv.record() as trace:
         w = torch.empty(64, 64)
         w.t().contiguous()
-    fig = V.alias_graph(trace, around=w)
+    fig = V.alias_graph_figure(trace, around=w)
     title = fig.layout.title.text
     assert "around a tensor float32[64, 64] on cpu" in title and "FakeTensor" not in title
-    assert "around storage 0" in V.alias_graph(trace, around=("storage", 0)).layout.title.text
+    assert "around storage 0" in V.alias_graph_figure(trace, around=("storage", 0)).layout.title.text
