@@ -29,7 +29,7 @@ def test_all_keeps_every_name() -> None:
 
 def test_record_signature_and_result(tmp_path: Path) -> None:
     assert list(inspect.signature(fv.record).parameters) == RECORD_PARAMS
-    assert "``trace`` (a :class:`~fakeviz.Trace`)" in fv.record.__doc__
+    assert "``trace``, a\n        :class:`~fakeviz.Trace`" in fv.record.__doc__
     rec = fv.record(device="cuda:0")
     assert isinstance(rec, fv.Recording)
     with rec as trace:
@@ -39,6 +39,32 @@ def test_record_signature_and_result(tmp_path: Path) -> None:
     assert fv.meta_like(w.weight).device.type == "meta"
     assert fv.load(trace.save(tmp_path / "t.fvz")).oplog() == trace.oplog()
     assert fv.fake_cuda_status().mode in ("native", "shim", "unavailable")
+
+
+def test_record_is_the_engine_s_record_declared_once() -> None:
+    """Note: [one source for record's signature]: fv.record's parameters are the engine's less the two the facade
+    fills, with the engine's defaults and annotations, each documented; a parameter it does not have is refused."""
+    from fakeviz import _api
+    from fakeviz._engine import recorder
+
+    engine = inspect.signature(recorder.record).parameters
+    facade = inspect.signature(fv.record).parameters
+    assert set(_api.FILLED) == {"record_cls", "memory_stats"} and set(_api.FILLED) <= set(engine)
+    assert list(facade) == [name for name in engine if name not in _api.FILLED]
+    for name, param in facade.items():
+        assert param == engine[name] and param.kind is inspect.Parameter.KEYWORD_ONLY
+    doc = fv.record.__doc__
+    assert doc.startswith(recorder.record.__doc__.rstrip()) and doc.rstrip().endswith(_api.RETURNS.rstrip())
+    args = doc[doc.index("    Args:\n") : doc.index("\n\n", doc.index("    Args:\n"))]
+    assert [name for name in facade if f"\n        {name}: " not in args] == []  # every parameter documented
+    with pytest.raises(
+        TypeError, match=r"record\(\) got an unexpected keyword argument 'devices'; did you mean 'device'"
+    ):
+        fv.record(devices="cpu")
+    with pytest.raises(TypeError, match="positional"):
+        fv.record("cpu")
+    with pytest.raises(TypeError, match="record_cls"):
+        fv.record(record_cls=object)  # filled by the facade: a Trace, always
 
 
 def test_explore_a_model_without_running_it() -> None:
