@@ -32,6 +32,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
+from .dtypes import DTYPE_NAMES, spelling
 from .errors import ArgumentError
 from .gpus import GPUS, MULTIPROCESSORS, Capacity
 
@@ -49,18 +50,20 @@ _FALLBACK: dict[str, tuple[str, ...]] = {
 
 # torch dtype names (without "torch.") -> kind; float8_* and float4_* are fp8 (no fp4 kind yet), any other
 # dtype (integers, bool) runs on the CUDA cores: fp32.
+# A user's spelling ("half", "f16", "bf16") is first read as fakeviz reads every dtype (Note: [dtype spellings]).
 _KIND_OF_DTYPE = {
-    "float64": "fp64", "double": "fp64", "complex128": "fp64", "cdouble": "fp64",
-    "float32": "fp32", "float": "fp32", "complex64": "fp32", "cfloat": "fp32",
-    "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "complex32": "fp16", "chalf": "fp16",
+    "float64": "fp64", "complex128": "fp64", "cdouble": "fp64",
+    "float32": "fp32", "complex64": "fp32", "cfloat": "fp32",
+    "bfloat16": "bf16", "float16": "fp16", "complex32": "fp16", "chalf": "fp16",
     "int8": "int8", "uint8": "int8",
 }  # fmt: skip
 
 
 def _kind(dtype: object) -> str:
-    text = str(dtype).strip().lower().removeprefix("torch.")
+    text = spelling(dtype)
     if text in FLOP_KINDS:
         return text
+    text = DTYPE_NAMES.get(text, text)
     if text.startswith(("float8", "float4")):
         return "fp8"
     return _KIND_OF_DTYPE.get(text, "fp32")

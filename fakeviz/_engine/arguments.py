@@ -12,17 +12,14 @@ from typing import Any
 
 import torch
 
+from .._core.dtypes import DTYPE_NAMES, dtype_name
 from .._core.errors import ArgumentError
 
 __all__ = ["DEFAULT_DTYPES", "DTYPES", "FAKED_DEVICES", "as_dtype", "default_dtype", "fake_device", "one_or_many"]
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "f32": torch.float32,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16, "f16": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp64": torch.float64, "float64": torch.float64, "double": torch.float64,
-    "fp8": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2,
-}  # fmt: skip
+#: Every dtype spelling fakeviz reads -> its torch dtype (the spellings are the core's one table,
+#: :data:`fakeviz._core.dtypes.DTYPE_NAMES`; Note: [dtype spellings]).
+DTYPES: dict[str, torch.dtype] = {spelled: getattr(torch, name) for spelled, name in DTYPE_NAMES.items()}
 #: The dtypes ``torch.set_default_dtype`` takes: what ``fv.record(dtype=...)`` (the block's default) can be.
 DEFAULT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 #: Device types fake tensors live on: fake GPUs (``cuda:0`` .. ``cuda:63``, any machine), the host, meta.
@@ -32,19 +29,14 @@ FAKED_DEVICES = ("cuda", "cpu", "meta")
 def as_dtype(dtype: str | torch.dtype | None, *, written: str | None = None) -> torch.dtype | None:
     """A torch dtype from a dtype or a name (``"bf16"``, ``"bfloat16"``, ``"torch.float16"``); None stays None.
 
+    The names are the core's one table (:func:`fakeviz._core.dtypes.dtype_name`, Note: [dtype spellings]).
+
     Raises:
         ArgumentError: (a ``ValueError``) a name that is not a dtype.
     """
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    key = str(dtype).strip().lower().removeprefix("torch.")
-    if isinstance(dtype, str) and key in DTYPES:
-        return DTYPES[key]
-    raise ArgumentError(
-        "dtype", dtype, "not a dtype fakeviz knows",
-        "Give a torch.dtype or a name: bf16, fp16, fp32, fp64, fp8 (or bfloat16, float16, float32, ...).",
-        written=written,
-    )  # fmt: skip
+    return getattr(torch, dtype_name(dtype, written=written))
 
 
 def default_dtype(dtype: str | torch.dtype | None, *, written: str | None = None) -> torch.dtype | None:

@@ -118,3 +118,137 @@ def test_memo_is_emptied_when_the_record_grows() -> None:
     trace.clear_memo()
     assert trace.cached("k", lambda: 9) == 9
     assert np.array_equal(trace.col("phase"), trace.columns()["phase"])
+
+
+# --- Words (issue 34): one name per concept, one parser per concept ------------------------------------------------
+
+LAYERS = ("_core", "_engine", "_analysis", "_views", "_frontends")  # anything else in fakeviz/ is the facade
+
+#: Public top-level names defined in more than one layer on purpose, and why (CONTRIBUTING.md, "Words").
+SAME_NAME_ON_PURPOSE = {
+    "record": "one thing: fv.record is the engine's record making a Trace (Note: [one source for record's signature])",
+    "load_ipython_extension": "one thing: fakeviz's IPython hook forwards to the magics' own",
+    "unload_ipython_extension": "one thing: fakeviz's IPython hook forwards to the magics' own",
+    "apply": "a module's verb, always called through its module: adapters.apply (LoRA), _quant.apply (quantization)",
+    "user_frame": "one concept: the innermost frame of the user's code, in an export error and in a %%fake cell",
+}
+
+
+def _top_level_names() -> dict[str, set[tuple[str, str]]]:
+    import ast
+    from pathlib import Path
+
+    root = Path(fv.__file__).parent
+    names: dict[str, set[tuple[str, str]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        layer = next((part for part in rel.parts if part in LAYERS), "facade")
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith(
+                "_"
+            ):
+                names.setdefault(node.name, set()).add((layer, str(rel)))
+    return names
+
+
+def test_no_name_means_two_things_across_layers() -> None:
+    """A function or class name defined in two layers is one concept there, or it gets a second name: the
+    allocator replay is not ``simulate``, a figure is not ``memory_timeline`` (an allow-list for the deliberate)."""
+    names = _top_level_names()
+    twice = {name: sorted(where) for name, where in names.items() if len({layer for layer, _ in where}) > 1}
+    assert {name: twice[name] for name in twice if name not in SAME_NAME_ON_PURPOSE} == {}
+    assert sorted(set(SAME_NAME_ON_PURPOSE) - set(twice)) == []  # an allowed name no longer twice: drop it
+    for name in ("simulate", "memory_timeline", "ops_table", "alias_graph", "parse_gpus", "advice", "transfers"):
+        assert len(names.get(name, ())) <= 1, (name, names[name])  # issue 34's list, one definition each
+
+
+def test_figures_end_in_figure_and_old_names_warn() -> None:
+    """fakeviz.views: a function returning a plotly figure ends in ``_figure``, and only those; the names before
+    the rule still work and warn FakeVizDeprecationWarning naming the new one."""
+    import inspect
+    import warnings
+
+    from fakeviz import views
+
+    funcs = {n: getattr(views, n) for n in views.__all__ if inspect.isfunction(getattr(views, n))}
+    figures = {n for n, f in funcs.items() if inspect.signature(f).return_annotation in ("go.Figure", "Figure")}
+    assert figures == {n for n in funcs if n.endswith("_figure")} and len(figures) == 5
+    old = {"layer_tree": "layer_tree_figure", "memory_bars": "memory_bars_figure", "alias_graph": "alias_graph_figure",
+           "memory_timeline": "memory_timeline_figure", "ops_table": "ops_table_data"}  # fmt: skip
+    for name, new in old.items():
+        assert name not in views.__all__ and name not in dir(views)
+        with pytest.warns(
+            views.FakeVizDeprecationWarning, match=rf"fakeviz\.views\.{name} is now fakeviz\.views\.{new}"
+        ):
+            assert getattr(views, name) is getattr(views, new)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert views.memory_timeline_figure is not None  # the new names do not warn
+    with pytest.raises(AttributeError, match="no attribute 'memory_timelines'"):
+        views.memory_timelines  # noqa: B018
+
+
+#: Every dtype spelling, and the dtype it means, written out here (not read from the program's table).
+SPELLINGS = {
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32, "f32": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16, "f16": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "fp64": torch.float64, "float64": torch.float64, "double": torch.float64, "f64": torch.float64,
+    "fp8": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2, "fp8_e5m2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+def test_one_dtype_parser_reads_every_spelling_everywhere() -> None:
+    """Note: [dtype spellings]: the union of the old tables, read the same by record, build, plan, the CLI, the
+    magic and the speed table; ``f64`` (refused everywhere before) and vLLM's ``fp8_e4m3`` now read everywhere."""
+    from fakeviz._core.dtypes import DTYPE_NAMES, dtype_name
+    from fakeviz._core.gpu_specs import gpu_spec
+    from fakeviz._engine.arguments import as_dtype, default_dtype
+    from fakeviz._frontends import cli
+    from fakeviz._frontends.magic import _parse_dtype
+    from fakeviz.models import as_dtype as models_as_dtype
+
+    assert set(DTYPE_NAMES) == set(SPELLINGS)
+    h100 = gpu_spec("H100")
+    for spelled, dtype in SPELLINGS.items():
+        name = str(dtype).removeprefix("torch.")
+        for written in (spelled, spelled.upper(), f" torch.{spelled} "):
+            assert dtype_name(written) == name and as_dtype(written) is dtype is models_as_dtype(written)
+        assert cli._dtype(spelled) == name and h100.peak_flops(spelled) == h100.peak_flops(dtype)
+        if dtype.itemsize >= 2:  # what torch.set_default_dtype takes: record(dtype=), %%fake --dtype
+            assert default_dtype(spelled) is dtype is _parse_dtype(spelled)
+        else:
+            with pytest.raises(ValueError, match="cannot be the default dtype"):
+                default_dtype(spelled)
+    assert h100.peak_flops("f16") == 989.4e12 and h100.peak_flops("double") == 66.9e12  # "f16" was read as fp32
+    for bad in ("bf17", "int4", 16, True, ""):
+        with pytest.raises(ValueError, match="not a dtype fakeviz knows"):
+            as_dtype(bad)
+
+
+def test_one_device_parser_for_record_and_the_magic() -> None:
+    """``%%fake --device mps`` is refused as ``fv.record(device="mps")`` is (it was accepted, then failed later)."""
+    from IPython.core.error import UsageError
+
+    from fakeviz._frontends.magic import _parse_device
+
+    assert [_parse_device(d) for d in ("cuda:3", "cuda", "cpu", "meta")] == ["cuda:3", "cuda", "cpu", "meta"]
+    with pytest.raises(ValueError, match="fakeviz does not fake mps devices"):
+        fv.record(device="mps")
+    for bad, why in (("mps", "fakeviz does not fake mps devices"), ("gpu", "not a device"), ("cuda:64", "cuda:63")):
+        with pytest.raises(UsageError, match=f"--device '{bad}': .*{why}"):
+            _parse_device(bad)
+
+
+def test_one_gpus_and_capacity_parser() -> None:
+    """gpus= / --gpus / --capacity / %%fake --gpu are read by _core.gpus alone: the same spec, the same GPUs."""
+    from fakeviz._core.gpus import parse_gpus, read_gpus
+    from fakeviz._frontends.cli import gpus_option
+    from fakeviz._frontends.magic import _parse_capacity
+
+    assert gpus_option("2xA100-40GB") == (2, "A100-40GB")
+    caps = parse_gpus("2xA100-40GB")
+    assert [c.bytes for c in caps] == [40536 * 2**20] * 2 and read_gpus("2xA100-40GB")[0] == 2
+    assert _parse_capacity("a100 40gb", "--gpu").bytes == 40536 * 2**20 == Capacity.parse("A100_40GB").bytes
+    assert _parse_capacity("80GB", "--capacity").bytes == 80 * 10**9

@@ -19,8 +19,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Float, Unicode
 
 from ..._api import record
+from ..._core.errors import ArgumentError
 from ..._core.gpus import Capacity, gpu_capability
-from ..._engine.arguments import default_dtype
+from ..._engine.arguments import default_dtype, fake_device
 from ..._engine.recorder import FakeSession
 from ..._engine.session import check_device, is_fake
 from ..._trace import Trace
@@ -44,13 +45,17 @@ def _parse_dtype(name: str | None) -> torch.dtype | None:
 
 
 def _parse_device(name: str | None) -> str | None:
+    """``--device``: read as ``fv.record(device=)`` reads it (:func:`fake_device`: ``mps``, ``xla``, ... are not
+    faked), then checked against the fake cuda devices (``cuda:64``); one line naming the option."""
     if not name:
         return None
     try:
-        dev = torch.device(name)
+        dev = fake_device(name)
         check_device(dev)
     except (RuntimeError, ValueError) as exc:
-        why = str(exc).splitlines()[0] if "fake cuda devices" in str(exc) else "not a device"
+        text = str(exc).splitlines()[0]
+        why = text.split(": ", 1)[1] if isinstance(exc, ArgumentError) else text
+        why = why if "fake" in why else "not a device"
         raise UsageError(f"--device {name!r}: {why} (use cpu, cuda, cuda:0 ... cuda:63, or meta)") from None
     return str(dev)
 
