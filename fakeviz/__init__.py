@@ -19,6 +19,7 @@ from ._core.errors import (
     CheckpointError,
     CheckpointMismatchError,
     DataDependentError,
+    FakeVizDeprecationWarning,
     FakeVizError,
     FakeVizWarning,
     HubError,
@@ -78,6 +79,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointMismatchError",
     "HubError",
+    "FakeVizDeprecationWarning",
 ]
 
 
