@@ -28,23 +28,61 @@ kv_cache_interface.py`` and ``vllm/v1/core/kv_cache_utils.py``):
   ``max_model_len`` fits (``_check_enough_kv_cache_memory``) compares ``group_size x page x`` those pages with the
   available bytes; the longest context that fits is vLLM's own binary search (``_estimate_max_model_len_from_groups``).
 
-Layer kinds vLLM handles otherwise (Mamba and linear-attention state, ``MambaSpec``, whose page the attention
-pages are padded to; chunked local attention; cross attention) are refused here, not guessed.
+Layer kinds vLLM handles otherwise (chunked local attention, cross attention, the Mamba and linear-attention
+layers of models not listed in Note: [vLLM's Mamba state pages]) are refused here, not guessed.
+
+Note: [vLLM's Mamba state pages]
+Mamba and linear-attention layers (transformers' ``"linear_attention"`` layer type) keep a fixed state per request,
+whatever its length: vLLM's ``MambaSpec`` (``vllm/v1/kv_cache_interface.py`` at ``001cabc1be16``): its page is the
+state, ``sum(prod(shape) x dtype size)`` over the layer's state tensors, padded up to ``page_size_padded``; its block
+size is ``mamba_block_size``, which is ``max_model_len`` with prefix caching off; a request holds
+``page x (1 + num_speculative_blocks)`` (``mamba_cache_mode="none"``), one page of each Mamba group. The state
+shapes, as ``MambaStateShapeCalculator`` (``vllm/model_executor/layers/mamba/mamba_utils.py``, read at
+``02d710837549``, conv state in its default ``"SD"`` layout) and each model's ``get_mamba_state_shape_from_config``
+write them, on one of ``tp`` GPUs:
+
+* mamba1 (Jamba, ``jamba.py``): ``d_inner = mamba_expand x hidden_size``; conv ``(mamba_d_conv - 1, d_inner / tp)``,
+  ssm ``(d_inner / tp, mamba_d_state)``;
+* mamba2 (Bamba, ``bamba.py``): ``d_inner = mamba_expand x hidden_size``, ``n_groups`` (raised to ``tp`` when ``tp``
+  does not divide it); conv ``(mamba_d_conv - 1, (d_inner + 2 x n_groups x mamba_d_state) / tp)``, ssm
+  ``(mamba_n_heads / tp, mamba_d_head, mamba_d_state)``;
+* gated delta net (Qwen3-Next's linear attention, ``qwen3_next.py``): conv ``(linear_conv_kernel_dim - 1,
+  (2 x linear_key_head_dim x linear_num_key_heads + linear_value_head_dim x linear_num_value_heads) / tp)``,
+  temporal ``(linear_num_value_heads / tp, linear_value_head_dim, linear_key_head_dim)``.
+
+Both states are in the model's dtype (``mamba_cache_dtype`` and ``mamba_ssm_cache_dtype`` ``"auto"``; the KV cache's
+``kv_cache_dtype`` does not apply to them). The attention page is then made at least one state page
+(``HybridAttentionMambaModelConfig.verify_and_update_config``, ``vllm/model_executor/models/config.py``, read at
+``1936cf3841ed``): without prefix caching the attention block size becomes ``16 x cdiv(mamba_page, 16 x
+attention bytes of one token)`` when the one asked for is smaller (16: the FlashAttention / FlashInfer kernel
+alignment), and the Mamba page is padded to the attention page. Equal pages, the layers are grouped as above (a
+group of Mamba layers, like one of attention layers, holds ``group_size`` layers); what a request needs is
+``cdiv(max_model_len, block_size)`` blocks per attention group and one per Mamba group, so a longer context costs
+only attention blocks. Assumed (named in ``fidelity()`` by :func:`fakeviz.serve`): prefix caching off
+(``--no-enable-prefix-caching``; with it on vLLM keeps ``"align"`` mode's extra state pages and aligns the block to
+the Mamba kernel's chunk), no speculative decoding, the 16-token alignment (Blackwell with head size 256 and MLA
+backends align otherwise), and one state dtype. Other Mamba-kind models (Falcon-H1, NemotronH, granite hybrids,
+short-conv LFM2, MiniMax linear attention) are refused: their shapes are not followed here yet.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from .._core.errors import ArgumentError
 
-__all__ = ["KVGroup", "KVLayout", "LayerSpec", "cdiv", "kv_layout", "layer_specs"]
+__all__ = ["KVGroup", "KVLayout", "LayerSpec", "cdiv", "kv_layout", "layer_kinds", "layer_specs", "mamba_state"]
 
 # the token counts vLLM accepts as block_size (vllm/config/cache.py ``BlockSize``)
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
-KNOWN_KINDS = ("full_attention", "sliding_attention")
+KNOWN_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+# the attention kernels' block alignment vLLM raises a hybrid model's block size to (FlashAttention / FlashInfer)
+KERNEL_BLOCK_ALIGNMENT = 16
+# model_type -> vLLM's Mamba state kind for its "linear_attention" layers (Note: [vLLM's Mamba state pages])
+MAMBA_TYPES = {"jamba": "mamba1", "bamba": "mamba2", "qwen3_next": "gated_delta_net"}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -56,9 +94,12 @@ def cdiv(a: int, b: int) -> int:
 class LayerSpec:
     """One layer's KV cache spec (vLLM's ``FullAttentionSpec``, ``SlidingWindowSpec``, ``MLAAttentionSpec``).
 
-    ``kind``: ``"full"``, ``"sliding"`` or ``"mla"``; ``kv_heads`` on one GPU; ``head_size`` (MLA: the latent,
-    ``kv_lora_rank + qk_rope_head_dim``); ``dtype_bytes``: the KV cache dtype's size; ``window``: a sliding
-    layer's window in tokens.
+    ``kind``: ``"full"``, ``"sliding"``, ``"mla"`` or ``"mamba"`` (vLLM's ``MambaSpec``: a fixed state);
+    ``kv_heads`` on one GPU; ``head_size`` (MLA: the latent, ``kv_lora_rank + qk_rope_head_dim``); ``dtype_bytes``:
+    the KV cache dtype's size; ``window``: a sliding layer's window in tokens. A Mamba layer: ``states``, each state
+    tensor's ``(shape, dtype size)`` on one GPU; ``padded``: its page padded to that many bytes; ``mamba_type``
+    (``"mamba1"``, ``"mamba2"``, ``"gated_delta_net"``); its ``block_size`` is ``max_model_len`` and the attention
+    fields are 0 (Note: [vLLM's Mamba state pages]).
     """
 
     kind: str
@@ -67,15 +108,29 @@ class LayerSpec:
     head_size: int
     dtype_bytes: int
     window: int | None = None
+    states: tuple[tuple[tuple[int, ...], int], ...] = ()
+    padded: int | None = None
+    mamba_type: str = ""
+
+    @property
+    def state_bytes(self) -> int:
+        """A Mamba layer's state of one request, unpadded (``MambaSpec.page_size_bytes`` before padding)."""
+        return sum(math.prod(shape) * size for shape, size in self.states)
 
     @property
     def page_bytes(self) -> int:
-        """Bytes of one block of ``block_size`` tokens of this layer (``page_size_bytes``)."""
+        """Bytes of one block of ``block_size`` tokens of this layer (``page_size_bytes``; a Mamba layer: its state,
+        padded)."""
+        if self.kind == "mamba":
+            return self.padded if self.padded is not None else self.state_bytes
         per_token = self.kv_heads * self.head_size * (1 if self.kind == "mla" else 2)
         return self.block_size * per_token * self.dtype_bytes
 
     def request_bytes(self, max_model_len: int, max_num_batched_tokens: int) -> int:
-        """The most one request of ``max_model_len`` tokens holds in this layer (``max_memory_usage_bytes``)."""
+        """The most one request of ``max_model_len`` tokens holds in this layer (``max_memory_usage_bytes``; a
+        Mamba layer: one page, ``mamba_cache_mode="none"``)."""
+        if self.kind == "mamba":
+            return self.page_bytes
         if self.kind == "sliding":
             assert self.window is not None
             tokens = min(self.window - 1 + max_num_batched_tokens, max_model_len)
@@ -170,14 +225,22 @@ def layer_kinds(config: Any) -> list[str]:
     return ["full_attention"] * n
 
 
-def layer_specs(config: Any, *, block_size: int, dtype_bytes: int, tensor_parallel_size: int = 1) -> list[LayerSpec]:
-    """One :class:`LayerSpec` per decoder layer of a transformers config, on one of ``tensor_parallel_size`` GPUs.
+def layer_specs(config: Any, *, block_size: int, dtype_bytes: int, tensor_parallel_size: int = 1,
+                state_dtype_bytes: int | None = None, max_model_len: int | None = None) -> list[LayerSpec]:  # fmt: skip
+    """One :class:`LayerSpec` per KV cache of a transformers config, on one of ``tensor_parallel_size`` GPUs: one per
+    decoder layer (a Mamba or linear-attention layer's state: Note: [vLLM's Mamba state pages]).
+
+    ``state_dtype_bytes``: the model dtype's size, the Mamba states' (default ``dtype_bytes``); ``max_model_len``:
+    needed by a model with Mamba layers (their block size). With Mamba layers the attention layers' ``block_size``
+    is raised, as vLLM raises it, until one attention page holds a state page, and the state page is padded to it.
 
     Raises:
-        ArgumentError: ``tensor_parallel_size`` does not divide the KV heads; a layer kind vLLM allocates otherwise
-            (Mamba or linear-attention state, chunked attention: Note: [vLLM's KV cache blocks]); an encoder model.
+        ArgumentError: ``tensor_parallel_size`` does not split the KV heads or the state; a layer kind vLLM allocates
+            otherwise (chunked attention, the state of a model not followed: Note: [vLLM's KV cache blocks]); an
+            encoder model.
     """
     c = _text_config(config)
+    model_type = getattr(c, "model_type", "?")
     if getattr(c, "is_encoder_decoder", False) or not hasattr(c, "num_hidden_layers"):
         raise ArgumentError("model", getattr(c, "model_type", type(c).__name__),
                             "serving capacity covers decoder-only language models (one KV cache per decoder layer)",
@@ -185,28 +248,87 @@ def layer_specs(config: Any, *, block_size: int, dtype_bytes: int, tensor_parall
     tp = int(tensor_parallel_size)
     kinds = layer_kinds(c)
     unknown = sorted({k for k in kinds if k not in KNOWN_KINDS})
+    if "linear_attention" in kinds and model_type not in MAMBA_TYPES:
+        unknown.append(f"linear_attention of {model_type}")
     if unknown:
-        raise ArgumentError("model", getattr(c, "model_type", "?"),
-                            f"its layer kinds {unknown} are not followed: vLLM keeps Mamba / linear-attention state and "
-                            "chunked attention in other specs (MambaSpec, ChunkedLocalAttentionSpec) that fakeviz does "
-                            "not model yet", "Give a model of full and sliding-window attention layers.")  # fmt: skip
+        raise ArgumentError("model", model_type,
+                            f"its layer kinds {unknown} are not followed: vLLM keeps chunked attention and the state "
+                            "of these layers in specs whose shapes fakeviz does not model yet (Mamba state is "
+                            f"followed for {', '.join(sorted(MAMBA_TYPES))})",
+                            "Give a model of full and sliding-window attention layers, or one of those.")  # fmt: skip
     if getattr(c, "kv_lora_rank", None):  # multi-head latent attention: one latent per token, replicated across tp
+        if "linear_attention" in kinds:
+            raise ArgumentError("model", model_type, "latent attention with Mamba layers is not followed",
+                                "Give a model of one of them.")  # fmt: skip
         head = int(c.kv_lora_rank) + int(getattr(c, "qk_rope_head_dim", 0) or 0)
         return [LayerSpec("mla", block_size, 1, head, dtype_bytes) for _ in kinds]
     heads = int(c.num_attention_heads)
     kv = int(getattr(c, "num_key_value_heads", None) or heads)
-    head_dim = getattr(c, "head_dim", None) or int(c.hidden_size) // heads
+    head_dim = int(getattr(c, "head_dim", None) or int(c.hidden_size) // heads)
     if kv % tp:
         raise ArgumentError("tensor_parallel_size", tp, f"the model's {kv} KV heads do not split evenly over {tp} GPUs",
                             f"Give a tensor_parallel_size that divides {kv}.")  # fmt: skip
+    state = None
+    if "linear_attention" in kinds:
+        if max_model_len is None:
+            raise ArgumentError("max_model_len", None, "a model with Mamba layers needs it (their state's block size)",
+                                "Give max_model_len=8192.")  # fmt: skip
+        state = mamba_state(c, tp=tp, dtype_bytes=state_dtype_bytes or dtype_bytes)
+        # HybridAttentionMambaModelConfig: one attention page holds at least one state page
+        one_token = 2 * (kv // tp) * head_dim * dtype_bytes
+        a = KERNEL_BLOCK_ALIGNMENT
+        block_size = max(block_size, a * cdiv(state.state_bytes, a * one_token))
+        page = block_size * one_token
+        state = replace(state, block_size=int(max_model_len), padded=page if page != state.state_bytes else None)
     window = getattr(c, "sliding_window", None)
     out = []
     for k in kinds:
-        if k == "sliding_attention":
-            out.append(LayerSpec("sliding", block_size, kv // tp, int(head_dim), dtype_bytes, int(window)))
+        if k == "linear_attention":
+            out.append(state)
+        elif k == "sliding_attention":
+            out.append(LayerSpec("sliding", block_size, kv // tp, head_dim, dtype_bytes, int(window)))
         else:
-            out.append(LayerSpec("full", block_size, kv // tp, int(head_dim), dtype_bytes))
+            out.append(LayerSpec("full", block_size, kv // tp, head_dim, dtype_bytes))
     return out
+
+
+def mamba_state(config: Any, *, tp: int = 1, dtype_bytes: int = 2) -> LayerSpec:
+    """The state of one Mamba or linear-attention layer of ``config`` on one of ``tp`` GPUs, as vLLM's
+    ``MambaStateShapeCalculator`` shapes it (Note: [vLLM's Mamba state pages]): a ``"mamba"`` :class:`LayerSpec`,
+    unpadded, of block size 1, both states of ``dtype_bytes``.
+
+    Raises:
+        ArgumentError: a model whose state is not followed; ``tp`` does not split the state.
+    """
+    c = _text_config(config)
+    model_type = getattr(c, "model_type", "?")
+    kind = MAMBA_TYPES.get(model_type)
+    if kind == "mamba1":
+        d_inner, conv = int(c.mamba_expand) * int(c.hidden_size), int(c.mamba_d_conv)
+        conv_dim, split = d_inner, [("mamba d_inner", d_inner)]
+        ssm = (d_inner // tp, int(c.mamba_d_state))
+    elif kind == "mamba2":
+        d_inner, conv, n = int(c.mamba_expand) * int(c.hidden_size), int(c.mamba_d_conv), int(c.mamba_d_state)
+        groups = int(c.mamba_n_groups)
+        groups += 0 if groups % tp == 0 else tp - groups  # extra_groups_for_head_shards
+        conv_dim = d_inner + 2 * groups * n
+        split = [("mamba conv dim", conv_dim), ("mamba heads", int(c.mamba_n_heads))]
+        ssm = (int(c.mamba_n_heads) // tp, int(c.mamba_d_head), n)
+    elif kind == "gated_delta_net":
+        nk, nv = int(c.linear_num_key_heads), int(c.linear_num_value_heads)
+        dk, dv, conv = int(c.linear_key_head_dim), int(c.linear_value_head_dim), int(c.linear_conv_kernel_dim)
+        conv_dim = 2 * dk * nk + dv * nv
+        split = [("linear-attention conv dim", conv_dim), ("linear-attention value heads", nv)]
+        ssm = (nv // tp, dv, dk)
+    else:
+        raise ArgumentError("model", model_type, "its Mamba / linear-attention state is not followed",
+                            f"Give one of {', '.join(sorted(MAMBA_TYPES))}.")  # fmt: skip
+    for what, n in split:
+        if n % tp:
+            raise ArgumentError("tensor_parallel_size", tp, f"the model's {n} {what} do not split evenly over {tp} "
+                                "GPUs (vLLM's divide() refuses it)", f"Give a tensor_parallel_size that divides {n}.")  # fmt: skip
+    states = (((conv - 1, conv_dim // tp), dtype_bytes), (ssm, dtype_bytes))
+    return LayerSpec("mamba", 1, 0, 0, dtype_bytes, states=states, mamba_type=kind)
 
 
 def _unify_pages(specs: Sequence[LayerSpec]) -> list[LayerSpec]:

@@ -297,25 +297,38 @@ def serve(
     tokens, seqs = _defaults(gpu, max_model_len, max_num_batched_tokens, max_num_seqs)
     _check(max_model_len, gpu_memory_utilization, block_size, kv_cache_dtype, tokens, seqs, 1)
     dt = _serving_dtype(config, dtype, gpu)
-    kv_bytes = KV_DTYPES[kv_cache_dtype] or torch.empty((), dtype=dt).element_size()
-    specs = kv_blocks.layer_specs(config, block_size=block_size, dtype_bytes=kv_bytes, tensor_parallel_size=tp)
+    state_bytes = torch.empty((), dtype=dt).element_size()
+    kv_bytes = KV_DTYPES[kv_cache_dtype] or state_bytes
+    specs = kv_blocks.layer_specs(config, block_size=block_size, dtype_bytes=kv_bytes, tensor_parallel_size=tp,
+                                  state_dtype_bytes=state_bytes, max_model_len=max_model_len)  # fmt: skip
     layout = kv_blocks.kv_layout(specs, max_model_len=max_model_len, max_num_batched_tokens=tokens)
     rank = model if is_module else rank_config(config, tp)
     trace, weights, peak, shape = profile_run(rank, dtype=dt, quantization=quantization, gpu=gpu, tokens=tokens,
                                               seqs=seqs, tp=tp, vocab=None if is_module else _vocab(config))  # fmt: skip
+    mamba = [s for s in specs if s.kind == "mamba"]
+    if mamba:  # Note: [vLLM's Mamba state pages]
+        trace.meta.setdefault("assumptions", []).append([-1, "vllm mamba state", MAMBA_ASSUMPTION.format(
+            kind=mamba[0].mamba_type, state=mamba[0].state_bytes, page=mamba[0].page_bytes,
+            block=layout.block_size)])  # fmt: skip
     label = getattr(config, "_name_or_path", "") or (model if isinstance(model, str) else type(model).__name__)
     settings = {
         "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization, "block_size": block_size,
         "dtype": str(dt).replace("torch.", ""), "kv_cache_dtype": kv_cache_dtype,
         "quantization": None if quantization is None else str(adapters.resolve_quantization(quantization).label),
         "max_num_batched_tokens": tokens, "max_num_seqs": seqs, "tensor_parallel_size": tensor_parallel_size,
-        "profile_shape": shape,
+        "profile_shape": shape, "kv_block_size": layout.block_size,
     }  # fmt: skip
     requested = math.ceil(gpu.bytes * gpu_memory_utilization)
     return Serving(str(label), gpu, settings, layout, weights, peak, requested, limit or max_model_len, trace)
 
 
 # ------------------------------------------------------------------------------------------ profile run
+MAMBA_ASSUMPTION = (
+    "{kind} state of {state:,} bytes a layer, padded to the attention page of {page:,} bytes (attention block size "
+    "raised to {block} tokens, the 16-token kernel alignment); prefix caching off (--no-enable-prefix-caching: one "
+    "state page per request and Mamba group), no speculative decoding, states in the model's dtype "
+    "(mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'); Note: [vLLM's Mamba state pages]"
+)
 ASSUMPTIONS = (
     ("vllm profile run", "vLLM runs its own model code (paged-attention kernels, fused ops); this profile run is "
      "transformers' model over the same tokens ({shape}); token-wise activations (projections, MLP, norms) have "
@@ -356,9 +369,10 @@ def rank_config(config: Any, tp: int) -> Any:
     padded = kv_blocks.cdiv(int(t.vocab_size), 64) * 64
     if tp > 1:
         moe = any(getattr(t, k, None) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
-        if moe or getattr(t, "kv_lora_rank", None):
-            raise ArgumentError("tensor_parallel_size", tp, "tensor-parallel shards of mixture-of-experts and "
-                                "latent-attention models are not followed", "Give tensor_parallel_size=1.")  # fmt: skip
+        if moe or getattr(t, "kv_lora_rank", None) or "linear_attention" in kv_blocks.layer_kinds(t):
+            raise ArgumentError("tensor_parallel_size", tp, "tensor-parallel shards of mixture-of-experts, "
+                                "latent-attention and Mamba / linear-attention models are not followed",
+                                "Give tensor_parallel_size=1.")  # fmt: skip
         heads = int(t.num_attention_heads)
         kv = int(getattr(t, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(t, "head_dim", None) or int(t.hidden_size) // heads)

@@ -284,3 +284,162 @@ def test_cli_names_the_option_it_refuses(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert err.startswith("fakeviz: error: --block-size 24: vLLM's block sizes are 1, 8, 16, 32, 64, 128, 256")
     assert "Traceback" not in err
+
+
+# ------------------------------------------------------------------------- Mamba / linear-attention state
+# Note: [vLLM's Mamba state pages]. Tiny hybrids of three kinds, every figure by hand from the config's numbers
+# (bf16: 2 bytes; one attention token of a layer: 2 x KV heads x head_dim x 2 bytes = 128 bytes).
+TOKEN = 2 * KV * HD * 2
+
+
+def _jamba(**kw):  # mamba1: d_inner = expand x hidden = 128, conv kernel 4, state 8; attention at layer 2
+    from transformers import JambaConfig
+
+    return JambaConfig(num_hidden_layers=4, attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
+                       expert_layer_offset=1, num_experts=2, num_experts_per_tok=1, mamba_d_state=8, mamba_d_conv=4,
+                       mamba_expand=2, mamba_dt_rank=8, **{**TINY, **kw})  # fmt: skip
+
+
+def _qwen3_next(**kw):  # gated delta net: 2 key heads, 8 value heads of 16, conv kernel 4; full attention at layer 3
+    from transformers import Qwen3NextConfig
+
+    return Qwen3NextConfig(num_hidden_layers=4, head_dim=HD, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+                           linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=8, num_experts=2,
+                           num_experts_per_tok=1, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                           **{**TINY, **kw})  # fmt: skip
+
+
+def _bamba(**kw):  # mamba2: d_inner 128, 1 group, state 16, 8 heads of 16, conv kernel 4; attention at layer 2
+    from transformers import BambaConfig
+
+    return BambaConfig(num_hidden_layers=4, attn_layer_indices=[2], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+                       mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, **{**TINY, **kw})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "shapes", "block"),
+    [
+        # conv (kernel - 1, d_inner), ssm (d_inner, state)
+        (_jamba, "mamba1", [(3, 128), (128, 8)], 32),
+        # conv (kernel - 1, 2 x 16 x 2 + 16 x 8), temporal (value heads, value dim, key dim)
+        (_qwen3_next, "gated_delta_net", [(3, 192), (8, 16, 16)], 48),
+        # conv (kernel - 1, d_inner + 2 x groups x state), ssm (heads, head dim, state)
+        (_bamba, "mamba2", [(3, 128 + 2 * 16), (8, 16, 16)], 48),
+    ],
+)
+def test_mamba_state_page_and_block_size_by_hand(make, kind: str, shapes: list, block: int) -> None:
+    state = sum(math.prod(s) * 2 for s in shapes)
+    # vLLM raises the attention block to 16 x cdiv(state, 16 x one token's bytes), pads the state to that page
+    assert block == 16 * math.ceil(state / (16 * TOKEN))
+    specs = kv_blocks.layer_specs(make(), block_size=BS, dtype_bytes=2, max_model_len=512)
+    mamba = [s for s in specs if s.kind == "mamba"]
+    attn = [s for s in specs if s.kind == "full"]
+    assert len(mamba) == 3 and len(attn) == 1
+    m = mamba[0]
+    assert (m.mamba_type, [s for s, _ in m.states], m.state_bytes) == (kind, shapes, state)
+    assert attn[0].block_size == block and attn[0].page_bytes == block * TOKEN
+    assert m.page_bytes == block * TOKEN and m.block_size == 512  # padded; mamba_block_size = max_model_len
+    lay = kv_blocks.kv_layout(specs, max_model_len=512, max_num_batched_tokens=256)
+    # 3 Mamba layers, 1 attention layer: groups of 1 (3 >= 1.5 x 1), four groups, a block is one page
+    assert (len(lay.groups), lay.group_size, lay.bytes_per_block, lay.block_size) == (4, 1, block * TOKEN, block)
+    # a request: cdiv(512, block) attention pages and one state page per Mamba group; twice the context costs
+    # only attention pages
+    assert lay.blocks_per_request() == math.ceil(512 / block) + 3
+    assert lay.blocks_per_request(1024) - lay.blocks_per_request(512) == math.ceil(1024 / block) - math.ceil(
+        512 / block
+    )
+    avail = 10**7
+    assert lay.max_concurrency(avail) == (avail // (block * TOKEN)) / (math.ceil(512 / block) + 3)
+    assert lay.kv_tokens(avail) == avail // (block * TOKEN) // 4 * block
+
+
+def test_mamba_block_size_asked_larger_and_fp8_kv_by_hand() -> None:
+    # a block asked larger than needed stays; the state is padded to its page
+    specs = kv_blocks.layer_specs(_jamba(), block_size=64, dtype_bytes=2, max_model_len=512)
+    assert {s.page_bytes for s in specs} == {64 * TOKEN}
+    # an fp8 KV cache halves attention's token, not the state (the model's dtype): the block grows to hold it
+    specs = kv_blocks.layer_specs(_bamba(), block_size=BS, dtype_bytes=1, state_dtype_bytes=2, max_model_len=512)
+    state = (3 * 160 + 8 * 16 * 16) * 2
+    assert specs[0].state_bytes == state
+    assert specs[2].block_size == 16 * math.ceil(state / (16 * TOKEN // 2))
+
+
+def test_mamba2_state_under_tensor_parallel_by_hand() -> None:
+    # tp=2: the one group is extended to 2 (extra_groups_for_head_shards), then the conv dim and the heads split
+    s = kv_blocks.mamba_state(_bamba(), tp=2, dtype_bytes=2)
+    assert [x for x, _ in s.states] == [(3, (128 + 2 * 2 * 16) // 2), (4, 16, 16)]
+    with pytest.raises(ArgumentError, match="do not split evenly over 3 GPUs"):
+        kv_blocks.mamba_state(_jamba(), tp=3)
+
+
+@pytest.fixture(scope="module")
+def jamba_served() -> fv.Serving:
+    return fv.serve(_jamba(), "8MB", max_model_len=512, max_num_batched_tokens=64, max_num_seqs=8)
+
+
+def test_hybrid_serve_by_hand(jamba_served: fv.Serving) -> None:
+    s = jamba_served
+    page = 32 * TOKEN  # Jamba's block of 32 tokens (above), one layer a group
+    available = math.ceil(8 * 10**6 * 0.9) - s.weights - s.profile_peak
+    assert s.available_kv == available > 0
+    assert (s.kv_bytes_per_block, s.kv_blocks) == (page, available // page)
+    assert s.max_concurrency == (available // page) / (512 // 32 + 3)
+    assert s.kv_tokens == available // page // 4 * 32
+    # the longest context: (blocks - 3 state pages) x 32 tokens, up to the model's 262,144 positions
+    assert s.max_context == min((available // page - 3) * 32, 262144)
+    assert s.settings["kv_block_size"] == 32 and s.to_dict()["layer_kinds"] == ["full", "mamba"]
+    said = s.trace.fidelity()["assumptions"]
+    row = said[said.op == "vllm mamba state"]
+    assert len(row) == 1 and "mamba1 state of 2,816 bytes" in row["assumption"].iloc[0]
+
+
+def test_hybrid_serves_more_than_a_formula_that_grows_the_state(jamba_served: fv.Serving) -> None:
+    # the weights + KV formula counts every layer as attention that grows with the context; vLLM keeps a Mamba
+    # layer's state fixed: at 512 tokens a request needs 16 + 3 pages, not 4 x 16
+    s = jamba_served
+    formula = s.available_kv / (4 * TOKEN * 512)
+    assert s.max_concurrency > 3 * formula
+
+
+@pytest.mark.parametrize("make", [_jamba, _qwen3_next])
+def test_hybrid_profile_forward_fake_equals_real_on_cpu(make) -> None:
+    """A hybrid model's profile run (transformers' PyTorch paths of the Mamba scan and the gated delta rule, which
+    run on a CPU) recorded fake equals its real CPU run op by op and byte by byte."""
+    import gc
+
+    from transformers import AutoModelForCausalLM
+
+    from fakeviz._frontends.serving import profile_forward
+
+    cfg = make()
+
+    def run(fake: bool) -> fv.Trace:
+        gc.collect()
+        gc.disable()
+        try:
+            with fv.record(fake=fake) as t:
+                torch.manual_seed(0)
+                m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+                profile_forward(m, tokens=32, seqs=4, vocab=1000, device="cpu")
+        finally:
+            gc.enable()
+        assert t.error is None, t.error
+        return t
+
+    real, fake = run(False), run(True)
+    assert fake.oplog_lines() == real.oplog_lines()
+    assert fake.peak_bytes() == real.peak_bytes()
+    assert (fake.live_bytes()["cpu"] == real.live_bytes()["cpu"]).all()
+
+
+def test_mamba_refusals() -> None:
+    from transformers import FalconH1Config, NemotronHConfig
+
+    with pytest.raises(ArgumentError, match="not followed"):  # Mamba layers whose state vLLM shapes otherwise
+        kv_blocks.layer_specs(NemotronHConfig(), block_size=BS, dtype_bytes=2, max_model_len=512)
+    with pytest.raises(ArgumentError, match="not followed"):
+        kv_blocks.layer_specs(FalconH1Config(), block_size=BS, dtype_bytes=2, max_model_len=512)
+    with pytest.raises(ArgumentError, match="needs it"):
+        kv_blocks.layer_specs(_jamba(), block_size=BS, dtype_bytes=2)
+    with pytest.raises(ArgumentError, match="not followed"):
+        fv.serve(_bamba(), "2xH100", tensor_parallel_size=2, max_model_len=512)
