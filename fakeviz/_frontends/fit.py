@@ -7,6 +7,9 @@ The knobs :func:`fit` turns all keep the math of the step the same (the same glo
 * the layout: one GPU; several GPUs as one model split by a device map (``"balanced"``, data parallel 1); or
   torchtitan's recipe (:mod:`.parallel`) with ``dp_shard`` x ``tp`` (and ``dp_replicate`` x ``dp_shard``, HSDP)
   whose product is the GPU count, ``tp`` dividing the attention heads (what :func:`.parallel.check_tp` accepts);
+  pipeline (``pp``, outermost, with ``dp_shard x tp``), context (``cp``, for long sequences) and expert (``ep``,
+  for a mixture of experts) parallel: Note: [fit's parallel layouts] in :mod:`.fit_layouts` (``axes=`` narrows
+  them);
 * the micro-batch with gradient accumulation: ``batch = micro_batch x accumulation x dp`` (``dp``: the
   data-parallel degree), every divisor of ``batch / dp`` a candidate;
 * activation checkpointing: none, ``"selective"`` where this fakeviz has it, full (``True``); and offload where
@@ -28,14 +31,21 @@ them (a balanced map over several GPUs records twice: a first run places by its 
 (every layout's next probe) are independent and run on ``executor`` (Note: [points on an executor] in
 :mod:`.executors`).
 
-Order (``rank``): with a GPU kind, by the time of one global step (``step_s`` x ``accumulation``), fastest
-first; without one (``gpus="80GB"``), by peak, most headroom first.
+For a pipeline the largest micro-batch that fits is not always the fastest (fewer microbatches, a larger
+bubble): with a GPU kind its search goes on to smaller ones while they are faster (Note: [the pipeline bubble in
+fit] in :mod:`.fit_layouts`). cp layouts are searched after their dp twins, and only where the twin needs a knob
+that costs time (Note: [fit's parallel layouts]); ``df.attrs["pruned"]`` says which were not.
+``df.attrs["configurations"]`` counts every configuration the search covers (layouts, knobs, micro-batches),
+``df.attrs["points"]`` those recorded.
+
+Order (``rank``): with a GPU kind, by the time of one global step (``step_s`` x ``accumulation``; a pipeline's
+``step_s x (M + P - 1) / M``, its bubble included), fastest first; without one (``gpus="80GB"``), by peak, most
+headroom first.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +57,9 @@ from .. import models
 from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import parse_gpus
-from . import executors, offload, planning, steps
+from . import executors, fit_layouts, offload, planning, steps
+from .fit_layouts import dp as _dp
+from .fit_layouts import name as _name
 
 __all__ = ["fit"]
 
@@ -76,48 +88,8 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _layouts(model: Any, n: int, given: Any) -> list[dict[str, int] | None]:
-    """None for a device map, or the parallel degrees whose product is ``n`` (Note: [the budget search])."""
-    if given is not None:
-        out = []
-        for lay in given if isinstance(given, (list, tuple)) else [given]:
-            if lay in (None, "balanced"):
-                out.append(None)
-                continue
-            if not isinstance(lay, dict) or math.prod(lay.values()) != n:
-                raise ArgumentError("parallel", given, f"each layout's degrees multiply to the GPU count ({n})",
-                                    f"Give e.g. parallel=[{{'dp_shard': {n}}}], or None to try every layout.")  # fmt: skip
-            out.append(dict(lay))
-        return out
-    out: list[dict[str, int] | None] = [None]
-    if n == 1 or isinstance(model, torch.nn.Module):
-        return out
-    from .parallel import check_tp
-
-    cfg = models.config(model)
-    for tp in (t for t in _divisors(n) if t <= 8):
-        if tp > 1:
-            try:
-                check_tp(cfg, tp)
-            except ValueError:
-                continue
-        for rep in _divisors(n // tp):
-            shard = n // tp // rep
-            if rep > 1 and shard == 1:  # replicate without sharding: plan's recipe would shard over it
-                continue
-            lay = {k: v for k, v in (("dp_replicate", rep), ("dp_shard", shard), ("tp", tp)) if v > 1}
-            out.append(lay or {"dp_shard": 1})
-    return out
-
-
-def _dp(layout: dict[str, int] | None) -> int:
-    return 1 if layout is None else layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
-
-
-def _name(layout: dict[str, int] | None, n: int) -> str:
-    if layout is None:
-        return "1 GPU" if n == 1 else f"balanced map over {n} GPUs"
-    return " x ".join(f"{k} {v}" for k, v in layout.items())
+def _pp(layout: dict[str, int] | None) -> int:
+    return 1 if layout is None else layout.get("pp", 1)
 
 
 # ------------------------------------------------------------------------------------------------- points
@@ -130,6 +102,9 @@ def _point_kw(p: dict[str, Any]) -> dict[str, Any]:
         kw["optimizer"] = p["optimizer"]
     else:  # the fit's points are what runs at once: each parallel plan's rank classes one after another
         kw["parallel"], kw["executor"] = p["layout"], False
+    if _pp(p["layout"]) > 1:  # the data-parallel rank's batch in microbatches (they replace accumulation)
+        per = p["batch"] // _dp(p["layout"])
+        kw.update(batch=per, microbatches=per // p["micro_batch"], schedule=p["schedule"])
     return kw
 
 
@@ -142,7 +117,7 @@ def _local(model: Any, caps: Any, built: dict[str, Any]) -> Any:
             if "b" not in built:  # one build for every device-map point (the dtype is the call's)
                 built["b"] = planning.build_for(model, kw["dtype"], caps)
             kw.pop("dtype")
-            return planning.plan(model, gpus=caps, _built=built["b"], **kw)
+            return planning.plan_point(model, gpus=caps, built=built["b"], **kw)
         except Exception as exc:  # noqa: BLE001 - one configuration that cannot run is reported, the search goes on
             return executors.Failed(p, executors.error_text(exc), getattr(exc, "trace", None))
 
@@ -156,7 +131,7 @@ def _remote(shared: dict[str, Any], p: dict[str, Any]) -> Any:
     if p["layout"] is None:
         dtype = kw.pop("dtype")
         built = executors.worker_cache(("fit", repr(model), str(dtype)), lambda: planning.build_for(model, dtype, caps))
-        return planning.plan(model, gpus=caps, _built=built, **kw)
+        return planning.plan_point(model, gpus=caps, built=built, **kw)
     sim = planning.plan(model, gpus=caps, **kw)
     return {"simulation": {k: getattr(sim, k) for k in _SIM_FIELDS}, "settings": sim.settings,
             "traces": {r: t.to_bytes() for r, t in sim.traces.items()}, "stand_ins": dict(sim.stand_ins)}  # fmt: skip
@@ -190,14 +165,21 @@ def _peak(p: Any) -> int:
 @dataclass
 class _Search:
     """The bisection of one layout: over ``cands`` (micro-batches, ascending) for knob ``knobs[k]``; ``lo`` the
-    index that fits (or the floor set by the knobs before), ``hi`` the index known to fail."""
+    index that fits (or the floor set by the knobs before: ``floor``), ``hi`` the index known to fail. A pipeline
+    with a GPU kind (``descend``) then probes smaller micro-batches while its global step gets faster (``down``:
+    the next one; Note: [the pipeline bubble in fit])."""
 
     layout: dict[str, int] | None
     cands: list[int]
     knobs: list[tuple[Any, str | None]]
+    per_rank: int  # the data-parallel rank's sequences per step
+    schedule: str | None = None
+    descend: bool = False
     k: int = 0
     lo: int = -1
     hi: int = 0
+    floor: int = -1
+    down: int | None = None
     first: bool = True
     best: dict[int, Any] = field(default_factory=dict)  # knob index -> (micro-batch index, plan)
 
@@ -208,19 +190,43 @@ class _Search:
         while self.k < len(self.knobs):
             if self.hi - self.lo > 1:
                 return self.hi - 1 if self.first else (self.lo + self.hi) // 2
+            if self.descend and self.lo > self.floor:
+                nxt = self.lo - 1 if self.down is None else self.down
+                if nxt > self.floor:
+                    self.down = nxt
+                    return nxt
             if self.lo == len(self.cands) - 1:  # the largest fits: later knobs only cost time
                 self.k = len(self.knobs)
                 return None
-            self.k, self.hi, self.first = self.k + 1, len(self.cands), True
+            self.k, self.hi, self.first, self.floor, self.down = self.k + 1, len(self.cands), True, self.lo, None
         return None
 
     def record(self, i: int, fits: bool, p: Any) -> None:
+        if self.down == i and self.hi - self.lo <= 1:  # a probe below the largest that fits
+            if fits and self.global_s(i, p) < self.global_s(*self.best[self.k]):
+                self.best[self.k], self.down = (i, p), i - 1
+            else:
+                self.down = self.floor
+            return
         self.first = False
         if fits:
             self.lo = i
             self.best[self.k] = (i, p)
         else:
             self.hi = i
+
+    def steps(self, i: int) -> int:
+        """Micro-batches per global step at candidate ``i``: a pipeline's microbatches, else the accumulation."""
+        return self.per_rank // self.cands[i]
+
+    def global_s(self, i: int, p: Any) -> float:
+        """One global step's seconds (NaN without a GPU kind): the accumulated micro-steps, or the pipeline's
+        step with its bubble, ``step_s x (M + P - 1) / M`` (Note: [the pipeline bubble in fit])."""
+        sp = p.step_s
+        if sp is None:
+            return float("nan")
+        m = self.steps(i)
+        return float(sp) / (1 - fit_layouts.bubble(_pp(self.layout), m)) if _pp(self.layout) > 1 else float(sp) * m
 
 
 def fit(
@@ -235,6 +241,8 @@ def fit(
     checkpointing: list[Any] | None = None,
     offload: list[Any] | None = None,
     parallel: Any = None,
+    axes: Any = None,
+    schedules: Any = None,
     executor: Any = None,
     progress: bool = True,
 ) -> pd.DataFrame:
@@ -245,23 +253,32 @@ def fit(
             each rank).
         gpus: the GPUs, ``"8xH100"`` (a GPU kind gives step times; ``"8x80GB"`` ranks by headroom).
         seq, batch: the global batch: ``batch`` sequences per optimizer step, split as ``micro_batch x
-            accumulation x`` data-parallel ranks.
+            accumulation x`` data-parallel ranks (with ``pp``: ``micro_batch x microbatches x`` data-parallel ranks).
         train: a training step (``optimizer``); False: a forward of ``batch`` sequences in micro-batches.
         dtype: the parameters' dtype (default: the published one).
         optimizer: with a device map; the parallel layouts run torchtitan's AdamW (another optimizer skips them).
         checkpointing: the checkpointing kinds to try (default: none, ``"selective"`` where available, full).
         offload: the ``offload=`` values to try after full checkpointing (default: those ``plan`` has; ``[]``:
-            none).
-        parallel: the layouts to try: a list of ``{"dp_shard": 4, "tp": 2}`` dicts (the degrees multiply to the
-            GPU count) and ``"balanced"`` (a device map); default: every layout (Note: [the budget search]).
+            none). Refused with ``pp`` (listed as refused in ``attrs["tried"]``).
+        parallel: the layouts to try: a list of ``{"dp_shard": 4, "tp": 2}`` dicts (the degrees, ``ep`` aside,
+            multiply to the GPU count; ``{"pp": 2, "dp_shard": 2}``, ``{"cp": 2, "dp_shard": 2}``,
+            ``{"dp_shard": 4, "ep": 2}`` as :func:`fakeviz.plan` takes them) and ``"balanced"`` (a device map);
+            default: every layout of ``axes`` (Note: [fit's parallel layouts] in :mod:`.fit_layouts`).
+        axes: the axes the default layouts combine: a list of ``"device_map"``, ``"dp_replicate"``,
+            ``"dp_shard"``, ``"tp"``, ``"pp"``, ``"cp"``, ``"ep"`` (default: all).
+        schedules: the pipeline schedules to try: ``["1F1B"]`` (default), ``"GPipe"`` (Note: [the pipeline
+            bubble in fit]).
         executor: where the recordings of one round run (:func:`fakeviz.sweep`'s ``executor``).
         progress: a progress line per recording.
 
     Returns:
-        A DataFrame, one row per layout and knobs with the largest micro-batch that fits, ranked (``rank``): layout,
-        dp, checkpointing, offload, micro_batch, accumulation, max peak, headroom, step_s (one micro-batch step),
-        global_step_s, tokens_per_s. ``attrs``: ``plans`` (each row's :class:`~fakeviz.Plan` or
-        :class:`~fakeviz.Simulation`), ``recordings``, ``tried`` (every recording: fits or not, its peak),
+        A DataFrame, one row per layout and knobs with the largest micro-batch that fits (a pipeline's: the fastest
+        that fits), ranked (``rank``): layout, dp, tp, pp, cp, ep, schedule, checkpointing, offload, micro_batch,
+        accumulation, microbatches (a pipeline's), batch, max peak, headroom, step_s (one recorded step),
+        bubble (a pipeline's idle share), global_step_s, tokens_per_s. ``attrs``: ``plans`` (each row's
+        :class:`~fakeviz.Plan` or :class:`~fakeviz.Simulation`), ``recordings`` (ranks and runs recorded),
+        ``points`` (configurations recorded), ``configurations`` (every configuration covered), ``tried`` (every
+        point: fits or not, its peak; offload with pp as refused), ``pruned`` (cp layouts not searched, and why),
         ``message`` (what was tried when nothing fits), ``assumptions``, ``executor``.
     """
     caps = parse_gpus(gpus)
@@ -270,58 +287,110 @@ def fit(
     optimizer = steps.check_optimizer(optimizer)
     executors.check(executor)
     models.as_dtype(dtype)  # a dtype it cannot read is refused here, not in every configuration
-    layouts = _layouts(model, n, parallel)
+    axes = fit_layouts.check_axes(axes)
+    schedules = fit_layouts.check_schedules(schedules)
+    layouts = fit_layouts.layouts(model, n, parallel, axes)
     if isinstance(model, torch.nn.Module) and any(lay is not None for lay in layouts):
         raise ArgumentError("parallel", parallel, "a module runs on a device map only (each rank rebuilds the model)",
                             "Give the model's name, folder or config, or parallel=None.")  # fmt: skip
+    if not train and any(_pp(lay) > 1 for lay in layouts) and parallel is not None:
+        raise ArgumentError("parallel", parallel, "a pipeline plan records a training step",
+                            "Give train=True, or layouts without pp.")  # fmt: skip
     kinds = [False] if not train else _checkpointing_kinds() if checkpointing is None else list(checkpointing)
     for c in kinds:
         if hasattr(steps, "check_checkpointing"):
             steps.check_checkpointing(c, written="checkpointing")
+    timed = steps.gpu_kind(caps)[0] is not None
     skipped: list[str] = []
-    searches: list[_Search] = []
-    for lay in layouts:
-        dp = _dp(lay)
-        if batch % dp:
-            if parallel is not None:
-                raise ArgumentError("batch", batch, f"not divisible by the data-parallel degree {dp} of {lay}",
-                                    f"Give a batch that is a multiple of {dp}, or another layout.")  # fmt: skip
-            skipped.append(f"{_name(lay, n)}: batch {batch} is not a multiple of its data parallel degree {dp}")
-            continue
-        if lay is not None and optimizer != "adamw":
-            skipped.append(f"{_name(lay, n)}: the parallel recipe runs AdamW, not {optimizer}")
-            continue
-        offs = _offloads(lay is not None and lay.get("dp_shard", 1) > 1) if offload is None else list(offload)
-        offs = offs if train else []
-        knobs = [(c, None) for c in kinds] + [(True, o) for o in offs]
-        searches.append(_Search(lay, _divisors(batch // dp), knobs))
+    tried: list[dict[str, Any]] = []
+
+    def searches_for(lay: dict[str, int] | None, strict: bool) -> list[_Search]:
+        d = _dp(lay)
+        why = ""
+        if batch % d:
+            why = f"batch {batch} is not a multiple of its data parallel degree {d}"
+        elif lay is not None and optimizer != "adamw":
+            why = f"the parallel recipe runs AdamW, not {optimizer}"
+        elif _pp(lay) > 1 and not train:
+            why = "a pipeline plan records a training step"
+        if why and strict and batch % d:
+            raise ArgumentError("batch", batch, f"not divisible by the data-parallel degree {d} of {lay}",
+                                f"Give a batch that is a multiple of {d}, or another layout.")  # fmt: skip
+        if why:
+            skipped.append(f"{_name(lay, n)}: {why}")
+            return []
+        per = batch // d
+        sharded = lay is not None and lay.get("dp_shard", 1) > 1
+        offs = [] if not train else _offloads(sharded) if offload is None else list(offload)
+        if _pp(lay) == 1:
+            knobs = [(c, None) for c in kinds] + [(True, o) for o in offs]
+            return [_Search(lay, _divisors(per), knobs, per)]
+        out = []
+        for sched in schedules:
+            for o in offs:  # Note: [pipeline plans]: plan has no offload with pp; said, not dropped
+                tried.append({"layout": _name(lay, n), "schedule": sched, "checkpointing": True, "offload": o,
+                              "micro_batch": None, "fits": False, "max peak": 0, "recordings": 0,
+                              "error": "refused: fv.plan simulates no offload with pp"})  # fmt: skip
+            # 1F1B needs at least P microbatches; GPipe takes any count
+            cands = [m for m in _divisors(per) if sched == "GPipe" or per // m >= _pp(lay)]
+            if not cands:
+                skipped.append(f"{_name(lay, n)} {sched}: {per} sequences per data-parallel rank make fewer than "
+                               f"{_pp(lay)} microbatches")  # fmt: skip
+                continue
+            out.append(_Search(lay, cands, [(c, None) for c in kinds], per, sched, descend=timed))
+        return out
+
+    searches = [s for lay in layouts for s in searches_for(lay, parallel is not None)]
     if not searches:
         raise ArgumentError("batch", batch, "no layout of these GPUs can split it", "; ".join(skipped))
-    base = {"seq": seq, "train": train, "dtype": dtype, "optimizer": optimizer}
-    tried: list[dict[str, Any]] = []
-    local = _local(model, caps, {})
+    base = {"seq": seq, "train": train, "dtype": dtype, "optimizer": optimizer, "batch": batch}
     with executors.runner(model, executor) as run:
-        while True:
-            probes = [(s, i) for s in searches if (i := s.next_probe()) is not None]
-            if not probes:
-                break
-            points = [{**base, "layout": s.layout, "micro_batch": s.cands[i], "checkpointing": s.knobs[s.k][0],
-                       "offload": s.knobs[s.k][1]} for s, i in probes]  # fmt: skip
-            results = run.run(points, local=local, remote=_remote, shared={"model": model, "gpus": caps})
-            for (s, i), pt, r in zip(probes, points, results):
-                r = _unpacked(r)
-                failed = isinstance(r, executors.Failed)
-                ok = not failed and bool(r.fits)
-                s.record(i, ok, r)
-                tried.append({"layout": _name(s.layout, n), "checkpointing": _label(pt["checkpointing"]),
-                              "offload": pt["offload"], "micro_batch": pt["micro_batch"], "fits": ok,
-                              "max peak": _peak(r), "recordings": _recordings(r), "error": r.error if failed else ""})  # fmt: skip
-            if progress:
-                print(f"\rfit: {len(tried)} configurations recorded", end="", file=sys.stderr, flush=True)
+        shared, local = {"model": model, "gpus": caps}, _local(model, caps, {})
+        _search(searches, base, run, local, shared, tried, n, progress)
+        pruned: list[Any] = []
+        if parallel is None:  # cp after its dp twins (Note: [fit's parallel layouts])
+            by_layout = {repr(s.layout): s for s in searches}
+
+            def twin_fits(twin: dict[str, int]) -> bool:
+                s = by_layout.get(repr(twin))
+                return s is not None and 0 in s.best and s.best[0][0] == len(s.cands) - 1
+
+            cp, pruned = fit_layouts.cp_layouts(model, n, seq, dtype, train, axes, twin_fits)
+            more = [s for lay in cp for s in searches_for(lay, False)]
+            _search(more, base, run, local, shared, tried, n, progress)
+            searches += more
         where = run.where
     if progress:
         print(file=sys.stderr)
-    return _table(searches, tried, skipped, caps, batch, seq, where)
+    out = _table(searches, tried, skipped, caps, batch, seq, where)
+    out.attrs["pruned"] = [why for _, why in pruned]
+    out.attrs["configurations"] = sum(len(s.cands) * len(s.knobs) for s in searches) + sum(
+        len(s.cands) * len(s.knobs) for lay, _ in pruned for s in searches_for(lay, False)
+    )
+    return out
+
+
+def _search(searches: list[_Search], base: dict[str, Any], run: Any, local: Any, shared: dict[str, Any],
+            tried: list[dict[str, Any]], n: int, progress: bool) -> None:  # fmt: skip
+    """Round after round, every search's next probe at once (on the executor), until none has one."""
+    while True:
+        probes = [(s, i) for s in searches if (i := s.next_probe()) is not None]
+        if not probes:
+            return
+        points = [{**base, "layout": s.layout, "micro_batch": s.cands[i], "checkpointing": s.knobs[s.k][0],
+                   "offload": s.knobs[s.k][1], "schedule": s.schedule} for s, i in probes]  # fmt: skip
+        results = run.run(points, local=local, remote=_remote, shared=shared)
+        for (s, i), pt, r in zip(probes, points, results):
+            r = _unpacked(r)
+            failed = isinstance(r, executors.Failed)
+            ok = not failed and bool(r.fits)
+            s.record(i, ok, r)
+            tried.append({"layout": _name(s.layout, n), "schedule": s.schedule,
+                          "checkpointing": _label(pt["checkpointing"]), "offload": pt["offload"],
+                          "micro_batch": pt["micro_batch"], "fits": ok, "max peak": _peak(r),
+                          "recordings": _recordings(r), "error": r.error if failed else ""})  # fmt: skip
+        if progress:
+            print(f"\rfit: {len(tried)} configurations recorded", end="", file=sys.stderr, flush=True)
 
 
 def _recordings(r: Any) -> int:
@@ -335,27 +404,34 @@ def _label(c: Any) -> Any:
     return c if isinstance(c, (bool, str, int)) or c is None else getattr(c, "__name__", str(c))
 
 
+_COLUMNS = ["layout", "dp", "tp", "pp", "cp", "ep", "schedule", "checkpointing", "offload", "micro_batch",
+            "accumulation", "microbatches", "batch", "max peak", "headroom", "step_s", "bubble", "global_step_s",
+            "tokens_per_s"]  # fmt: skip
+
+
 def _table(searches: list[_Search], tried: list[dict[str, Any]], skipped: list[str], caps: Any, batch: int,
            seq: int, where: str) -> pd.DataFrame:  # fmt: skip
     n = len(caps)
     cap = min(c.bytes for c in caps)
     rows, plans = [], []
     for s in searches:
+        lay = s.layout or {}
+        pp = _pp(s.layout)
         for k, (i, p) in sorted(s.best.items()):
-            mb = s.cands[i]
-            dp = _dp(s.layout)
-            acc = batch // dp // mb
+            m = s.steps(i)
             peak = _peak(p)
             sp = p.step_s
-            rows.append({"layout": _name(s.layout, n), "dp": dp, "tp": (s.layout or {}).get("tp", 1),
-                         "checkpointing": _label(s.knobs[k][0]), "offload": s.knobs[k][1], "micro_batch": mb,
-                         "accumulation": acc, "batch": batch, "max peak": peak, "headroom": cap - peak,
+            g = s.global_s(i, p)
+            rows.append({"layout": _name(s.layout, n), "dp": _dp(s.layout), "tp": lay.get("tp", 1), "pp": pp,
+                         "cp": lay.get("cp", 1), "ep": lay.get("ep", 1), "schedule": s.schedule,
+                         "checkpointing": _label(s.knobs[k][0]), "offload": s.knobs[k][1], "micro_batch": s.cands[i],
+                         "accumulation": 1 if pp > 1 else m, "microbatches": m if pp > 1 else None, "batch": batch,
+                         "max peak": peak, "headroom": cap - peak,
                          "step_s": float(sp) if sp is not None else float("nan"),
-                         "global_step_s": float(sp) * acc if sp is not None else float("nan"),
-                         "tokens_per_s": batch * seq / (float(sp) * acc) if sp else float("nan")})  # fmt: skip
+                         "bubble": fit_layouts.bubble(pp, m) if pp > 1 else 0.0, "global_step_s": g,
+                         "tokens_per_s": batch * seq / g if pd.notna(g) and g else float("nan")})  # fmt: skip
             plans.append(p)
-    df = pd.DataFrame(rows, columns=["layout", "dp", "tp", "checkpointing", "offload", "micro_batch", "accumulation",
-                                     "batch", "max peak", "headroom", "step_s", "global_step_s", "tokens_per_s"])  # fmt: skip
+    df = pd.DataFrame(rows, columns=_COLUMNS)
     timed = len(df) and df.global_step_s.notna().all()
     order = sorted(range(len(df)), key=lambda j: (df.global_step_s.iloc[j], -df.headroom.iloc[j]) if timed
                    else (-df.headroom.iloc[j],))  # fmt: skip
@@ -365,12 +441,20 @@ def _table(searches: list[_Search], tried: list[dict[str, Any]], skipped: list[s
     df.attrs["plans"] = planning.Plans([plans[j] for j in order])
     df.attrs["tried"] = tried_df
     df.attrs["recordings"] = int(tried_df.recordings.sum()) if len(tried_df) else 0
+    df.attrs["points"] = int((tried_df.recordings > 0).sum()) if len(tried_df) else 0
     df.attrs["rank_by"] = "global_step_s" if timed else "headroom"
     df.attrs["executor"] = where
-    df.attrs["assumptions"] = (["with accumulation > 1, the earlier micro-batches' gradients alive through the next "
-                                "forward are not in the recorded step's peak"] if (df.accumulation > 1).any() else [])  # fmt: skip
+    said = []
+    if (df.accumulation > 1).any():
+        said.append("with accumulation > 1, the earlier micro-batches' gradients alive through the next forward are "
+                    "not in the recorded step's peak")  # fmt: skip
+    if timed and (df.pp > 1).any():
+        said.append("a pipeline's step time is the recorded stages' slowest times (M + P - 1) / M, the bubble of "
+                    "GPipe and 1F1B by their formula: the record has no time waiting for the neighbouring stages")  # fmt: skip
+    df.attrs["assumptions"] = said
     if not len(df):
-        what = "; ".join(f"{r['layout']} micro-batch {r['micro_batch']} checkpointing={r['checkpointing']}"
+        what = "; ".join(f"{r['layout']} offload={r['offload']}: {r['error']}" if r["micro_batch"] is None else
+                         f"{r['layout']} micro-batch {r['micro_batch']} checkpointing={r['checkpointing']}"
                          + (f" offload={r['offload']}" if r["offload"] else "")
                          + (f": failed ({r['error']})" if r["error"] else f": {format_bytes(r['max peak'])}")
                          for r in tried)  # fmt: skip

@@ -88,3 +88,83 @@ def test_fit_refuses_what_it_cannot_split(cfg) -> None:
     module = fv.models.build(cfg, device="cuda:0")
     with pytest.raises(ArgumentError, match="device map only"):
         fv.fit(module, gpus="2xH100", parallel=[{"dp_shard": 2}], progress=False)
+
+
+# ------------------------------------------------------------------------- pipeline, context, expert parallel
+def test_pipeline_layouts_fit_with_their_bubble_and_plan_gives_the_same_peaks() -> None:
+    cfg = fv.models.config("meta-llama/Llama-3.1-8B", **TINY)  # 2 layers: pp 2 only (each stage holds a layer)
+    df = fv.fit(cfg, gpus="4xH100", seq=32, batch=8, axes=["dp_shard", "pp"], checkpointing=[False],
+                offload=["activations"], progress=False, executor=False)  # fmt: skip
+    tried = df.attrs["tried"]
+    assert set(tried.layout) == {"dp_shard 4", "pp 2 x dp_shard 2"}  # pp 4 > 2 layers is not a layout
+    pp = df[df.pp == 2]
+    assert len(pp) == 1 and pp.schedule.iloc[0] == "1F1B"
+    row = pp.iloc[0]
+    # 8 sequences over dp 2: 4 per data-parallel rank, in microbatches of micro_batch (no accumulation)
+    assert row.micro_batch * row.microbatches == 4 and row.accumulation == 1 and row.microbatches >= 2
+    m = row.microbatches  # 1F1B: (M + P - 1) slots for M microbatches' work, P - 1 of them idle
+    assert math.isclose(row.bubble, 1 / (m + 1)) and math.isclose(row.global_step_s, row.step_s * (m + 1) / m)
+    assert any("bubble" in a for a in df.attrs["assumptions"])
+    assert list(df.global_step_s) == sorted(df.global_step_s)
+    # the micro-batch 2 that fits was recorded, then micro-batch 1 (a smaller bubble): the faster one is the row
+    probes = tried[(tried.layout == "pp 2 x dp_shard 2") & (tried.recordings > 0)]
+    assert sorted(probes.micro_batch) == [1, 2] and probes.fits.all()
+    # offload is refused with pp: listed, not silently dropped, and nothing recorded for it
+    refused = tried[tried.offload.fillna("-") == "activations"]
+    assert list(refused.layout) == ["pp 2 x dp_shard 2"] and refused.error.iloc[0].startswith("refused")
+    assert refused.recordings.iloc[0] == 0
+    sim = df.attrs["plans"][int(pp.index[0])]
+    assert isinstance(sim, fv.Simulation) and sim.settings["microbatches"] == m
+    assert sorted(sim.settings["stage_of"].values()) == [[0], [1]]  # one rank recorded per stage
+    again = fv.plan(cfg, gpus="4xH100", seq=32, batch=4, train=True, parallel={"pp": 2, "dp_shard": 2},
+                    microbatches=int(m), schedule="1F1B", checkpointing=False)  # fmt: skip
+    assert list(again.peaks.peak) == list(sim.peaks.peak) and again.step_s == row.step_s
+
+
+def test_context_parallel_is_tried_where_its_dp_twin_needs_checkpointing() -> None:
+    cfg = fv.models.config("meta-llama/Llama-3.1-8B", **TINY)
+    kw = {"batch": 2, "axes": ["dp_shard", "cp"], "checkpointing": [False, True], "offload": [], "progress": False,
+          "executor": False}  # fmt: skip
+    # a short sequence: dp_shard 2 fits its largest micro-batch without checkpointing, so cp 2 is pruned unrecorded
+    short = fv.fit(cfg, gpus="2xH100", seq=64, **kw)
+    assert set(short.layout) == {"dp_shard 2"} and len(short.attrs["pruned"]) == 1
+    assert short.attrs["pruned"][0].startswith("cp 2: its dp twin dp_shard 2")
+    # (dp_shard 2: 1 micro-batch x 2 knobs; cp 2: micro-batches 1, 2 x 2 knobs) covered, one recorded
+    assert short.attrs["points"] == 1 < short.attrs["configurations"] == 2 + 4
+    # a long one on small GPUs: one sequence of 2048 tokens per rank needs checkpointing, half of one (cp) does not
+    long = fv.fit(cfg, gpus="2x34MiB", seq=2048, **kw)
+    rows = {(r["layout"], r["checkpointing"]): r for r in long.to_dict("records")}
+    assert ("dp_shard 2", True) in rows and ("dp_shard 2", False) not in rows and not long.attrs["pruned"]
+    cp = rows[("cp 2", False)]  # cp takes the micro-batch in seq / 2 halves: 2 sequences per rank x 1024 tokens
+    assert cp["cp"] == 2 and cp["dp"] == 1 and cp["micro_batch"] * cp["accumulation"] == 2
+    assert cp["max peak"] <= rows[("dp_shard 2", True)]["max peak"]  # less than the twin even with checkpointing
+    tried = long.attrs["tried"]
+    assert long.attrs["points"] == len(tried) < long.attrs["configurations"]
+    assert (tried[tried.layout == "cp 2"].recordings == 2).all()  # the two cp ranks run different ring steps
+
+
+def test_a_mixture_of_experts_gets_expert_parallel_layouts() -> None:
+    from transformers import MixtralConfig
+
+    moe = MixtralConfig(**{k: v for k, v in TINY.items()}, max_position_embeddings=256, num_local_experts=4,
+                        num_experts_per_tok=2)  # fmt: skip
+    df = fv.fit(moe, gpus="4xH100", seq=32, batch=4, axes=["dp_shard", "ep"], checkpointing=[False],
+                progress=False, executor=False)  # fmt: skip
+    assert set(df.layout) == {"dp_shard 4", "dp_shard 4 x ep 2", "dp_shard 4 x ep 4"}
+    assert set(df[df.ep > 1].dp) == {4}  # ep borrows dp_shard's ranks: the batch still splits 4 ways
+    for p, r in zip(df.attrs["plans"], df.itertuples()):
+        assert p.fits and p.settings["parallel"].get("ep", 1) == r.ep
+    dense = fv.fit(fv.models.config("meta-llama/Llama-3.1-8B", **TINY), gpus="4xH100", seq=32, batch=4,
+                   axes=["dp_shard", "ep"], checkpointing=[False], progress=False, executor=False)  # fmt: skip
+    assert set(dense.layout) == {"dp_shard 4"}  # a dense model has no experts to shard
+
+
+def test_fit_refuses_axes_and_schedules_it_cannot_search(cfg) -> None:
+    with pytest.raises(ArgumentError, match="axes"):
+        fv.fit(cfg, gpus="4xH100", axes=["zp"], progress=False)
+    with pytest.raises(ArgumentError, match="bubble of 1F1B and GPipe only"):
+        fv.fit(cfg, gpus="4xH100", schedules=["Interleaved1F1B"], progress=False)
+    with pytest.raises(ArgumentError, match=r"\(ep aside\) multiply to the GPU count"):
+        fv.fit(cfg, gpus="4xH100", parallel=[{"pp": 2}], progress=False)
+    with pytest.raises(ArgumentError, match="training step"):
+        fv.fit(cfg, gpus="4xH100", train=False, parallel=[{"pp": 2, "dp_shard": 2}], progress=False)

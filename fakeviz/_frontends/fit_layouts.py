@@ -1,0 +1,211 @@
+"""The layouts :func:`fakeviz.fit` tries (Note: [the budget search] in :mod:`.fit`): a device map, torchtitan's
+``dp_replicate x dp_shard x tp``, pipeline (``pp``), context (``cp``) and expert (``ep``) parallel, and what each
+costs or saves that a recording does not say (the pipeline's bubble).
+
+Note: [fit's parallel layouts]
+The degrees of a layout multiply to the GPU count (``ep`` borrows its ranks from ``dp_shard``, as in
+:func:`fakeviz.plan`, so it does not count); the data-parallel degree ``dp = dp_replicate x dp_shard`` splits the
+global batch. Which layouts are tried, each as :func:`fakeviz.plan` accepts it:
+
+* ``pp`` (pipeline, Note: [pipeline plans] in :mod:`.pipeline`): ``P`` dividing the GPU count, at most the number of
+  layers, every stage of torchtitan's even split (:func:`.pipeline.split_stages`) holding at least one layer;
+  outermost, times ``dp_shard x tp`` (no ``dp_replicate``, ``cp`` or ``ep``: plan does not simulate pp with cp or
+  ep). The pipeline's microbatches replace gradient accumulation: ``batch = micro_batch x microbatches x dp``.
+  ``1F1B`` (the default schedule) needs ``microbatches >= P``, so only micro-batches up to ``batch / dp / P`` are
+  candidates. Offload is refused with pp (plan has none): the search lists it as refused in ``attrs["tried"]``.
+* ``cp`` (context parallel, Note: [context parallel plans] in :mod:`.context_expert`): ``C`` dividing ``dp_shard``
+  of a ``dp_shard x tp`` layout, where ``seq`` divides by ``2 x C`` and :func:`.context_expert.check_cp` accepts
+  the model (no sliding-window attention, no float32 with grouped-query attention). ``{"dp_shard": S / C, "cp": C,
+  "tp": T}`` is tried after ``{"dp_shard": S, "tp": T}`` (its *dp twin*), and only where the twin does not fit its
+  largest micro-batch with the cheapest knob (or cannot split the batch, or was not tried). Sound because at the
+  twin's largest micro-batch ``m`` (``batch / S`` sequences) a cp rank holds the same tokens as a twin rank (``C x
+  m`` sequences of ``seq / C`` tokens: cp's largest), the same share of every weight (FSDP2 over ``dp_shard x cp``)
+  and in addition the ring's gathered keys and values, and runs the same FLOPs plus the ring's collectives: it is
+  neither smaller nor faster, and a smaller cp micro-batch is slower per token. Where the twin needs checkpointing
+  or offload, cp's finer split (``seq / C`` tokens per sequence) can fit without it: that is when cp is tried.
+* ``ep`` (expert parallel, Note: [expert parallel plans]): for a mixture-of-experts model, ``{"dp_shard": N,
+  "ep": E}`` for every ``E >= 2`` that :func:`.context_expert.check_ep` accepts (``E`` divides the experts and
+  ``dp_shard``; not with tp, which plan refuses).
+
+Note: [the pipeline bubble in fit]
+A pipeline plan records each stage's work: every microbatch's forward and backward on its rank, not the time a rank
+waits for its neighbours (the fake process group delivers at once), so :attr:`fakeviz.Simulation.step_s` (the
+slowest rank) holds no bubble, and :mod:`.pipeline` reports none. :func:`bubble` is the schedule's formula: with
+``P`` stages and ``M`` microbatches, GPipe and 1F1B run ``M + P - 1`` microbatch slots of which ``P - 1`` idle, so
+the step takes ``step_s x (M + P - 1) / M`` and the bubble is ``(P - 1) / (M + P - 1)`` of it. Only those two
+schedules are offered (``schedules=``); a looped schedule's bubble depends on its stages per rank.
+
+Fewer microbatches of a larger micro-batch make the bubble larger, so the largest micro-batch that fits is not
+always the fastest (unlike accumulation): with a GPU kind, the search goes on to the next smaller micro-batches
+while the step gets faster and keeps the fastest. That stops at the first slower one, which finds the fastest when
+the step time ``(B / m + P - 1) x t(m)`` is unimodal in the micro-batch ``m``: true when one microbatch's time is
+affine, ``t(m) = a + b m`` (then it is ``B b + (P - 1) a + B a / m + (P - 1) b m``, convex), the time model's shape
+above its per-op floors. Every smaller micro-batch fits (1F1B holds ``P - s`` microbatches on stage ``s`` whatever
+their count, each smaller), so no fit is lost, only, outside that shape, a faster point.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .._core.errors import ArgumentError
+
+__all__ = ["AXES", "SCHEDULES", "bubble", "check_axes", "check_schedules", "cp_layouts", "dp", "layouts", "name"]
+
+#: the axes :func:`fakeviz.fit` combines (``"device_map"``: accelerate-style placement over the GPUs)
+AXES = ("device_map", "dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+#: the pipeline schedules fit tries (those whose bubble :func:`bubble` knows)
+SCHEDULES = ("1F1B", "GPipe")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def dp(layout: dict[str, int] | None) -> int:
+    """The data-parallel degree that splits the global batch: ``dp_replicate x dp_shard`` (1 for a device map)."""
+    return 1 if layout is None else layout.get("dp_replicate", 1) * layout.get("dp_shard", 1)
+
+
+def name(layout: dict[str, int] | None, n: int) -> str:
+    """A layout as a table shows it: ``"pp 2 x dp_shard 2"``, ``"balanced map over 4 GPUs"``."""
+    if layout is None:
+        return "1 GPU" if n == 1 else f"balanced map over {n} GPUs"
+    return " x ".join(f"{k} {v}" for k, v in layout.items())
+
+
+def bubble(pp: int, microbatches: int) -> float:
+    """The idle share of a GPipe or 1F1B step (Note: [the pipeline bubble in fit]): ``(P - 1) / (M + P - 1)``."""
+    return (pp - 1) / (microbatches + pp - 1)
+
+
+def check_axes(axes: Any) -> tuple[str, ...]:
+    """``axes=`` of :func:`fakeviz.fit`: names from :data:`AXES` (None: all), or refused."""
+    if axes is None:
+        return AXES
+    given = [axes] if isinstance(axes, str) else axes
+    if not isinstance(given, (list, tuple, set)) or not given or any(a not in AXES for a in given):
+        raise ArgumentError("axes", axes, "not a list of parallel axes", f"give names from {', '.join(AXES)}")
+    return tuple(a for a in AXES if a in given)
+
+
+def check_schedules(schedules: Any) -> list[str]:
+    """``schedules=`` of :func:`fakeviz.fit`: names from :data:`SCHEDULES`, as torch spells them (None: 1F1B)."""
+    if schedules is None:
+        return ["1F1B"]
+    given = [schedules] if isinstance(schedules, str) else schedules
+    low = {s.lower(): s for s in SCHEDULES}
+    if not isinstance(given, (list, tuple)) or not given or any(str(s).lower() not in low for s in given):
+        raise ArgumentError("schedules", schedules, "fit's step time knows the bubble of 1F1B and GPipe only",
+                            "give schedules=['1F1B'] or ['1F1B', 'GPipe']; plan a looped schedule with "
+                            "fv.plan(parallel={'pp': P}, schedule=...)")  # fmt: skip
+    return list(dict.fromkeys(low[str(s).lower()] for s in given))
+
+
+def _ok(check: Any, *args: Any, **kwargs: Any) -> bool:
+    try:
+        check(*args, **kwargs)
+    except (ValueError, TypeError):  # ArgumentError is a ValueError
+        return False
+    return True
+
+
+def _layers_per_stage_ok(layers: int, pp: int) -> bool:
+    from .pipeline import split_stages
+
+    if not 2 <= pp <= layers:
+        return False
+    return all(any(m.startswith("model.layers.") for m in s) for s in split_stages(layers, pp))
+
+
+def _lay(**degrees: int) -> dict[str, int]:
+    return {k: v for k, v in degrees.items() if v > 1} or {"dp_shard": 1}
+
+
+def layouts(model: Any, n: int, given: Any, axes: tuple[str, ...]) -> list[dict[str, int] | None]:
+    """The layouts to search (Note: [fit's parallel layouts]): ``given`` checked (None for a device map, or
+    degrees whose product, ``ep`` aside, is ``n``), or every layout of ``axes`` except cp (:func:`cp_layouts`)."""
+    import torch
+
+    from .context_expert import with_ep_defaults
+
+    if given is not None:
+        out: list[dict[str, int] | None] = []
+        for lay in given if isinstance(given, (list, tuple)) else [given]:
+            if lay in (None, "balanced"):
+                out.append(None)
+                continue
+            full = with_ep_defaults(lay) if isinstance(lay, dict) else lay
+            if not isinstance(full, dict) or math.prod(v for k, v in full.items() if k != "ep") != n:
+                raise ArgumentError("parallel", given, f"each layout's degrees (ep aside) multiply to the GPU count ({n})",
+                                    f"Give e.g. parallel=[{{'dp_shard': {n}}}], or None to try every layout.")  # fmt: skip
+            out.append(dict(full))
+        return out
+    out = [None] if "device_map" in axes else []
+    if n == 1 or isinstance(model, torch.nn.Module):
+        return out or [None]
+    from .. import models
+    from .context_expert import check_ep
+    from .parallel import check_tp
+
+    cfg = models.config(model)
+    tps = [t for t in _divisors(n) if t <= 8 and (t == 1 or ("tp" in axes and _ok(check_tp, cfg, t)))]
+    reps = "dp_replicate" in axes
+    for tp in tps:
+        for rep in _divisors(n // tp) if reps else [1]:
+            shard = n // tp // rep
+            if rep > 1 and shard == 1:  # replicate without sharding: plan's recipe would shard over it
+                continue
+            if shard > 1 and "dp_shard" not in axes:
+                continue
+            out.append(_lay(dp_replicate=rep, dp_shard=shard, tp=tp))
+    if "pp" in axes:
+        layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
+        for pp in (p for p in _divisors(n) if _layers_per_stage_ok(layers, p)):
+            for tp in (t for t in tps if (n // pp) % t == 0):
+                shard = n // pp // tp
+                if shard > 1 and "dp_shard" not in axes:
+                    continue
+                out.append({"pp": pp, **{k: v for k, v in (("dp_shard", shard), ("tp", tp)) if v > 1}})
+    if "ep" in axes and "dp_shard" in axes:
+        for ep in _divisors(n)[1:]:
+            lay = {"dp_shard": n, "ep": ep}
+            if _ok(check_ep, cfg, lay):
+                out.append(lay)
+    return out
+
+
+def cp_layouts(model: Any, n: int, seq: int, dtype: Any, train: bool, axes: tuple[str, ...],
+               twin_fits: Any) -> tuple[list[dict[str, int]], list[tuple[dict[str, int], str]]]:  # fmt: skip
+    """The cp layouts to try (Note: [fit's parallel layouts]), and the others with why they were not:
+    ``twin_fits(layout)`` says whether the dp twin fits its largest micro-batch with the cheapest knob."""
+    if "cp" not in axes or n == 1 or _is_module(model):
+        return [], []
+    from .. import models
+    from .context_expert import check_cp
+    from .parallel import check_tp
+
+    cfg = models.config(model)
+    dt = models.as_dtype(dtype)
+    out, pruned = [], []
+    tps = [t for t in _divisors(n) if t <= 8 and (t == 1 or ("tp" in axes and _ok(check_tp, cfg, t)))]
+    for tp in tps:
+        shard = n // tp
+        for cp in _divisors(shard)[1:]:
+            lay = {k: v for k, v in (("dp_shard", shard // cp), ("cp", cp), ("tp", tp)) if v > 1}
+            if not _ok(check_cp, cfg, cp, seq=seq, dtype=dt, train=train, new_tokens=0):
+                continue
+            twin = _lay(dp_shard=shard, tp=tp)
+            if twin_fits(twin):
+                pruned.append((lay, f"{name(lay, n)}: its dp twin {name(twin, n)} fits its largest micro-batch with the "
+                              "cheapest knob (cp holds as many tokens per rank, plus the ring's keys and values)"))  # fmt: skip
+                continue
+            out.append(lay)
+    return out, pruned
+
+
+def _is_module(model: Any) -> bool:
+    import torch
+
+    return isinstance(model, torch.nn.Module)
