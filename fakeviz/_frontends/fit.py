@@ -290,6 +290,9 @@ def fit(
     axes = fit_layouts.check_axes(axes)
     schedules = fit_layouts.check_schedules(schedules)
     layouts = fit_layouts.layouts(model, n, parallel, axes)
+    if not layouts:
+        raise ArgumentError("axes", list(axes), f"no layout of {n} GPUs and this model uses only these axes",
+                            "Add 'dp_shard' or 'device_map' (a pp stage holds at least one layer).")  # fmt: skip
     if isinstance(model, torch.nn.Module) and any(lay is not None for lay in layouts):
         raise ArgumentError("parallel", parallel, "a module runs on a device map only (each rank rebuilds the model)",
                             "Give the model's name, folder or config, or parallel=None.")  # fmt: skip
@@ -451,6 +454,9 @@ def _table(searches: list[_Search], tried: list[dict[str, Any]], skipped: list[s
     if timed and (df.pp > 1).any():
         said.append("a pipeline's step time is the recorded stages' slowest times (M + P - 1) / M, the bubble of "
                     "GPipe and 1F1B by their formula: the record has no time waiting for the neighbouring stages")  # fmt: skip
+    if (df.schedule == "GPipe").any():
+        said.append("GPipe holds every microbatch in flight: its search took the peak as non-decreasing in the "
+                    "micro-batch, which the allocator's rounding of many small blocks can break")  # fmt: skip
     df.attrs["assumptions"] = said
     if not len(df):
         what = "; ".join(f"{r['layout']} offload={r['offload']}: {r['error']}" if r["micro_batch"] is None else

@@ -42,6 +42,12 @@ the step time ``(B / m + P - 1) x t(m)`` is unimodal in the micro-batch ``m``: t
 affine, ``t(m) = a + b m`` (then it is ``B b + (P - 1) a + B a / m + (P - 1) b m``, convex), the time model's shape
 above its per-op floors. Every smaller micro-batch fits (1F1B holds ``P - s`` microbatches on stage ``s`` whatever
 their count, each smaller), so no fit is lost, only, outside that shape, a faster point.
+
+GPipe (``schedules=["GPipe"]``) runs every microbatch's forward before any backward: all ``M`` are in flight, so
+the saved activations are the rank's whole batch however it is split, and the peak changes with the micro-batch
+only by one microbatch's working set (and by the allocator's rounding of more, smaller blocks). Its bisection
+takes that peak as non-decreasing in the micro-batch, an assumption ``df.attrs["assumptions"]`` states where a
+GPipe row is in the table.
 """
 
 from __future__ import annotations

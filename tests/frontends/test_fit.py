@@ -159,6 +159,24 @@ def test_a_mixture_of_experts_gets_expert_parallel_layouts() -> None:
     assert set(dense.layout) == {"dp_shard 4"}  # a dense model has no experts to shard
 
 
+def test_the_default_layouts_of_four_gpus() -> None:
+    from fakeviz._frontends.fit_layouts import AXES, layouts
+
+    two = fv.models.config("meta-llama/Llama-3.1-8B", **TINY)
+    # 4 query and 2 key/value heads: tp 2 only; 2 layers: pp 2 only (torchtitan's split of 2 layers + embedding +
+    # head over 4 stages leaves stages without a layer); dp_replicate without dp_shard is not a layout; no experts
+    assert layouts(two, 4, None, AXES) == [
+        None, {"dp_shard": 4}, {"dp_replicate": 2, "dp_shard": 2}, {"dp_shard": 2, "tp": 2},
+        {"pp": 2, "dp_shard": 2}, {"pp": 2, "tp": 2},
+    ]  # fmt: skip
+    assert layouts(two, 4, None, ("dp_shard", "pp")) == [{"dp_shard": 4}, {"pp": 2, "dp_shard": 2}]
+    # 6 layers + 2 over 4 stages: 2 + 2 + 2 + 2, the last stage holding a layer besides norm and head
+    six = fv.models.config("meta-llama/Llama-3.1-8B", **{**TINY, "num_hidden_layers": 6})
+    assert {"pp": 4} in layouts(six, 4, None, ("pp",))
+    # given layouts: ep borrows dp_shard's ranks (plan's default dp_shard = ep)
+    assert layouts(two, 4, [{"ep": 4}, "balanced"], AXES) == [{"ep": 4, "dp_shard": 4}, None]
+
+
 def test_fit_refuses_axes_and_schedules_it_cannot_search(cfg) -> None:
     with pytest.raises(ArgumentError, match="axes"):
         fv.fit(cfg, gpus="4xH100", axes=["zp"], progress=False)
@@ -166,5 +184,7 @@ def test_fit_refuses_axes_and_schedules_it_cannot_search(cfg) -> None:
         fv.fit(cfg, gpus="4xH100", schedules=["Interleaved1F1B"], progress=False)
     with pytest.raises(ArgumentError, match=r"\(ep aside\) multiply to the GPU count"):
         fv.fit(cfg, gpus="4xH100", parallel=[{"pp": 2}], progress=False)
+    with pytest.raises(ArgumentError, match="uses only these axes"):
+        fv.fit(cfg, gpus="4xH100", axes=["pp"], progress=False)  # 2 layers: no pp 4, and pp 2 needs a 2nd axis
     with pytest.raises(ArgumentError, match="training step"):
         fv.fit(cfg, gpus="4xH100", train=False, parallel=[{"pp": 2, "dp_shard": 2}], progress=False)
