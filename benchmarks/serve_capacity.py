@@ -11,8 +11,13 @@ against vLLM's own published start-up log lines.
   "Loading model weights took 14.9888 GB", "peak_torch_memory", "non_torch_memory", "# GPU blocks", "Maximum
   concurrency". Our profile run is recorded with the same tokens and sequences; the KV figures are given both on our
   RTX 3090 capacity and on vLLM's reported ``total_gpu_memory`` with its measured non-torch memory added.
+* ``hybrid``: Jamba-v0.1 (AI21's published config.json, transformers' ``JambaConfig()`` defaults: 4 attention and 28
+  Mamba layers, 51.6 B parameters) on 1 x H200 (its bf16 weights do not fit an 80 GB H100) at ``max_model_len``
+  8,192 and its whole 262,144-token context: vLLM keeps a Mamba layer's state fixed (Note: [vLLM's Mamba state
+  pages]), the formula peer counts every layer's KV as growing with the context. Besides the peer on its own budget,
+  the peer's concurrency on our KV budget isolates the state's effect from the profile run's.
 
-    python benchmarks/serve_capacity.py [--part h100|published|all] [--out PATH]
+    python benchmarks/serve_capacity.py [--part h100|published|hybrid|all] [--out PATH]
 
 Results: ``benchmarks/results/serve_capacity.json``.
 """
@@ -49,8 +54,9 @@ PUBLISHED = {
 
 def formula_peer(name: str, capacity: int, weights: int, *, util: float, max_model_len: int, dtype_bytes: int,
                  block_size: int = 16) -> dict[str, Any]:  # fmt: skip
-    """What a weights-plus-KV formula gives: every layer full attention, nothing for the profile run."""
-    c = fv.models.config(name)
+    """What a weights-plus-KV formula gives: every layer full attention, nothing for the profile run (``name``: a
+    catalog name or a transformers config)."""
+    c = fv.models.config(name) if isinstance(name, str) else name
     c = c.get_text_config() if hasattr(c, "get_text_config") else c
     kv = c.num_key_value_heads or c.num_attention_heads
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
@@ -82,6 +88,52 @@ def h100() -> list[dict[str, Any]]:
         })  # fmt: skip
         print(f"{name}: ours {s.max_concurrency:.2f}x ({s.kv_tokens:,} tokens, profile peak "
               f"{s.profile_peak / GIB:.2f} GiB) vs peer {peer['max_concurrency']:.2f}x, {dt:.1f} s", flush=True)  # fmt: skip
+    return rows
+
+
+def jamba_config() -> Any:
+    """Jamba-v0.1's published config.json (ai21labs/Jamba-v0.1): transformers' ``JambaConfig()`` defaults."""
+    from transformers import JambaConfig
+
+    c = JambaConfig()
+    c._name_or_path = "ai21labs/Jamba-v0.1"
+    return c
+
+
+def hybrid() -> list[dict[str, Any]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    c = jamba_config()
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(c).parameters())
+    rows = []
+    for n in (8192, 262144):
+        t0 = time.perf_counter()
+        s = fv.serve(c, "1xH200", max_model_len=n, gpu_memory_utilization=0.9)
+        dt = time.perf_counter() - t0
+        d = s.to_dict()
+        peer = formula_peer(c, s.gpu.bytes, s.weights, util=0.9, max_model_len=n, dtype_bytes=2)
+        kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
+        peer_on_ours = s.available_kv / kv_per_token / n
+        mamba = next(g.spec for g in s.layout.groups if g.spec.kind == "mamba")
+        rows.append({
+            "model": "ai21labs/Jamba-v0.1", "parameters": params, "parameters_published": "51.6B (ai21labs/Jamba-v0.1)",
+            "gpu": "1xH200", "max_model_len": n, "seconds": round(dt, 2), "dtype": d["dtype"],
+            "layer_kinds": d["layer_kinds"], "kv_groups": d["kv_groups"], "kv_block_size": d["kv_block_size"],
+            "mamba_state_bytes": mamba.state_bytes, "mamba_page_bytes": mamba.page_bytes,
+            "weights_gib": s.weights / GIB, "profile_peak_gib": s.profile_peak / GIB,
+            "available_kv_gib": s.available_kv / GIB, "kv_bytes_per_block": s.kv_bytes_per_block,
+            "kv_blocks": s.kv_blocks, "kv_tokens": s.kv_tokens, "max_concurrency": round(s.max_concurrency, 2),
+            "max_context": s.max_context, "fits": s.fits,
+            "peer_max_concurrency": round(peer["max_concurrency"], 2),
+            "peer_over_ours_concurrency": round(peer["max_concurrency"] / s.max_concurrency, 3),
+            "peer_on_our_kv_budget_max_concurrency": round(peer_on_ours, 2),
+            "peer_on_our_kv_budget_over_ours": round(peer_on_ours / s.max_concurrency, 3),
+        })  # fmt: skip
+        print(f"Jamba-v0.1 {n}: ours {s.max_concurrency:.2f}x (block {d['kv_block_size']}, profile peak "
+              f"{s.profile_peak / GIB:.2f} GiB) vs peer {peer['max_concurrency']:.2f}x, peer on our budget "
+              f"{peer_on_ours:.2f}x, {dt:.1f} s", flush=True)  # fmt: skip
     return rows
 
 
@@ -117,7 +169,7 @@ def published() -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", choices=("h100", "published", "all"), default="all")
+    ap.add_argument("--part", choices=("h100", "published", "hybrid", "all"), default="all")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     res: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
@@ -132,6 +184,8 @@ def main() -> None:
         res["h100"] = h100()
     if args.part in ("published", "all"):
         res["published"] = published()
+    if args.part in ("hybrid", "all"):
+        res["hybrid"] = hybrid()
     args.out.write_text(json.dumps(res, indent=1) + "\n")
     print(f"written to {args.out}")
 

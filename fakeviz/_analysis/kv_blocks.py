@@ -61,7 +61,10 @@ group of Mamba layers, like one of attention layers, holds ``group_size`` layers
 only attention blocks. Assumed (named in ``fidelity()`` by :func:`fakeviz.serve`): prefix caching off
 (``--no-enable-prefix-caching``; with it on vLLM keeps ``"align"`` mode's extra state pages and aligns the block to
 the Mamba kernel's chunk), no speculative decoding, the 16-token alignment (Blackwell with head size 256 and MLA
-backends align otherwise), and one state dtype. Other Mamba-kind models (Falcon-H1, NemotronH, granite hybrids,
+backends align otherwise), and one state dtype. The profile run of such a model records transformers' PyTorch
+reference paths of the Mamba scan and the gated delta rule (vLLM's fused kernels are CUDA-only): a mamba1 scan
+holds float32 ``batch x d_inner x tokens x state`` tensors that vLLM's kernel never makes (4 GiB each for
+Jamba-v0.1 at 8,192 tokens as 1,024 x 8), so ``profile_peak`` is an upper bound there and the KV cache a lower one. Other Mamba-kind models (Falcon-H1, NemotronH, granite hybrids,
 short-conv LFM2, MiniMax linear attention) are refused: their shapes are not followed here yet.
 """
 

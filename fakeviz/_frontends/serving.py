@@ -327,7 +327,11 @@ MAMBA_ASSUMPTION = (
     "{kind} state of {state:,} bytes a layer, padded to the attention page of {page:,} bytes (attention block size "
     "raised to {block} tokens, the 16-token kernel alignment); prefix caching off (--no-enable-prefix-caching: one "
     "state page per request and Mamba group), no speculative decoding, states in the model's dtype "
-    "(mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'); Note: [vLLM's Mamba state pages]"
+    "(mamba_cache_dtype and mamba_ssm_cache_dtype 'auto'); Note: [vLLM's Mamba state pages]. The Mamba / "
+    "linear-attention mixers of the profile run are transformers' PyTorch reference paths (the mamba_ssm, "
+    "causal_conv1d and flash-linear-attention kernels are CUDA-only): their intermediates (a mamba1 scan's float32 "
+    "batch x d_inner x tokens x state tensors) are far larger than vLLM's fused kernels', so the profile peak is an "
+    "upper bound and the KV cache a lower bound"
 )
 ASSUMPTIONS = (
     ("vllm profile run", "vLLM runs its own model code (paged-attention kernels, fused ops); this profile run is "
