@@ -28,7 +28,8 @@ import pandas as pd
 from .._core.record import Record
 
 __all__ = [
-    "balanced_partition", "peaks_table", "static_costs", "tied_groups", "transfers", "unit_costs", "units",
+    "balanced_map", "balanced_partition", "peaks_table", "static_costs", "tied_groups", "transfers", "unit_costs",
+    "units",
 ]  # fmt: skip
 
 
@@ -173,6 +174,19 @@ def balanced_partition(costs: list[float], capacities: list[int]) -> list[int]:
             out[x] = d
         i = j
     return out
+
+
+def balanced_map(names: list[str], costs: dict[str, float], capacities: list[int],
+                 tied: dict[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+    """The ``"balanced"`` device map: the units ``names`` (in model order) cut by :func:`balanced_partition` of
+    their ``costs`` over devices of ``capacities`` bytes (``cuda:0`` first), then each unit of ``tied``
+    (:func:`tied_groups`: unit -> the first unit sharing a parameter with it) put on its first unit's device.
+    A pure function of its arguments: the costs are measured before (Note: [balanced placement])."""
+    order = balanced_partition([costs[n] for n in names], capacities)
+    dm = {n: f"cuda:{d}" for n, d in zip(names, order)}
+    for later, first in (tied or {}).items():
+        dm[later] = dm[first]
+    return dm
 
 
 def peaks_table(record: Record, capacities: dict[str, int]) -> pd.DataFrame:

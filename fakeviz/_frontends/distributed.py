@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import inspect
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -294,9 +295,6 @@ def simulate(
     gpu: Any = None,
     ranks: str | Sequence[int] = "all",
     gpus_per_node: int = 8,
-    _rank_keys: Callable[[], dict[int, Any]] | None = None,
-    _remote: tuple[Callable[..., Any], dict[str, Any]] | None = None,
-    _executor: Any = False,
 ) -> Simulation:
     """Run ``step(rank, mesh)`` once per rank under fake tensors in torch.distributed's fake process group.
 
@@ -311,17 +309,43 @@ def simulate(
         gpu: each rank's GPU, a name or size (``"H100"``, ``"80GB"``); default H100.
         ranks: ``"all"``, or the ranks to record (``[0, 63]``: the others are not run).
         gpus_per_node: ranks per node; rank ``r`` runs on ``cuda:{r % gpus_per_node}``.
-        _rank_keys: (fakeviz's own recipes: :mod:`.parallel`) called after the first rank is recorded, rank ->
-            a key equal for ranks known to record identically; with ``ranks="auto"`` one rank per key is
-            recorded and the others stand in (:attr:`Simulation.stand_ins`).
-        _remote, _executor: (fakeviz's own recipes) ``(function, description)``: with ``ranks="auto"``, the first
-            rank of each class after rank 0 is recorded by ``function(description | {"sim": ...}, rank)`` on
-            ``_executor`` (:func:`record_classes`; Note: [points on an executor] in :mod:`.executors`).
 
     Returns:
         A :class:`Simulation`. Raises :class:`~fakeviz.SimulationError` (its ``simulation`` holds the ranks
         recorded so far and the failing rank's partial trace) when a rank's step fails.
     """
+    return simulate_recipe(**locals())
+
+
+_SIMULATE = inspect.signature(simulate)
+
+
+def simulate_recipe(
+    step: Callable[[int, Any], Any],
+    world_size: int,
+    *,
+    rank_keys: Callable[[], dict[int, Any]] | None = None,
+    remote: tuple[Callable[..., Any], dict[str, Any]] | None = None,
+    executor: Any = False,
+    **options: Any,
+) -> Simulation:
+    """:func:`simulate` for fakeviz's own recipes (:func:`fakeviz.plan` with ``parallel=``: :mod:`.parallel`,
+    :mod:`.pipeline`), which know which ranks record alike. ``options``: :func:`simulate`'s (its defaults for those
+    not given).
+
+    Args:
+        rank_keys: called after the first rank is recorded, rank -> a key equal for ranks known to record
+            identically; with ``ranks="auto"`` one rank per key is recorded and the others stand in
+            (:attr:`Simulation.stand_ins`).
+        remote, executor: ``(function, description)``: with ``ranks="auto"``, the first rank of each class after
+            rank 0 is recorded by ``function(description | {"sim": ...}, rank)`` on ``executor``
+            (:func:`record_classes`; Note: [points on an executor] in :mod:`.executors`).
+    """
+    args = _SIMULATE.bind(step, world_size, **options)
+    args.apply_defaults()
+    mesh_shape, mesh_dim_names, device, gpu, ranks, gpus_per_node = (
+        args.arguments[k] for k in ("mesh_shape", "mesh_dim_names", "device", "gpu", "ranks", "gpus_per_node")
+    )
     dist = _distributed()
     if world_size < 1:
         raise ValueError(f"world_size={world_size}: must be at least 1")
@@ -337,7 +361,7 @@ def simulate(
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device={device!r}: use 'cuda' (fake GPUs) or 'cpu'")
     auto = isinstance(ranks, str) and ranks == "auto"
-    if auto and _rank_keys is None:
+    if auto and rank_keys is None:
         raise ValueError(
             "ranks='auto' needs to know which ranks are identical: only fakeviz's own recipes do "
             "(fakeviz.plan(..., parallel=...)). For your own step give ranks='all' or a list, e.g. [0, 63]."
@@ -373,10 +397,10 @@ def simulate(
     seen: dict[Any, int] = {}
     for i, r in enumerate(todo):
         if auto and i == 1:
-            keys = _rank_keys()  # type: ignore[misc]
+            keys = rank_keys()  # type: ignore[misc]
             seen = {keys[todo[0]]: todo[0]}
-            if _remote is not None:  # the other classes' first ranks are independent: on the executor
-                record_classes(step, sim, todo[1:], keys, seen, _executor, _remote)
+            if remote is not None:  # the other classes' first ranks are independent: on the executor
+                record_classes(step, sim, todo[1:], keys, seen, executor, remote)
                 break
         if seen and keys[r] in seen:
             sim.stand_ins[r] = seen[keys[r]]

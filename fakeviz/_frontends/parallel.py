@@ -240,7 +240,7 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
     with ``pp``: :func:`.pipeline.pipeline_plan`. ``executor``: where the first rank of each class after rank 0 is
     recorded (:func:`fakeviz.sweep`'s ``executor``)."""
     from ..models import as_dtype
-    from .distributed import simulate
+    from .distributed import simulate_recipe
 
     if isinstance(model, torch.nn.Module):
         raise ValueError(
@@ -266,9 +266,9 @@ def parallel_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
     replicated: list[str] = []
     step = parallel_step(model, names, settings, layouts, replicated)
     derived = context_expert.derived_coordinates(names, shape, parallel.get("ep", 1))
-    sim = simulate(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
-                   _rank_keys=lambda: rank_keys(layouts, shape, names, derived), _executor=executor,
-                   _remote=(remote_rank, {"model": model, "names": names, "settings": settings}))  # fmt: skip
+    sim = simulate_recipe(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
+                          rank_keys=lambda: rank_keys(layouts, shape, names, derived), executor=executor,
+                          remote=(remote_rank, {"model": model, "names": names, "settings": settings}))  # fmt: skip
     context_expert.state_assumptions(sim, model, settings)
     sim.settings = {**settings, "dtype": str(settings["dtype"]) if settings["dtype"] else None, "model": str(model),
                     "tp_replicated": replicated}  # fmt: skip

@@ -349,7 +349,7 @@ def pipeline_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
     """
     from .. import models
     from ..models import as_dtype
-    from .distributed import simulate
+    from .distributed import simulate_recipe
     from .parallel import check_tp, parse_parallel, rank_keys
 
     if offload is not None:
@@ -389,8 +389,8 @@ def pipeline_plan(model: Any, *, gpus: Any, parallel: dict[str, int], batch: int
         within = rank_keys(layouts, shape, names)
         return {r: (r // pp_size, k) for r, k in within.items()}
 
-    sim = simulate(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
-                   _rank_keys=keys)  # fmt: skip
+    sim = simulate_recipe(step, math.prod(shape), mesh_shape=shape, mesh_dim_names=names, gpu=gpu.spec, ranks=ranks,
+                          rank_keys=keys)  # fmt: skip
     if _multi(schedule_class(schedule)[1]) or not torch_compat.pipeline_shapes_over_fake_group():
         said = ("PipelineStage was given each stage's shapes (Note: [pipeline plans]): torchtitan's stages, given "
                 "none, agree them at the first step (a metadata exchange of a few hundred bytes and one microbatch's "

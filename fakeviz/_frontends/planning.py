@@ -15,376 +15,68 @@ transformers' own ``device_map`` code (``transformers.integrations.accelerate._g
 accelerate's ``get_max_memory``, ``get_balanced_memory`` and ``infer_auto_device_map``) with the GPUs'
 capacities as ``max_memory``, and ``"balanced"``: Note: [balanced placement] in
 :mod:`fakeviz._analysis.placement`.
+
+Note: [planning's pipeline]
+Every plan, and every point of a sweep, a search (max_batch / max_seq) or fv.fit, takes one path, each stage a
+function with plain data in and out::
+
+    fv.plan(model, gpus=..., **knobs)                     planning.plan: the public signature, one call
+    └ plan_point(model, built=, costs_from=, **knobs)     planning: the entry of the points of a search
+      0. check the request  (every knob refused here, before any work; the step's settings dict)
+      ├ parallel=  -> parallel.parallel_plan | pipeline.pipeline_plan (pp) -> distributed.simulate -> Simulation
+      └ a device map:
+        1. resolve the model   plan_stages.resolve_model(model, dtype, quantization, lora, train, gpus) -> Built
+                               (skipped when the caller passes the one it built: ``built``, Note: [one fake mode
+                               per sweep] in :mod:`.plan_stages`)
+           plan_stages.run_plan(built, device_map, gpus, settings, costs_from):
+        2. measure costs       measure_costs(built, device_map, gpus, settings, costs_from) -> {unit: bytes}
+                               ("balanced" only: a probe recording placed by weights, or ``costs_from``'s record)
+        3. choose placement    choose_placement(device_map, model, gpus, costs) -> {module: device}
+                               ("balanced": placement.balanced_map, a pure function of the costs)
+        4. record the step     record_step(built, device_map, gpus, settings) -> Trace (steps.run inside)
+        5. read the answers    Plan(model, gpus, device_map, trace, settings): peaks, verdict, transfers, speed,
+                               each computed from the trace when read
+
+sweep / max_batch / max_seq resolve the model once per build key (dtype, quantization, lora), then call
+plan_point per point, here or on an executor (:mod:`.executors`: the worker resolves its own, once); a search's
+probes after the first reuse the last probe's record as their costs (stage 2 without a recording). fv.fit
+(:mod:`.fit`) calls plan_point the same way. Where a new knob goes: its argument check in stage 0
+(:func:`plan_point`), a step setting in ``settings`` and :func:`.plan_stages.record_step` (offload, optimizer,
+checkpointing do so), a placement kind in :func:`.plan_stages.choose_placement` (with its costs in
+:func:`.plan_stages.measure_costs` if it needs any), an answer as a property of :class:`Plan`; a knob of the
+parallel path in the recipe its axis runs (:mod:`.parallel`, :mod:`.pipeline`, :mod:`.context_expert`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import functools
+import inspect
 import itertools
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
-import torch
 
 from .. import models
-from .._analysis import placement as _placement
 from .._core.errors import ArgumentError
-from .._core.fmt import format_bytes
 from .._core.gpus import Capacity, parse_gpus
-from . import adapters, executors, ranking, steps
+from .._engine.arguments import as_dtype
+from . import adapters, executors, plan_stages, ranking, steps
 from . import offload as offloading
+from .distributed import Simulation
+from .plan_stages import MAPS, Built, Plan, accelerate_map, machine, own_mode, resolve_model
 from .progress import progress_bar
 
-__all__ = ["Plan", "compare", "max_batch", "max_seq", "plan", "sweep"]
+__all__ = [
+    "MAPS", "Plan", "Plans", "accelerate_map", "build_for", "check_sizes", "compare", "max_batch", "max_seq", "plan",
+    "plan_point", "sweep",
+]  # fmt: skip
 
-MAPS = ("balanced", "auto", "sequential")
-
-
-# ----------------------------------------------------------------------------------------------- Plan
-@dataclass
-class Plan:
-    """A model placed on GPUs and run as placed (see :func:`plan`).
-
-    ``device_map``: module name -> ``"cuda:N"`` (or ``"cpu"`` where an accelerate map offloads), the dict
-    transformers' ``from_pretrained(device_map=...)`` takes; ``trace``: the record of the step;
-    ``peaks``: one row per GPU (weights, gradients, optimizer, kv_cache, activations, temporaries, other,
-    peak, capacity, headroom, fits); ``transfers``: bytes moved per device boundary; ``fits``; ``module``: the
-    fake model the plan ran, placed by ``device_map`` (a copy when a module was passed: the plan leaves the
-    user's model where it was; the points of one sweep share it, placed as the last one ran).
-    """
-
-    model: str
-    gpus: list[Capacity]
-    device_map: dict[str, str]
-    trace: Any
-    settings: dict[str, Any]
-    recordings: int = 1
-    module: torch.nn.Module | None = None
-
-    @property
-    def capacities(self) -> dict[str, int]:
-        return {f"cuda:{i}": c.bytes for i, c in enumerate(self.gpus)}
-
-    @functools.cached_property
-    def verdict(self) -> dict[str, Any]:
-        """The verdict of the record with each GPU's own capacity (:func:`fakeviz._analysis.verdict.verdict`)."""
-        from .._analysis.verdict import verdict
-
-        return verdict(self.trace, self.capacities)
-
-    @property
-    def offloaded(self) -> list[str]:
-        """The modules the map put on the cpu or disk (accelerate's maps offload what does not fit)."""
-        return [k for k, d in self.device_map.items() if not d.startswith("cuda")]
-
-    @property
-    def fits(self) -> bool:
-        """True when every GPU fits, the run completed, and nothing was offloaded to the cpu or disk."""
-        return bool(self.verdict["fits"]) and not self.offloaded
-
-    @property
-    def peaks(self) -> pd.DataFrame:
-        return offloading.with_host_row(_placement.peaks_table(self.trace, self.capacities), self.trace, self.settings)
-
-    @property
-    def transfers(self) -> pd.DataFrame:
-        return _placement.transfers(self.trace)
-
-    @property
-    def first_oom(self) -> dict[str, Any] | None:
-        """Where the plan first runs out of memory (device, op, module, line), None when it fits."""
-        for dev, v in self.verdict["devices"].items():
-            if not v["fits"] and v.get("first_oom"):
-                return {"device": dev, **v["first_oom"]}
-        return None
-
-    @property
-    def fit_text(self) -> str:
-        """The verdict, with what the map offloaded and the optimizer state that is paged."""
-        t = self.verdict["text"]
-        if self.offloaded:
-            t = f"does not fit on the GPUs: the map offloads {len(self.offloaded)} modules to cpu/disk; " + t
-        if self.settings.get("paged_bytes"):
-            t += (f" ({format_bytes(self.settings['paged_bytes'])} of it paged optimizer state: CUDA unified memory, "
-                  "counted on the GPU; the driver moves pages to host memory when the GPU runs out)")  # fmt: skip
-        return t
-
-    @property
-    def text(self) -> str:
-        """One line: the verdict, with what the map offloaded, then the step time, tokens/s and MFU (or why not)."""
-        return f"{self.fit_text}; {self.speed.text()}"
-
-    # ---------------------------------------------------------------------------------------- how long
-    @functools.cached_property
-    def speed(self) -> steps.Speed:
-        """How long the recorded step takes on the plan's GPU kind (:class:`~fakeviz._frontends.steps.Speed`):
-        the time model (:meth:`fakeviz.Trace.step_time`) on the step's ops, tokens over the whole machine, model
-        FLOPs (Note: [model FLOPs] in :mod:`fakeviz._frontends.steps`). A capacity without a GPU kind (``"80GB"``),
-        GPUs of several kinds, or a map that offloads to the cpu give no time; ``speed.note`` says which."""
-        gpu, note = steps.gpu_kind(self.gpus)
-        if not note and self.offloaded:
-            note = f"the map offloads {len(self.offloaded)} modules to cpu/disk, and the time model covers GPUs only"
-        return steps.speed([(self.trace, 1)], gpu=gpu, gpus=len(self.gpus), tokens=steps.tokens_per_step(self.settings),
-                           note=note, dtype=self.settings.get("dtype"))  # fmt: skip
-
-    @property
-    def step_s(self) -> float | None:
-        """Estimated seconds per step on the plan's GPUs (None: no GPU kind, ``speed.note`` says why)."""
-        return self.speed.step_s
-
-    @property
-    def tokens_per_s(self) -> float | None:
-        """Tokens per second over all the plan's GPUs: ``batch x seq`` per step (a generation: ``batch x
-        new_tokens``, the tokens it generates) over :attr:`step_s`."""
-        return self.speed.tokens_per_s
-
-    @property
-    def mfu(self) -> float | None:
-        """Model FLOPs utilization: 3 x the forward's FLOPs for training (the forward's for inference) over
-        ``step_s x GPUs x`` the GPU's dense peak in the model's dtype; recomputation not counted."""
-        return self.speed.mfu
-
-    @property
-    def hfu(self) -> float | None:
-        """Hardware FLOPs utilization: every matrix FLOP the step ran (recomputation included), as :attr:`mfu`."""
-        return self.speed.hfu
-
-    def explore(self, **kw: Any) -> Any:
-        """The explorer of this plan's record, with its GPUs' capacity."""
-        return self.trace.explore(min(self.gpus, key=lambda c: c.bytes).spec, **kw)
-
-    @property
-    def finetune(self) -> str:
-        """What the plan's weights and training are beyond the model: ``"nf4, LoRA r=16, adamw8bit"`` ("" for none;
-        the optimizer named when it is not AdamW)."""
-        s = self.settings
-        opt = s.get("optimizer")
-        return ", ".join(x for x in (s.get("quantization"), s.get("lora"), opt if opt not in (None, "adamw") else None)
-                         if x)  # fmt: skip
-
-    @property
-    def label(self) -> str:
-        """A short name for tables and comparisons: ``"balanced b1 s2048 train ckpt nf4, LoRA r=16"``."""
-        s = self.settings
-        run = "train" if s["train"] else (f"gen {s['new_tokens']}" if s["new_tokens"] else "fwd")
-        tag = steps.checkpointing_tag(s["checkpointing"])
-        head = f"{s['device_map_kind']} b{s['batch']} s{s['seq']} {run}" + (f" {tag}" if tag else "")
-        return head + (f" {self.finetune}" if self.finetune else "")
-
-    def __repr__(self) -> str:
-        s = self.settings
-        run = "train" if s["train"] else (f"generate {s['new_tokens']}" if s["new_tokens"] else "forward")
-        extra = f", {self.finetune}" if self.finetune else ""
-        return (f"Plan({self.model}, {len(self.gpus)} GPUs, {s['device_map_kind']}, batch={s['batch']}, "
-                f"seq={s['seq']}, {run}{extra}): {self.text}")  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------------ helpers
-def _dtype(dtype: Any) -> torch.dtype | None:
-    from ..models import as_dtype
-
-    return as_dtype(dtype)
-
-
-@dataclass
-class _Built:
-    """The fake model a plan, a sweep or a search runs, built once (per dtype) and reused by every point.
-
-    Note: [one fake mode per sweep]
-    The model lives in the fake mode of a :class:`~fakeviz.FakeSession`, and each point records with that
-    session: the parameters are the record's own tensors, not converted into a new fake mode at every
-    recording (for Llama-3.1-8B that conversion was a third of a point's time), and what one point leaves
-    alive (the parameters, the optimizer state) is carried into the next as existing before it (Note:
-    [carried storages]). A module the user passes is copied into that mode (:func:`fakeviz.fakeify`: tied
-    weights stay tied), so the plan never moves the user's own model. For training, ``optimizer`` is an AdamW
-    over the parameters whose state was made once by its own code (:func:`.steps.init_state`): every
-    recorded training step is a steady-state step, the state alive through forward and backward as from the
-    second step of a real run on (the first step's peak is never the larger: there the state is made only
-    at ``step()``).
-    """
-
-    model: torch.nn.Module
-    label: str
-    session: Any
-    optimizer: torch.optim.Optimizer | None = None
-    placed: dict[str, str] | None = None  # the device map the model was last moved by (:func:`_apply`)
-    runner: torch.nn.Module | None = None  # what a step calls: the PEFT model with lora=, else the model
-    dtype: str = ""  # the compute dtype (a quantized model's, not its packed weights')
-    lora: str | None = None  # labels of lora= and quantization= (:mod:`.adapters`)
-    quantization: str | None = None
-    optimizer_name: str = ""
-
-    def train_optimizer(self, name: str = "adamw", gpus: list[Capacity] | None = None) -> torch.optim.Optimizer | None:
-        """The optimizer ``name`` of training steps (None for ``"none"``), its state made (once per name, with
-        ``torch.cuda`` answering as ``gpus``: bitsandbytes synchronizes the device) and on its parameters' devices (a
-        map moves them)."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        opt = self.optimizer
-        if name == "none":
-            self.optimizer, self.optimizer_name = None, name
-            return None
-        with _own_mode(self.model), _machine(len(gpus or [0]), gpus):
-            if (opt is None or self.optimizer_name != name
-                    or [id(p) for g in opt.param_groups for p in g["params"]] != [id(p) for p in params]):  # fmt: skip
-                self.optimizer = None  # the last one's state goes before the next is made
-                opt = self.optimizer = steps.make_optimizer(name, self.model)
-                self.optimizer_name = name
-                steps.init_state(opt)
-            for p, st in opt.state.items():
-                for k, v in st.items():  # AdamW keeps ``step`` on the cpu unless capturable/fused
-                    if isinstance(v, torch.Tensor) and v.dim() > 0 and v.device != p.device:
-                        st[k] = v.to(p.device)
-        return opt
-
-
-def _build(model: Any, dtype: torch.dtype | None, *, quantization: Any = None, lora: Any = None,
-           train: bool = False, gpus: list[Capacity] | None = None) -> _Built:  # fmt: skip
-    """``model`` built (a name, folder or config) or copied (a module) into a new fake session's mode, on cuda:0,
-    quantized and with adapters when asked (:mod:`.adapters`; ``train``: QLoRA's preparation for training). A
-    quantization library asks ``torch.cuda`` what the GPU can do (torchao's fp8 needs compute capability 8.9):
-    ``torch.cuda`` answers as the plan's ``gpus`` while it quantizes."""
-    from .._api import FakeSession
-    from .._engine.session import fakeify, session_patches
-
-    q = adapters.resolve_quantization(quantization)
-    session = FakeSession()
-    kind = gpus[0].gpu if gpus and all(c.gpu == gpus[0].gpu for c in gpus) else None
-    machine = _machine(len(gpus or [0]), gpus) if q is not None else contextlib.nullcontext()
-    with session_patches(), session.mode, machine, adapters.quantizing(q, kind):
-        if isinstance(model, torch.nn.Module):
-            mod = fakeify(model, mode=session.mode, device="cuda:0")
-            if dtype is not None:
-                mod = mod.to(dtype)
-            if q is not None:
-                adapters.quantize(mod, q)
-            label = type(model).__name__
-        else:
-            label = model if isinstance(model, str) else type(model).__name__
-            extra = {"quantization": quantization} if q is not None else {}
-            mod = models.build(model, device="cuda:0", dtype=dtype, **extra)
-        compute = str(next((p.dtype for p in mod.parameters() if p.dtype.is_floating_point), torch.float32))
-        # QLoRA's own preparation enables no checkpointing here: each point switches it as asked
-        # (:func:`.steps.checkpointing`, the same ``use_reentrant=False`` switch; Note: [adapters in plans])
-        ad = adapters.apply(mod, lora=lora, quantized=q is not None, train=train, checkpointing=False,
-                            quantization=None if q is None else str(q.label))  # fmt: skip
-    return _Built(mod, label, session, runner=ad.runner, dtype=compute, lora=ad.lora, quantization=ad.quantization)
-
-
-@contextlib.contextmanager
-def _machine(n: int, gpus: list[Capacity] | None = None) -> Iterator[None]:
-    """``torch.cuda`` answering as ``n`` fake GPUs (for transformers' device-map code), of the kind of ``gpus``."""
-    from .._engine import cuda_api
-
-    kind = gpus[0].gpu if gpus and all(c.gpu == gpus[0].gpu for c in gpus) else None
-    with cuda_api.gpu_session(on=True, gpu=kind, count=n):
-        yield
-
-
-def accelerate_map(model: torch.nn.Module, kind: str, gpus: list[Capacity]) -> dict[str, str]:
-    """transformers' ``device_map=kind`` for these GPUs (``"auto"`` / ``"sequential"``), computed by its own code
-    with the capacities as ``max_memory``; devices as ``"cuda:N"``, ``"cpu"``, ``"disk"``."""
-    from transformers.integrations.accelerate import _get_device_map
-
-    max_memory = {i: c.bytes for i, c in enumerate(gpus)}
-    with _machine(len(gpus)):
-        dm = _get_device_map(model, kind, max_memory, None)
-    return {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in dm.items()}
-
-
-def _placed_device(device: str) -> str:
-    return "cpu" if device == "disk" else device
-
-
-def _apply(model: torch.nn.Module, device_map: dict[str, str], placed: dict[str, str] | None = None) -> list[Any]:
-    """Move each mapped module to its device (shallower names first; no moves when ``placed``, the map the model
-    was last moved by, is the same) and hook it so its inputs follow; returns the hook handles."""
-    from torch.utils._pytree import tree_map
-
-    if placed != device_map:
-        with _own_mode(model):
-            # from a clean slate: what an earlier plan moved and this map does not name starts on the first device
-            model.to(torch.device(next((d for d in device_map.values() if d.startswith("cuda")), "cuda:0")))
-            for name in sorted(device_map, key=lambda k: (k.count(".") + (k != ""), k)):
-                dev = torch.device(_placed_device(device_map[name]))
-                (model.get_submodule(name) if name else model).to(dev)
-
-    def mover(dev: torch.device) -> Callable[..., Any]:
-        def move(x: Any) -> Any:
-            return x.to(dev) if isinstance(x, torch.Tensor) and x.device != dev else x
-
-        def hook(mod: Any, args: Any, kwargs: Any) -> Any:
-            return tree_map(move, args), tree_map(move, kwargs)
-
-        return hook
-
-    def called(mod: Any) -> list[Any]:
-        # a ModuleList / ModuleDict is never called: its members are
-        if isinstance(mod, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-            return [m for child in mod.children() for m in called(child)]
-        return [mod]
-
-    handles = []
-    for name, device in device_map.items():
-        for mod in called(model.get_submodule(name) if name else model):
-            hook = mover(torch.device(_placed_device(device)))
-            handles.append(mod.register_forward_pre_hook(hook, with_kwargs=True))
-    return handles
-
-
-def _balanced_map(
-    model: torch.nn.Module, names: list[str], costs: dict[str, float], gpus: list[Capacity]
-) -> dict[str, str]:
-    order = _placement.balanced_partition([costs[n] for n in names], [c.bytes for c in gpus])
-    dm = {n: f"cuda:{d}" for n, d in zip(names, order)}
-    for later, first in _placement.tied_groups(model, names).items():
-        dm[later] = dm[first]
-    return dm
-
-
-def _reset(model: torch.nn.Module) -> None:
-    for p in model.parameters():
-        p.grad = None
-
-
-def _record_step(built: _Built, device_map: dict[str, str], gpus: list[Capacity], s: dict[str, Any]) -> Any:
-    from .._api import record
-    from .._core.errors import RecordError
-
-    model = built.model
-    placed, built.placed = built.placed, None  # None until the moves are done
-    handles = _apply(model, device_map, placed)
-    built.placed = dict(device_map)
-    trace = None
-    gpu = gpus[0].gpu if all(c.gpu == gpus[0].gpu for c in gpus) else None
-    try:
-        if not s["train"]:  # a forward holds no optimizer state, whatever an earlier point of a sweep trained
-            built.optimizer, built.optimizer_name = None, ""
-        opt = built.train_optimizer(s.get("optimizer") or "adamw", gpus) if s["train"] else None
-        s["paged_bytes"] = steps.paged_bytes(opt)
-        with steps.checkpointing(model, s["checkpointing"]):
-            try:
-                with (
-                    record(device="cuda:0", gpus=len(gpus), gpu=gpu, modules=[model], session=built.session) as trace,
-                    offloading.saved_on_host(s),
-                ):  # inside: Note: [saved activations on the host in a record]
-                    steps.run(built.runner or model, batch=s["batch"], seq=s["seq"], train=s["train"],
-                              new_tokens=s["new_tokens"], optimizer=opt)  # fmt: skip
-            except RecordError as exc:  # the step failed: the partial record says where (never "fits")
-                trace = exc.trace if exc.trace is not None else trace
-            except RuntimeError as exc:
-                adapters.check_backward(exc, s)  # adapters over a kernel torch has no backward for: said shortly
-                raise
-    finally:
-        for h in handles:
-            h.remove()
-        _reset(model)
-        built.session.records.clear()  # each plan keeps its own trace; the session only carries storages
-    trace.meta["capacity"] = min(gpus, key=lambda c: c.bytes).spec
-    return trace
+# The names the points of a sweep build with and the tests reach for: ``_build`` is looked up here at every build
+# (a test counts the builds of a sweep by replacing it), ``_machine`` / ``_own_mode`` are the stages' helpers.
+_build = resolve_model
+_machine = machine
+_own_mode = own_mode
 
 
 # ---------------------------------------------------------------------------------------------- plan
@@ -410,9 +102,7 @@ def plan(
     stages: list[list[str]] | None = None,
     stages_per_rank: int | None = None,
     executor: Any = None,
-    _built: _Built | None = None,
-    _costs_from: Plan | None = None,
-) -> Any:
+) -> Plan | Simulation:
     """Place ``model`` on ``gpus`` and run it as placed under fake tensors.
 
     Args:
@@ -464,112 +154,95 @@ def plan(
 
     Returns:
         A :class:`Plan`; with ``parallel``, a :class:`~fakeviz.Simulation` (per-rank peaks, classes, verdict).
+        The stages it runs: Note: [planning's pipeline].
     """
-    optimizer = steps.check_optimizer(optimizer)
-    checkpointing = steps.check_checkpointing(checkpointing)  # its label, in settings["checkpointing"]
-    offload = offloading.check_offload(offload, parallel=parallel, train=train)
-    adapters.lora_config(lora)  # a bad rank or config: refused before any work
-    if parallel is not None:
-        from .parallel import parallel_plan
+    return plan_point(**locals())
 
-        adapters.check_parallel(quantization=quantization, lora=lora, optimizer=optimizer)
-        if device_map != "balanced":
-            raise ValueError("parallel= and device_map= are two ways to use the GPUs: give one of them")
-        _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
-        if train and new_tokens:
-            raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}, train={train}: not a step to run")
-        pipe = {
-            "microbatches": microbatches,
-            "schedule": schedule,
-            "stages": stages,
-            "stages_per_rank": stages_per_rank,
-        }
-        if isinstance(parallel, dict) and parallel.get("pp", 1) != 1:  # Note: [pipeline plans]
-            from .pipeline import pipeline_plan
 
-            return pipeline_plan(model, gpus=gpus, parallel=parallel, batch=batch, seq=seq, train=train,
-                                 new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
-                                 **{k: v for k, v in pipe.items() if v is not None})  # fmt: skip
-        if any(v is not None for v in pipe.values()):
-            raise ValueError(f"microbatches / schedule / stages are for a pipeline: give parallel={{'pp': P, ...}} "
-                             f"with P >= 2 (parallel={parallel!r})")  # fmt: skip
-        return parallel_plan(model, gpus=gpus, parallel=parallel, offload=offload, batch=batch, seq=seq, train=train,
-                             new_tokens=new_tokens, dtype=dtype, checkpointing=checkpointing, ranks=ranks,
-                             executor=executor)  # fmt: skip
-    if any(v is not None for v in (microbatches, schedule, stages, stages_per_rank)):
+_SIGNATURE = inspect.signature(plan)
+
+
+def plan_point(model: Any, *, built: Built | None = None, costs_from: Plan | None = None,
+               **knobs: Any) -> Plan | Simulation:  # fmt: skip
+    """:func:`plan` for the points of a sweep, a search or :func:`fakeviz.fit` (Note: [planning's pipeline]):
+    ``knobs`` are :func:`plan`'s arguments (its defaults for those not given; a name it does not take is a
+    ``TypeError`` as there); ``built``: the model the caller resolved once (:func:`build_for`, stage 1 skipped);
+    ``costs_from``: an earlier plan of the same model and step whose record gives a ``"balanced"`` map its costs
+    (stage 2 without a probe recording)."""
+    args = _SIGNATURE.bind(model, **knobs)
+    args.apply_defaults()
+    a = args.arguments
+    optimizer = steps.check_optimizer(a["optimizer"])
+    checkpointing = steps.check_checkpointing(a["checkpointing"])  # its label, in settings["checkpointing"]
+    offload = offloading.check_offload(a["offload"], parallel=a["parallel"], train=a["train"])
+    adapters.lora_config(a["lora"])  # a bad rank or config: refused before any work
+    a = {**a, "optimizer": optimizer, "checkpointing": checkpointing, "offload": offload}
+    if a["parallel"] is not None:
+        return _parallel_plan(a)
+    if any(a[k] is not None for k in _PIPELINE_KNOBS):
         raise ValueError(
             "microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}"
         )
-    caps = parse_gpus(gpus)
+    batch, seq, train, new_tokens, device_map = (a[k] for k in ("batch", "seq", "train", "new_tokens", "device_map"))
+    caps = parse_gpus(a["gpus"])
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
-    _check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
+    check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
     if train and new_tokens:
         raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
-    adapters.check_finetune(train, quantization, lora)
-    built = _built if _built is not None else _build(model, _dtype(dtype), quantization=quantization, lora=lora,
-                                                     train=train, gpus=caps)  # fmt: skip
-    mod, label = built.model, built.label
+    adapters.check_finetune(train, a["quantization"], a["lora"])
+    if built is None:  # 1. resolve the model
+        built = _build(model, as_dtype(a["dtype"]), quantization=a["quantization"], lora=a["lora"], train=train,
+                       gpus=caps)  # fmt: skip
+    mod = built.model
     models.check_seq(mod, seq, new_tokens)  # a sequence past the context is refused, never shortened
     settings = {"batch": batch, "seq": seq, "train": train, "new_tokens": new_tokens, "checkpointing": checkpointing,
                 "dtype": built.dtype or str(next(mod.parameters()).dtype), "quantization": built.quantization,
                 "lora": built.lora, "optimizer": optimizer if train else None, "offload": offload,
                 "device_map_kind": device_map if isinstance(device_map, str) else "dict"}  # fmt: skip
-    recordings = 0
-    if isinstance(device_map, dict):
-        dm = {k: (f"cuda:{v}" if isinstance(v, int) else str(v)) for k, v in device_map.items()}
-    elif device_map in ("auto", "sequential"):
-        _apply_all(mod, "cpu")
-        built.placed = None
-        dm = accelerate_map(mod, device_map, caps)
-    else:
-        names = _placement.units(mod)
-        if _costs_from is not None:
-            costs = _placement.unit_costs(mod, _costs_from.trace, names, train=train,
-                                          device_map=_costs_from.device_map)  # fmt: skip
-        else:
-            costs = _placement.static_costs(mod, names, train=train)
-            dm = _balanced_map(mod, names, costs, caps)
-            if len(caps) > 1:  # a first run as placed by weights: what each module brings to its device's peak
-                probe = _record_step(built, dm, caps, settings)
-                recordings += 1
-                costs = _placement.unit_costs(mod, probe, names, train=train, device_map=dm)
-        dm = _balanced_map(mod, names, costs, caps)
-    trace = _record_step(built, dm, caps, settings)
-    recordings += 1
-    return Plan(model=label, gpus=caps, device_map=dm, trace=trace, settings=settings, recordings=recordings,
-                module=mod)  # fmt: skip
+    return plan_stages.run_plan(built, device_map, caps, settings, costs_from)  # 2. to 5.
 
 
-def build_for(model: Any, dtype: Any, gpus: list[Capacity]) -> _Built:
-    """The fake model that every device-map point of a search (:func:`fakeviz.fit`) re-runs, built once."""
-    return _build(model, _dtype(dtype), gpus=gpus)
+_PIPELINE_KNOBS = ("microbatches", "schedule", "stages", "stages_per_rank")
 
 
-def _check_sizes(**sizes: Any) -> None:
+def _parallel_plan(a: dict[str, Any]) -> Simulation:
+    """The parallel path of :func:`plan_point` (``a``: plan's arguments, the step's knobs already checked): the
+    recipe of the axes asked for, every rank simulated (Note: [parallel plans] in :mod:`.parallel`)."""
+    from .parallel import parallel_plan
+
+    parallel, batch, seq, train, new_tokens = (a[k] for k in ("parallel", "batch", "seq", "train", "new_tokens"))
+    adapters.check_parallel(quantization=a["quantization"], lora=a["lora"], optimizer=a["optimizer"])
+    if a["device_map"] != "balanced":
+        raise ValueError("parallel= and device_map= are two ways to use the GPUs: give one of them")
+    check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
+    if train and new_tokens:
+        raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}, train={train}: not a step to run")
+    step = {"gpus": a["gpus"], "parallel": parallel, "batch": batch, "seq": seq, "train": train,
+            "new_tokens": new_tokens, "dtype": a["dtype"], "checkpointing": a["checkpointing"], "ranks": a["ranks"]}  # fmt: skip
+    if isinstance(parallel, dict) and parallel.get("pp", 1) != 1:  # Note: [pipeline plans]
+        from .pipeline import pipeline_plan
+
+        return pipeline_plan(a["model"], **step, **{k: a[k] for k in _PIPELINE_KNOBS if a[k] is not None})
+    if any(a[k] is not None for k in _PIPELINE_KNOBS):
+        raise ValueError(f"microbatches / schedule / stages are for a pipeline: give parallel={{'pp': P, ...}} "
+                         f"with P >= 2 (parallel={parallel!r})")  # fmt: skip
+    return parallel_plan(a["model"], **step, offload=a["offload"], executor=a["executor"])
+
+
+def build_for(model: Any, dtype: Any, gpus: list[Capacity]) -> Built:
+    """The fake model that every device-map point of a search (:func:`fakeviz.fit`) re-runs, built once (stage 1
+    of Note: [planning's pipeline]; pass it to :func:`plan_point` as ``built``)."""
+    return _build(model, as_dtype(dtype), gpus=gpus)
+
+
+def check_sizes(**sizes: Any) -> None:
     """``batch`` and ``seq`` whole numbers >= 1, ``new_tokens`` >= 0: refused otherwise, never rounded."""
     for name, v in sizes.items():
         low = 0 if name == "new_tokens" else 1
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ArgumentError(name, v, f"{name} is a whole number of at least {low}",
                                 f"Give e.g. {name}={max(low, 1) if name != 'seq' else 2048}.")  # fmt: skip
-
-
-def _apply_all(model: torch.nn.Module, device: str) -> None:
-    with _own_mode(model):
-        model.to(device)
-
-
-@contextlib.contextmanager
-def _own_mode(model: torch.nn.Module) -> Iterator[None]:
-    """The fake mode the model's tensors belong to, with fakeviz's session patches (``Module.to`` on fake
-    parameters): moves between fake devices run there, outside any recording."""
-    from .._engine.session import session_patches
-
-    p = next(model.parameters(), None)
-    mode = getattr(p, "fake_mode", None)
-    with session_patches(), mode if mode is not None else contextlib.nullcontext():
-        yield
 
 
 # --------------------------------------------------------------------------------------------- sweep
@@ -579,22 +252,22 @@ _EXAMPLE = {"batch": [1, 2, 4], "seq": [2048, 8192], "dtype": ["bf16", "fp32"], 
 _BUILT_BY = ("dtype", "quantization", "lora")  # the axes a point's model depends on: outermost, one build per value
 
 
-def _build_point(model: Any, c: dict[str, Any], caps: list[Capacity]) -> _Built:
+def _build_point(model: Any, c: dict[str, Any], caps: list[Capacity]) -> Built:
     q, lora = c.get("quantization"), c.get("lora")
     extra: dict[str, Any] = {k: v for k, v in (("quantization", q), ("lora", lora)) if v is not None}
     if q is not None:
         extra["gpus"] = caps  # torch.cuda answers as them while quantizing
     if q is not None and adapters.lora_config(lora) is not None and c.get("train"):
         extra["train"] = True  # QLoRA's preparation for training
-    return _build(model, _dtype(c.get("dtype")), **extra)
+    return _build(model, as_dtype(c.get("dtype")), **extra)
 
 
 def _remote_point(shared: dict[str, Any], c: dict[str, Any]) -> Plan:
     """One point of a sweep in a worker process (:mod:`.executors`): the model built once per build key."""
     model, caps = shared["model"], shared["gpus"]
     built = executors.worker_cache((repr(model), adapters.build_key(c)), lambda: _build_point(model, c, caps))
-    return plan(model, gpus=caps, device_map=shared["device_map"], _built=built,
-                **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
+    return plan_point(model, gpus=caps, device_map=shared["device_map"], built=built,
+                      **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
 
 
 def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced", progress: bool = True,
@@ -650,7 +323,7 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     for c in combos:
         adapters.check_finetune(bool(c.get("train", False)), c.get("quantization"), c.get("lora"))
     caps = parse_gpus(gpus)
-    built: dict[Any, _Built] = {}
+    built: dict[Any, Built] = {}
     if any(k in grid for k in ("seq", "new_tokens")):  # every point's sequence, before any recording
         built[adapters.build_key(combos[0])] = first = _build_point(model, combos[0], caps)
         for c in combos:
@@ -662,8 +335,8 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         if key not in built:
             built.clear()  # one model alive at a time
             built[key] = _build_point(model, c, caps)
-        return plan(model, gpus=caps, device_map=device_map, _built=built[key],
-                    **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
+        return plan_point(model, gpus=caps, device_map=device_map, built=built[key],
+                          **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
 
     with executors.runner(model, executor) as run:
         plans = run.run(combos, local=local, remote=_remote_point, progress=bar,
@@ -682,22 +355,19 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         df["rank"] = ranks
         df = df.iloc[order].reset_index(drop=True)
         plans = [plans[i] for i in order]
-    df.attrs["plans"] = _Plans(plans)
+    df.attrs["plans"] = Plans(plans)
     df.attrs["rank_by"] = by
     df.attrs["executor"] = run.where
     return df
 
 
-class _Plans(list):  # type: ignore[type-arg]
-    """The plans of a sweep, on ``df.attrs["plans"]``: pandas deep-copies ``attrs`` into every frame it derives
-    (a column, a filter), and a copy of each plan's model and trace would cost as much as the sweep."""
+class Plans(list):  # type: ignore[type-arg]
+    """The plans of a sweep (and of :func:`fakeviz.fit`), on ``df.attrs["plans"]``: pandas deep-copies ``attrs``
+    into every frame it derives (a column, a filter), and a copy of each plan's model and trace would cost as much
+    as the sweep."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Plans:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Plans:
         return self
-
-
-Plans = _Plans  # :func:`fakeviz.fit`'s df.attrs["plans"] too
-check_sizes = _check_sizes
 
 
 def _row(p: Plan, combo: dict[str, Any]) -> dict[str, Any]:
@@ -746,7 +416,7 @@ def _remote_probe(shared: dict[str, Any], v: int) -> Plan:
     model, caps, kw = shared["model"], shared["gpus"], dict(shared["kw"])
     built = executors.worker_cache(("largest", repr(model), repr(shared["build"])),
                                    lambda: _build(model, gpus=caps, **shared["build"]))  # fmt: skip
-    return plan(model, gpus=caps, _built=built, **{kw.pop("axis"): v}, **kw)
+    return plan_point(model, gpus=caps, built=built, **{kw.pop("axis"): v}, **kw)
 
 
 def _largest(axis: str, model: Any, gpus: Any, limit: int, executor: Any = None, **kw: Any) -> Largest:
@@ -754,7 +424,7 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, executor: Any = None,
     executors.check(executor)
     kw["optimizer"] = steps.check_optimizer(kw.get("optimizer", "adamw"))
     adapters.check_finetune(bool(kw.get("train")), kw.get("quantization"), kw.get("lora"))
-    build = {"dtype": _dtype(kw.pop("dtype", None)), "quantization": kw.get("quantization"), "lora": kw.get("lora"),
+    build = {"dtype": as_dtype(kw.pop("dtype", None)), "quantization": kw.get("quantization"), "lora": kw.get("lora"),
              "train": bool(kw.get("train"))}  # fmt: skip
     built = _build(model, **build, gpus=caps)
     bound = ""
@@ -770,7 +440,7 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, executor: Any = None,
     last: list[Plan | None] = [None]
 
     def local(v: int) -> Plan:  # one probe at a time reuses the last one's placement costs
-        return plan(model, gpus=caps, _built=built, _costs_from=last[0] if alone[0] else None, **{axis: v}, **kw)
+        return plan_point(model, gpus=caps, built=built, costs_from=last[0] if alone[0] else None, **{axis: v}, **kw)
 
     def probe(values: list[int]) -> list[bool]:
         nonlocal recordings
