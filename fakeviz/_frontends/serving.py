@@ -152,7 +152,17 @@ class Serving:
         return (f"{head}\n{self.kv_blocks:,} blocks of {self.layout.block_size} tokens "
                 f"({format_bytes(self.kv_bytes_per_block)} each), {self.kv_tokens:,} tokens; maximum concurrency for "
                 f"{s['max_model_len']:,} tokens per request: {self.max_concurrency:.2f}x; longest context "
-                f"{self.max_context:,}")  # fmt: skip
+                f"{self.max_context:,}{self._state_text()}")  # fmt: skip
+
+    def _state_text(self) -> str:
+        """A hybrid model's fixed state (Note: [vLLM's Mamba state pages]), or nothing."""
+        groups = [g for g in self.layout.groups if g.spec.kind == "mamba"]
+        if not groups:
+            return ""
+        m, n = groups[0].spec, sum(len(g.layers) for g in groups)
+        return (f"\n{n} {m.mamba_type} layers hold a fixed state of {format_bytes(m.state_bytes)} per request "
+                f"(padded to a {format_bytes(m.page_bytes)} page); attention blocks raised to "
+                f"{self.layout.block_size} tokens to hold one")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         """The figures as plain data (the command line's ``--json``)."""

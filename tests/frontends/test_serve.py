@@ -388,6 +388,7 @@ def test_hybrid_serve_by_hand(jamba_served: fv.Serving) -> None:
     # the longest context: (blocks - 3 state pages) x 32 tokens, up to the model's 262,144 positions
     assert s.max_context == min((available // page - 3) * 32, 262144)
     assert s.settings["kv_block_size"] == 32 and s.to_dict()["layer_kinds"] == ["full", "mamba"]
+    assert "3 mamba1 layers hold a fixed state of 2.8 KiB per request (padded to a 4.0 KiB page)" in s.text
     said = s.trace.fidelity()["assumptions"]
     row = said[said.op == "vllm mamba state"]
     assert len(row) == 1 and "mamba1 state of 2,816 bytes" in row["assumption"].iloc[0]
