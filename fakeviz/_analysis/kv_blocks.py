@@ -52,10 +52,13 @@ write them, on one of ``tp`` GPUs:
 
 Both states are in the model's dtype (``mamba_cache_dtype`` and ``mamba_ssm_cache_dtype`` ``"auto"``; the KV cache's
 ``kv_cache_dtype`` does not apply to them). The attention page is then made at least one state page
-(``HybridAttentionMambaModelConfig.verify_and_update_config``, ``vllm/model_executor/models/config.py``, read at
-``1936cf3841ed``): without prefix caching the attention block size becomes ``16 x cdiv(mamba_page, 16 x
-attention bytes of one token)`` when the one asked for is smaller (16: the FlashAttention / FlashInfer kernel
-alignment), and the Mamba page is padded to the attention page. Equal pages, the layers are grouped as above (a
+(``Platform._align_hybrid_block_size`` in ``vllm/platforms/interface.py``, read in a 2026 copy of it: the index
+holds that file at no commit near ``001cabc1be16``; earlier the same rule was ``HybridAttentionMambaModelConfig.
+verify_and_update_config``, ``vllm/model_executor/models/config.py``, read at ``1936cf3841ed``, with 16 for the
+alignment): with ``a = max(the attention backend's smallest kernel block, block_size)`` (16 for FlashAttention and
+FlashInfer, so ``a`` is the block size asked for when that is 16 or more), the attention block size becomes ``a x
+cdiv(mamba_page, a x attention bytes of one token)`` when the one asked for is smaller, and the Mamba page is padded
+to the attention page. Equal pages, the layers are grouped as above (a
 group of Mamba layers, like one of attention layers, holds ``group_size`` layers); what a request needs is
 ``cdiv(max_model_len, block_size)`` blocks per attention group and one per Mamba group, so a longer context costs
 only attention blocks. Assumed (named in ``fidelity()`` by :func:`fakeviz.serve`): prefix caching off
@@ -279,7 +282,7 @@ def layer_specs(config: Any, *, block_size: int, dtype_bytes: int, tensor_parall
         state = mamba_state(c, tp=tp, dtype_bytes=state_dtype_bytes or dtype_bytes)
         # HybridAttentionMambaModelConfig: one attention page holds at least one state page
         one_token = 2 * (kv // tp) * head_dim * dtype_bytes
-        a = KERNEL_BLOCK_ALIGNMENT
+        a = max(KERNEL_BLOCK_ALIGNMENT, block_size)  # Platform._align_hybrid_block_size
         block_size = max(block_size, a * cdiv(state.state_bytes, a * one_token))
         page = block_size * one_token
         state = replace(state, block_size=int(max_model_len), padded=page if page != state.state_bytes else None)

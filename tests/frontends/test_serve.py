@@ -357,6 +357,11 @@ def test_mamba_block_size_asked_larger_and_fp8_kv_by_hand() -> None:
     # a block asked larger than needed stays; the state is padded to its page
     specs = kv_blocks.layer_specs(_jamba(), block_size=64, dtype_bytes=2, max_model_len=512)
     assert {s.page_bytes for s in specs} == {64 * TOKEN}
+    # a block asked too small is raised in its own steps (the alignment is max(16, block_size)): Bamba's state of
+    # (3 x 160 + 8 x 16 x 16) x 2 = 5,056 bytes needs 40 tokens of 128 bytes: 48 from 16, 64 from 32
+    for asked, raised in ((16, 48), (32, 64)):
+        specs = kv_blocks.layer_specs(_bamba(), block_size=asked, dtype_bytes=2, max_model_len=512)
+        assert specs[2].block_size == raised == asked * math.ceil(5056 / (asked * TOKEN))
     # an fp8 KV cache halves attention's token, not the state (the model's dtype): the block grows to hold it
     specs = kv_blocks.layer_specs(_bamba(), block_size=BS, dtype_bytes=1, state_dtype_bytes=2, max_model_len=512)
     state = (3 * 160 + 8 * 16 * 16) * 2
