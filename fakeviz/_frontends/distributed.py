@@ -314,7 +314,7 @@ def simulate(
         A :class:`Simulation`. Raises :class:`~fakeviz.SimulationError` (its ``simulation`` holds the ranks
         recorded so far and the failing rank's partial trace) when a rank's step fails.
     """
-    return simulate_recipe(**locals())
+    return simulate_recipe(**locals())  # every argument as given: this signature is the one list of simulate's
 
 
 _SIMULATE = inspect.signature(simulate)

@@ -156,7 +156,7 @@ def plan(
         A :class:`Plan`; with ``parallel``, a :class:`~fakeviz.Simulation` (per-rank peaks, classes, verdict).
         The stages it runs: Note: [planning's pipeline].
     """
-    return plan_point(**locals())
+    return plan_point(**locals())  # every argument as given: this signature is the one list of plan's parameters
 
 
 _SIGNATURE = inspect.signature(plan)
