@@ -45,12 +45,15 @@ write them, on one of ``tp`` GPUs:
   ssm ``(d_inner / tp, mamba_d_state)``;
 * mamba2 (Bamba, ``bamba.py``): ``d_inner = mamba_expand x hidden_size``, ``n_groups`` (raised to ``tp`` when ``tp``
   does not divide it); conv ``(mamba_d_conv - 1, (d_inner + 2 x n_groups x mamba_d_state) / tp)``, ssm
-  ``(mamba_n_heads / tp, mamba_d_head, mamba_d_state)``;
+  ``(mamba_n_heads / tp, mamba_d_head, mamba_d_state)``; NemotronH (``nemotron_h.py``) the same with ``d_inner =
+  mamba_num_heads x mamba_head_dim``, ``n_groups``, ``ssm_state_size``, ``conv_kernel``, and its ssm state in the
+  config's ``mamba_ssm_cache_dtype``, float32 when it sets none (``NemotronHForCausalLMConfig``); its MLP and MoE
+  layers hold no cache;
 * gated delta net (Qwen3-Next's linear attention, ``qwen3_next.py``): conv ``(linear_conv_kernel_dim - 1,
   (2 x linear_key_head_dim x linear_num_key_heads + linear_value_head_dim x linear_num_value_heads) / tp)``,
   temporal ``(linear_num_value_heads / tp, linear_value_head_dim, linear_key_head_dim)``.
 
-Both states are in the model's dtype (``mamba_cache_dtype`` and ``mamba_ssm_cache_dtype`` ``"auto"``; the KV cache's
+Otherwise both states are in the model's dtype (``mamba_cache_dtype`` and ``mamba_ssm_cache_dtype`` ``"auto"``; the KV cache's
 ``kv_cache_dtype`` does not apply to them). The attention page is then made at least one state page
 (``Platform._align_hybrid_block_size`` in ``vllm/platforms/interface.py``, read in a 2026 copy of it: the index
 holds that file at no commit near ``001cabc1be16``; earlier the same rule was ``HybridAttentionMambaModelConfig.
@@ -64,11 +67,12 @@ group of Mamba layers, like one of attention layers, holds ``group_size`` layers
 only attention blocks. Assumed (named in ``fidelity()`` by :func:`fakeviz.serve`): prefix caching off
 (``--no-enable-prefix-caching``; with it on vLLM keeps ``"align"`` mode's extra state pages and aligns the block to
 the Mamba kernel's chunk), no speculative decoding, the 16-token alignment (Blackwell with head size 256 and MLA
-backends align otherwise), and one state dtype. The profile run of such a model records transformers' PyTorch
-reference paths of the Mamba scan and the gated delta rule (vLLM's fused kernels are CUDA-only): a mamba1 scan
-holds float32 ``batch x d_inner x tokens x state`` tensors that vLLM's kernel never makes (4 GiB each for
-Jamba-v0.1 at 8,192 tokens as 1,024 x 8), so ``profile_peak`` is an upper bound there and the KV cache a lower one. Other Mamba-kind models (Falcon-H1, NemotronH, granite hybrids,
-short-conv LFM2, MiniMax linear attention) are refused: their shapes are not followed here yet.
+backends align otherwise). The profile run of such a model records transformers' PyTorch reference paths of the
+Mamba scan and the gated delta rule (vLLM's fused kernels are CUDA-only): a mamba1 scan holds float32 ``batch x
+d_inner x tokens x state`` tensors that vLLM's kernel never makes (4 GiB each for Jamba-v0.1 at 8,192 tokens as
+1,024 x 8), so ``profile_peak`` is an upper bound there and the KV cache a lower one. Other Mamba-kind models
+(Falcon-H1, granite hybrids, short-conv LFM2, MiniMax linear attention) are refused: their shapes are not followed
+here yet.
 """
 
 from __future__ import annotations
@@ -84,11 +88,15 @@ __all__ = ["KVGroup", "KVLayout", "LayerSpec", "cdiv", "kv_layout", "layer_kinds
 
 # the token counts vLLM accepts as block_size (vllm/config/cache.py ``BlockSize``)
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
-KNOWN_KINDS = ("full_attention", "sliding_attention", "linear_attention")
+KNOWN_KINDS = ("full_attention", "sliding_attention", "linear_attention", "mlp", "moe")
+# transformers' layer types of layers without attention or state (NemotronH's MLP and MoE layers): no KV cache
+NO_CACHE_KINDS = ("mlp", "moe")
+# vLLM's names of the state dtypes a config may set (mamba_ssm_cache_dtype), in bytes
+STATE_DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
 # the attention kernels' block alignment vLLM raises a hybrid model's block size to (FlashAttention / FlashInfer)
 KERNEL_BLOCK_ALIGNMENT = 16
 # model_type -> vLLM's Mamba state kind for its "linear_attention" layers (Note: [vLLM's Mamba state pages])
-MAMBA_TYPES = {"jamba": "mamba1", "bamba": "mamba2", "qwen3_next": "gated_delta_net"}
+MAMBA_TYPES = {"jamba": "mamba1", "bamba": "mamba2", "nemotron_h": "mamba2", "qwen3_next": "gated_delta_net"}
 
 
 def cdiv(a: int, b: int) -> int:
@@ -289,6 +297,8 @@ def layer_specs(config: Any, *, block_size: int, dtype_bytes: int, tensor_parall
     window = getattr(c, "sliding_window", None)
     out = []
     for k in kinds:
+        if k in NO_CACHE_KINDS:
+            continue
         if k == "linear_attention":
             out.append(state)
         elif k == "sliding_attention":
@@ -309,10 +319,24 @@ def mamba_state(config: Any, *, tp: int = 1, dtype_bytes: int = 2) -> LayerSpec:
     c = _text_config(config)
     model_type = getattr(c, "model_type", "?")
     kind = MAMBA_TYPES.get(model_type)
+    ssm_bytes = dtype_bytes
+    if model_type == "nemotron_h":  # NemotronHForCausalLMConfig: the config's mamba_ssm_cache_dtype, else float32
+        name = str(getattr(c, "mamba_ssm_cache_dtype", None) or "float32").replace("torch.", "")
+        if name not in STATE_DTYPES:
+            raise ArgumentError("model", model_type, f"its mamba_ssm_cache_dtype {name!r} is not followed",
+                                "Give a config of " + ", ".join(STATE_DTYPES) + " state.")  # fmt: skip
+        ssm_bytes = STATE_DTYPES[name]
     if kind == "mamba1":
         d_inner, conv = int(c.mamba_expand) * int(c.hidden_size), int(c.mamba_d_conv)
         conv_dim, split = d_inner, [("mamba d_inner", d_inner)]
         ssm = (d_inner // tp, int(c.mamba_d_state))
+    elif kind == "mamba2" and model_type == "nemotron_h":  # nemotron_h.py: d_inner = heads x head_dim
+        heads, head, n = int(c.mamba_num_heads), int(c.mamba_head_dim), int(c.ssm_state_size)
+        d_inner, conv, groups = heads * head, int(c.conv_kernel), int(c.n_groups)
+        groups += 0 if groups % tp == 0 else tp - groups
+        conv_dim = d_inner + 2 * groups * n
+        split = [("mamba conv dim", conv_dim), ("mamba heads", heads)]
+        ssm = (heads // tp, head, n)
     elif kind == "mamba2":
         d_inner, conv, n = int(c.mamba_expand) * int(c.hidden_size), int(c.mamba_d_conv), int(c.mamba_d_state)
         groups = int(c.mamba_n_groups)
@@ -333,7 +357,7 @@ def mamba_state(config: Any, *, tp: int = 1, dtype_bytes: int = 2) -> LayerSpec:
         if n % tp:
             raise ArgumentError("tensor_parallel_size", tp, f"the model's {n} {what} do not split evenly over {tp} "
                                 "GPUs (vLLM's divide() refuses it)", f"Give a tensor_parallel_size that divides {n}.")  # fmt: skip
-    states = (((conv - 1, conv_dim // tp), dtype_bytes), (ssm, dtype_bytes))
+    states = (((conv - 1, conv_dim // tp), dtype_bytes), (ssm, ssm_bytes))
     return LayerSpec("mamba", 1, 0, 0, dtype_bytes, states=states, mamba_type=kind)
 
 

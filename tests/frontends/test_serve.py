@@ -407,7 +407,7 @@ def test_hybrid_serves_more_than_a_formula_that_grows_the_state(jamba_served: fv
     assert s.max_concurrency > 3 * formula
 
 
-@pytest.mark.parametrize("make", [_jamba, _qwen3_next])
+@pytest.mark.parametrize("make", [_jamba, _qwen3_next, _bamba])
 def test_hybrid_profile_forward_fake_equals_real_on_cpu(make) -> None:
     """A hybrid model's profile run (transformers' PyTorch paths of the Mamba scan and the gated delta rule, which
     run on a CPU) recorded fake equals its real CPU run op by op and byte by byte."""
@@ -438,11 +438,32 @@ def test_hybrid_profile_forward_fake_equals_real_on_cpu(make) -> None:
     assert (fake.live_bytes()["cpu"] == real.live_bytes()["cpu"]).all()
 
 
+def test_nemotron_h_state_in_float32_and_layers_without_cache_by_hand() -> None:
+    # NemotronH: mamba2 with d_inner = 8 heads x 16 = 128, 2 groups of state 16, conv kernel 4; the ssm state in
+    # float32 (no mamba_ssm_cache_dtype set: vLLM's NemotronH default); its MLP and MoE layers hold nothing
+    from transformers import NemotronHConfig
+
+    kinds = ["linear_attention", "moe", "full_attention", "mlp", "linear_attention", "mlp"]
+    cfg = NemotronHConfig(head_dim=HD, mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16,
+                          conv_kernel=4, layers_block_type=kinds, moe_intermediate_size=32,
+                          moe_shared_expert_intermediate_size=32, n_routed_experts=2, num_experts_per_tok=1,
+                          **TINY)  # fmt: skip
+    specs = kv_blocks.layer_specs(cfg, block_size=BS, dtype_bytes=2, max_model_len=512)
+    assert [s.kind for s in specs] == ["mamba", "full", "mamba"]
+    state = 3 * (128 + 2 * 2 * 16) * 2 + 8 * 16 * 16 * 4
+    assert specs[0].states == (((3, 192), 2), ((8, 16, 16), 4)) and specs[0].state_bytes == state
+    block = 16 * math.ceil(state / (16 * TOKEN))
+    assert specs[1].block_size == block == 80
+    lay = kv_blocks.kv_layout(specs, max_model_len=512, max_num_batched_tokens=64)
+    assert (len(lay.groups), lay.group_size, lay.bytes_per_block) == (3, 1, block * TOKEN)
+    assert lay.blocks_per_request() == math.ceil(512 / block) + 2
+
+
 def test_mamba_refusals() -> None:
-    from transformers import FalconH1Config, NemotronHConfig
+    from transformers import FalconH1Config, GraniteMoeHybridConfig
 
     with pytest.raises(ArgumentError, match="not followed"):  # Mamba layers whose state vLLM shapes otherwise
-        kv_blocks.layer_specs(NemotronHConfig(), block_size=BS, dtype_bytes=2, max_model_len=512)
+        kv_blocks.layer_specs(GraniteMoeHybridConfig(), block_size=BS, dtype_bytes=2, max_model_len=512)
     with pytest.raises(ArgumentError, match="not followed"):
         kv_blocks.layer_specs(FalconH1Config(), block_size=BS, dtype_bytes=2, max_model_len=512)
     with pytest.raises(ArgumentError, match="needs it"):
