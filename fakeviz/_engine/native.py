@@ -21,7 +21,10 @@ checks column by column.
 
 The C core writes rows by column name: the row widths and field positions come from a header,
 ``fv_schema.h``, generated from :data:`fakeviz._core.schema.LAYOUT` at build time
-(:func:`schema_header`), so the layout is declared once, in Python.
+(:func:`schema_header`), so the layout is declared once, in Python. Likewise every name it reaches Python
+objects by (attributes, keyword arguments, the frame depth) is declared in ``native_contract.py`` and
+generated into ``fv_names.h``; the build refuses sources that disagree with it and the loaded core must
+carry the same contract hash (Note: [the C core's contract]).
 
 The source is one translation unit in several files (a "unity build"): ``fvcore.c`` holds the
 ``Core`` type and the module, and includes its parts from ``csrc/fvcore/`` (``core.h``: the struct,
@@ -60,10 +63,11 @@ from pathlib import Path
 from types import ModuleType
 
 from .._core import schema as _schema
+from . import native_contract as _contract
 from .cuda_shim import cache_dir
 
-__all__ = ["TORCH_CONTRACT", "column_macro", "contract_problems", "core", "layout_signature", "schema_header",
-           "status"]  # fmt: skip
+__all__ = ["TORCH_CONTRACT", "check_contract", "column_macro", "contract_problems", "core", "layout_signature",
+           "schema_header", "status"]  # fmt: skip
 
 _CSRC = Path(__file__).with_name("csrc")
 _SRC = _CSRC / "fvcore.c"  # the one file compiled; it includes the parts
@@ -168,7 +172,8 @@ def _sources() -> dict[str, bytes]:
 
 def _cache_key(sources: dict[str, bytes], header: str) -> str:
     """The hash that names a build: each source's path, length and text (in the order given, so no two
-    sets of files hash alike), then the generated header and the Python build."""
+    sets of files hash alike), then the generated headers (``header``: both, one after the other) and the
+    Python build."""
     key = hashlib.sha256()
     for name, text in sources.items():
         key.update(f"{name}\0{len(text)}\0".encode())
@@ -183,7 +188,25 @@ def _library_path(header: str) -> Path:
     return cache_dir() / f"fvcore_{_cache_key(_sources(), header)}{suffix}"
 
 
-def _compile(target: Path, header: str) -> None:
+def _headers() -> dict[str, str]:
+    """The generated headers a build includes, by file name: the row layout (:func:`schema_header`) and
+    the names C reaches Python by (:func:`fakeviz._engine.native_contract.names_header`)."""
+    return {HEADER: schema_header(), _contract.HEADER: _contract.names_header()}
+
+
+def _check_sources() -> None:
+    """Refuse to build from C sources that disagree with the contract (Note: [the C core's contract])."""
+    problems = _contract.source_problems({name: text.decode() for name, text in _sources().items()})
+    if problems:
+        raise RuntimeError(
+            "the recorder core's C sources and its contract (fakeviz/_engine/native_contract.py) disagree: "
+            + "; ".join(problems[:10])
+            + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")
+        )
+
+
+def _compile(target: Path, headers: dict[str, str]) -> None:
+    _check_sources()
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     lang: list[str] = []
     if cc is None:
@@ -199,7 +222,8 @@ def _compile(target: Path, header: str) -> None:
     os.close(fd)
     try:
         with tempfile.TemporaryDirectory(dir=target.parent) as gen:
-            (Path(gen) / HEADER).write_text(header)
+            for name, text in headers.items():
+                (Path(gen) / name).write_text(text)
             # fvcore.c's quoted includes of its parts resolve next to it: no -I for them
             cmd = [cc, "-O2", "-shared", "-fPIC", "-w", *lang, f"-I{gen}", f"-I{include}", str(_SRC), "-o", tmp]
             if sys.platform == "darwin":
@@ -228,16 +252,35 @@ def _load() -> ModuleType:
                + "; ".join(problems) + " (the Python recorder records instead: same trace, slower)")  # fmt: skip
         warnings.warn(f"fakeviz: {why}", FakeVizWarning, stacklevel=2)
         raise RuntimeError(why)
-    header = schema_header()
-    path = _library_path(header)
+    headers = _headers()
+    path = _library_path("".join(headers.values()))
     if not path.exists():
-        _compile(path, header)
+        _compile(path, headers)
     loader = importlib.machinery.ExtensionFileLoader("_fvcore", str(path))
     spec = importlib.util.spec_from_loader("_fvcore", loader, origin=str(path))
     assert spec is not None
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
+    check_contract(mod)
     return mod
+
+
+def check_contract(mod: ModuleType, expected: str | None = None) -> None:
+    """Refuse a loaded core built from another contract than the one declared now (``expected``, by default
+    :func:`fakeviz._engine.native_contract.contract_hash`): a stale build reads names Python may no longer
+    have. Warns once (:class:`FakeVizWarning`) and raises, so :func:`core` records in Python instead."""
+    want = _contract.contract_hash() if expected is None else expected
+    got = getattr(mod, "CONTRACT", None)
+    if got != want:
+        import warnings
+
+        from .._core.errors import FakeVizWarning
+
+        why = (f"the recorder core at {getattr(mod, '__file__', '?')} was built for the contract {got!r}, not "
+               f"{want!r} (fakeviz/_engine/native_contract.py changed since): the Python recorder records instead "
+               "(same trace, slower); delete the stale build to rebuild it")  # fmt: skip
+        warnings.warn(f"fakeviz: {why}", FakeVizWarning, stacklevel=3)
+        raise RuntimeError(why)
 
 
 def core() -> ModuleType | None:

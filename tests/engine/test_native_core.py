@@ -29,6 +29,7 @@ from c_core import needs_core
 
 import fakeviz as fv
 from fakeviz._engine import native as _native
+from fakeviz._engine import native_contract
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -277,11 +278,15 @@ def test_schema_header_defines_every_column() -> None:
     assert int(defs["FV_OP_PHASE"]) == field(OP_COLS, "phase") and int(defs["FV_OP_IN_END"]) == field(OP_COLS, "in_end")
     assert int(defs["FV_OUT_NBYTES"]) == field(OUT_COLS, "out_nbytes")
     assert int(defs["FV_ST_FREE"]) == field(ST_COLS, "st_free") and int(defs["FV_ST_WIDTH"]) == len(ST_COLS)
-    # every FV_ name the C source uses (fvcore.c and every part it includes) is one the header defines
+    # every FV_ name the C source uses (fvcore.c and every part it includes) is one a generated header
+    # (this one or the contract's, Note: [the C core's contract]) or the source itself defines
     source = b"\n".join(_native._sources().values()).decode()
     assert "FV_OP_PHASE" in source and "FV_ST_FREE" in source
     used = set(re.findall(r"\bFV_[A-Z0-9_]*[A-Z0-9]\b", source))
-    assert used - {"FV_SCHEMA_H"} <= set(defs), sorted(used - set(defs))
+    names = re.findall(r"^#define (FV_\w+)", native_contract.names_header(), re.M)
+    own = re.findall(r"^\s*#\s*define (FV_\w+)", source, re.M)
+    assert set(names).isdisjoint(defs) and "FV_CONTRACT" in names
+    assert used - {"FV_SCHEMA_H"} <= set(defs) | set(names) | set(own), sorted(used - set(defs) - set(names))
 
 
 def test_core_cache_key_follows_the_layout(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,107 +40,20 @@
 
 /* ------------------------------------------------------------------ type */
 
+#define FV_VISIT(name) Py_VISIT(self->name);
+#define FV_CLEAR(name) Py_CLEAR(self->name);
+#define FV_MADE(X) X(in_frombytes) X(out_frombytes) X(op_frombytes) X(std_frombytes) X(kinds) \
+    X(make_subclass_kwnames) X(c_fast_dispatch)
+
 static int Core_traverse(Core *self, visitproc visit, void *arg) {
-    Py_VISIT(self->state);
-    Py_VISIT(self->live);
-    Py_VISIT(self->fast);
-    Py_VISIT(self->fw_stack);
-    Py_VISIT(self->fw_lines);
-    Py_VISIT(self->unpacked);
-    Py_VISIT(self->internal_code);
-    Py_VISIT(self->line_ids);
-    Py_VISIT(self->sn_cache);
-    Py_VISIT(self->meta_ids);
-    Py_VISIT(self->opd);
-    Py_VISIT(self->outd);
-    Py_VISIT(self->in_tensor);
-    Py_VISIT(self->std);
-    Py_VISIT(self->in_frombytes);
-    Py_VISIT(self->out_frombytes);
-    Py_VISIT(self->op_frombytes);
-    Py_VISIT(self->std_frombytes);
-    Py_VISIT(self->tensor_type);
-    Py_VISIT(self->fake_type);
-    Py_VISIT(self->detach);
-    Py_VISIT(self->lift_fresh);
-    Py_VISIT(self->graph_task_id);
-    Py_VISIT(self->current_node);
-    Py_VISIT(self->get_seqnr);
-    Py_VISIT(self->param_new_code);
-    Py_VISIT(self->disable_tf);
-    Py_VISIT(self->ref_type);
-    Py_VISIT(self->local);
-    Py_VISIT(self->range_error);
-    Py_VISIT(self->c_fast_dispatch);
-    Py_VISIT(self->unsafe_view);
-    Py_VISIT(self->tf_mode_enabled);
-    Py_VISIT(self->make_subclass_kwnames);
-    Py_VISIT(self->py_wrap_fake);
-    Py_VISIT(self->throw_mutable);
-    Py_VISIT(self->warn_mutable);
-    Py_VISIT(self->fake_config);
-    Py_VISIT(self->make_subclass);
-    Py_VISIT(self->detach_op);
-    Py_VISIT(self->preserve_keys);
-    Py_VISIT(self->disable_td);
-    Py_VISIT(self->set_meta_in_tls);
-    Py_VISIT(self->meta_in_tls);
-    Py_VISIT(self->kinds);
-    Py_VISIT(self->orig_make_entry);
-    Py_VISIT(self->orig_from_entry);
-    Py_VISIT(self->fake_dispatch);
+    FV_CORE_OBJECTS(FV_VISIT)
+    FV_MADE(FV_VISIT)
     return 0;
 }
 
 static int Core_clear(Core *self) {
-    Py_CLEAR(self->state);
-    Py_CLEAR(self->live);
-    Py_CLEAR(self->fast);
-    Py_CLEAR(self->fw_stack);
-    Py_CLEAR(self->fw_lines);
-    Py_CLEAR(self->unpacked);
-    Py_CLEAR(self->internal_code);
-    Py_CLEAR(self->line_ids);
-    Py_CLEAR(self->sn_cache);
-    Py_CLEAR(self->meta_ids);
-    Py_CLEAR(self->opd);
-    Py_CLEAR(self->outd);
-    Py_CLEAR(self->in_tensor);
-    Py_CLEAR(self->std);
-    Py_CLEAR(self->in_frombytes);
-    Py_CLEAR(self->out_frombytes);
-    Py_CLEAR(self->op_frombytes);
-    Py_CLEAR(self->std_frombytes);
-    Py_CLEAR(self->tensor_type);
-    Py_CLEAR(self->fake_type);
-    Py_CLEAR(self->detach);
-    Py_CLEAR(self->lift_fresh);
-    Py_CLEAR(self->graph_task_id);
-    Py_CLEAR(self->current_node);
-    Py_CLEAR(self->get_seqnr);
-    Py_CLEAR(self->param_new_code);
-    Py_CLEAR(self->disable_tf);
-    Py_CLEAR(self->ref_type);
-    Py_CLEAR(self->local);
-    Py_CLEAR(self->range_error);
-    Py_CLEAR(self->c_fast_dispatch);
-    Py_CLEAR(self->unsafe_view);
-    Py_CLEAR(self->tf_mode_enabled);
-    Py_CLEAR(self->make_subclass_kwnames);
-    Py_CLEAR(self->py_wrap_fake);
-    Py_CLEAR(self->throw_mutable);
-    Py_CLEAR(self->warn_mutable);
-    Py_CLEAR(self->fake_config);
-    Py_CLEAR(self->make_subclass);
-    Py_CLEAR(self->detach_op);
-    Py_CLEAR(self->preserve_keys);
-    Py_CLEAR(self->disable_td);
-    Py_CLEAR(self->set_meta_in_tls);
-    Py_CLEAR(self->meta_in_tls);
-    Py_CLEAR(self->kinds);
-    Py_CLEAR(self->orig_make_entry);
-    Py_CLEAR(self->orig_from_entry);
-    Py_CLEAR(self->fake_dispatch);
+    FV_CORE_OBJECTS(FV_CLEAR)
+    FV_MADE(FV_CLEAR)
     return 0;
 }
 
@@ -175,33 +88,16 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "Core(**parts): keyword arguments only");
         return -1;
     }
-    long long every, owner;
+    /* exactly the arguments of native_contract.CORE_ARGUMENTS: one more is a name C would never read */
+    if (PyDict_Size(kw) != FV_CORE_NARGS) {
+        PyErr_Format(PyExc_TypeError, "fakeviz core: %zd arguments where this build takes %d (its contract: %s)",
+                     PyDict_Size(kw), FV_CORE_NARGS, FV_CONTRACT);
+        return -1;
+    }
     PyObject *layout = NULL;
-    if (take(kw, "state", &self->state) || take(kw, "live", &self->live) || take(kw, "fast", &self->fast) ||
-        take(kw, "fw_stack", &self->fw_stack) || take(kw, "fw_lines", &self->fw_lines) ||
-        take(kw, "unpacked", &self->unpacked) || take(kw, "internal_code", &self->internal_code) ||
-        take(kw, "line_ids", &self->line_ids) || take(kw, "sn_cache", &self->sn_cache) ||
-        take(kw, "meta_ids", &self->meta_ids) || take(kw, "opd", &self->opd) || take(kw, "outd", &self->outd) ||
-        take(kw, "in_tensor", &self->in_tensor) || take(kw, "std", &self->std) ||
-        take(kw, "tensor_type", &self->tensor_type) || take(kw, "fake_type", &self->fake_type) ||
-        take(kw, "detach", &self->detach) || take(kw, "lift_fresh", &self->lift_fresh) ||
-        take(kw, "unsafe_view", &self->unsafe_view) ||
-        take(kw, "torch_function_mode_enabled", &self->tf_mode_enabled) ||
-        take(kw, "graph_task_id", &self->graph_task_id) || take(kw, "current_node", &self->current_node) ||
-        take(kw, "get_sequence_nr", &self->get_seqnr) || take(kw, "param_new_code", &self->param_new_code) ||
-        take(kw, "disable_tf", &self->disable_tf) || take(kw, "storage_ref", &self->ref_type) ||
-        take(kw, "local", &self->local) ||
-        take(kw, "range_error", &self->range_error) || take(kw, "fake_dispatch", &self->fake_dispatch) ||
-        take(kw, "output_from_cache_entry", &self->orig_from_entry) ||
-        take(kw, "make_cache_entry", &self->orig_make_entry) || take(kw, "meta_in_tls", &self->meta_in_tls) ||
-        take(kw, "set_meta_in_tls", &self->set_meta_in_tls) || take(kw, "disable_torch_dispatch", &self->disable_td) ||
-        take(kw, "preserve_dispatch_keys", &self->preserve_keys) || take(kw, "detach_op", &self->detach_op) ||
-        take(kw, "make_subclass", &self->make_subclass) || take(kw, "fake_config", &self->fake_config) ||
-        take(kw, "warn_mutable_data_ptr", &self->warn_mutable) ||
-        take(kw, "throw_mutable_data_ptr", &self->throw_mutable) || take(kw, "wrap_fake", &self->py_wrap_fake) ||
-        take_ll(kw, "tbase", &self->tbase) || take_ll(kw, "ttop", &self->ttop) || take(kw, "layout", &layout) ||
-        take_ll(kw, "progress_every", &every) || take_ll(kw, "role_saved", &self->role_saved) ||
-        take_ll(kw, "owner", &owner)) {
+#define FV_TAKE(name) take(kw, #name, &self->name) ||
+#define FV_TAKE_LL(name) take_ll(kw, #name, &self->name) ||
+    if (FV_CORE_OBJECTS(FV_TAKE) FV_CORE_INTS(FV_TAKE_LL) take(kw, FV_CORE_LAYOUT, &layout)) {
         Py_XDECREF(layout);
         return -1;
     }
@@ -217,12 +113,10 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_TypeError, "fakeviz core: unexpected container types");
         return -1;
     }
-    if (!same_layout || every <= 0 || every % FV_OP_WIDTH) {
+    if (!same_layout || self->progress_every <= 0 || self->progress_every % FV_OP_WIDTH) {
         PyErr_SetString(PyExc_ValueError, "fakeviz core: trace layout differs from this build");
         return -1;
     }
-    self->progress_every = (Py_ssize_t)every;
-    self->owner = (unsigned long)owner; /* threading.get_ident() of the record's thread */
     self->worker = 0;
     self->task = -1;
     static const char *fb = "frombytes";
@@ -232,7 +126,7 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     Py_XSETREF(self->std_frombytes, PyObject_GetAttrString(self->std, fb));
     Py_XSETREF(self->kinds, PyDict_New());
     if (!self->kinds) return -1;
-    Py_XSETREF(self->make_subclass_kwnames, Py_BuildValue("(ss)", "dispatch_device", "device_for_backend_keys"));
+    Py_XSETREF(self->make_subclass_kwnames, Py_BuildValue("(ss)", FV_KW_DISPATCH_DEVICE, FV_KW_DEVICE_FOR_BACKEND_KEYS));
     if (!self->make_subclass_kwnames) return -1;
     Py_XSETREF(self->c_fast_dispatch, PyObject_GetAttrString((PyObject *)self, "fast_dispatch"));
     if (!self->c_fast_dispatch) return -1;
@@ -273,69 +167,15 @@ static PyTypeObject CoreType = {
 
 static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_fvcore", "fakeviz recorder core", -1, NULL};
 
-#define INTERN(var, text)                                         \
-    do {                                                          \
-        if (!(var = PyUnicode_InternFromString(text))) return NULL; \
-    } while (0)
-
 PyMODINIT_FUNC PyInit__fvcore(void) {
-    INTERN(s_tid, "_fakeviz_tid");
-    INTERN(s_untyped_storage, "untyped_storage");
-    INTERN(s_cdata, "_cdata");
-    INTERN(s_sid, "sid");
-    INTERN(s_in_optimizer, "in_optimizer");
-    INTERN(s_seen_forward, "seen_forward");
-    INTERN(s_progress, "progress");
-    INTERN(s_bw_line, "bw_line");
-    INTERN(s_sequence_nr, "_sequence_nr");
-    INTERN(s_tensor_id, "tensor_id");
-    INTERN(s_is_internal, "_is_internal");
-    INTERN(s_line_id, "_line_id");
-    INTERN(s_record_full, "_record_full");
-    INTERN(s_bw_module, "_bw_module");
-    INTERN(s_report_progress, "_report_progress");
-    INTERN(s_output, "_output");
-    INTERN(s_next_tensor, "next_tensor");
-    INTERN(s_shape, "shape");
-    INTERN(s_stride, "stride");
-    INTERN(s_dtype, "dtype");
-    INTERN(s_device, "device");
-    INTERN(s_nbytes, "nbytes");
-    INTERN(s_storage_offset, "storage_offset");
-    INTERN(s_active, "active");
-    INTERN(s_own_thread, "own_thread");
-    INTERN(s_storage_id, "storage_id");
-    INTERN(s_grad_fn, "grad_fn");
-    INTERN(s_saved_alias, "_saved_alias");
-    INTERN(s_py_record, "_py_record");
-    INTERN(s_key, "key");
-    INTERN(s_on_free, "on_free");
-    INTERN(s_dict, "__dict__");
-    INTERN(s_depth, "depth");
-    INTERN(s_record, "record");
-    INTERN(s_namespace, "_namespace");
-    INTERN(s_prim, "prim");
-    INTERN(s_shape_env, "shape_env");
-    INTERN(s_run_op, "run_op");
-    INTERN(s_fake_mode, "fake_mode");
-    INTERN(s_constant, "constant");
-    INTERN(s_real_tensor, "real_tensor");
-    INTERN(s_in_kernel, "in_kernel_invocation");
-    INTERN(s_protos, "_fv_protos");
-    INTERN(s_debug, "debug");
-    INTERN(s_requires_grad, "requires_grad");
-    INTERN(s_allow_unsafe, "_allow_unsafe_data_ptr_access");
-    INTERN(s_enter, "__enter__");
-    INTERN(s_exit, "__exit__");
-    INTERN(s_entry, "entry");
-    INTERN(s_op_failed, "_op_failed");
-    INTERN(s_range_failed, "_range_failed");
-    INTERN(s_internal_error, "internal_error");
+    if (fv_intern_names() < 0) return NULL;
     if (PyType_Ready(&CoreType) < 0) return NULL;
     PyObject *m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&CoreType);
-    if (PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
+    /* the contract this core was built with: native._load uses no core built from another declaration */
+    if (PyModule_AddStringConstant(m, "CONTRACT", FV_CONTRACT) < 0 ||
+        PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0) {
         Py_DECREF(&CoreType);
         Py_DECREF(m);
         return NULL;

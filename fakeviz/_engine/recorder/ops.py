@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from ..._core.errors import DataDependentError, FakeVizError
 from ..._core.schema import FLAG_DATA_DEPENDENT, FLAG_INPLACE, FLAG_VIEW, PHASES
 from ..flops import op_flops as _op_flops
+from ..native_contract import PARAM_NEW_FRAMES_UP
 from ..session import DATA_DEPENDENT_ERRORS, check_device, gpu_index_error, past_the_gpus
 from ..values import advice as _values_advice
 from .common import (
@@ -220,9 +221,10 @@ def _called_from_parameter_new() -> bool:
     # Python, while on a plain tensor it aliases in C++ without dispatching.
     # That detach is bookkeeping of the fake path: it is not recorded, so fake
     # and real runs log the same ops (the Parameter gets its id when first used).
-    # A dispatch mode above the recording (FSDPMemTracker) puts its own frames between: look up to 24 up.
+    # A dispatch mode above the recording (FSDPMemTracker) puts its own frames between: look up to
+    # PARAM_NEW_FRAMES_UP (24) up, the depth the C core's is generated from (Note: [the C core's contract]).
     f = sys._getframe(3)
-    for _ in range(24):
+    for _ in range(PARAM_NEW_FRAMES_UP):
         if f is None:
             return False
         if f.f_code is _PARAM_NEW:

@@ -21,36 +21,31 @@ _Static_assert(FV_ST_WIDTH == 8, "the core writes 8 storage columns: fill the ne
 
 enum { P_INIT = FV_PHASE_INIT, P_FORWARD = FV_PHASE_FORWARD, P_BACKWARD = FV_PHASE_BACKWARD,
        P_OPTIMIZER = FV_PHASE_OPTIMIZER, P_OTHER = FV_PHASE_OTHER };
-#define PARAM_NEW_FRAMES 25 /* the Python recorder looks 24 frames up from its caller: ops._called_from_parameter_new */
+/* The names C reaches Python objects by (s_<name>, interned by fv_intern_names()), Core's keyword
+ * arguments (FV_CORE_OBJECTS, FV_CORE_INTS: its struct fields below are named after them), the keywords C
+ * passes (FV_KW_<NAME>), PARAM_NEW_FRAMES and FV_CONTRACT: generated from the declaration in
+ * fakeviz/_engine/native_contract.py (Note: [the C core's contract]), the one place a name is spelled. A
+ * name used here that the declaration lacks fails the build: an s_ variable does not exist, and a quoted
+ * name is refused by native_contract.source_problems() before the compiler runs. */
+#include <fv_names.h>
 
-static PyObject *s_tid, *s_untyped_storage, *s_cdata, *s_sid, *s_in_optimizer, *s_seen_forward,
-    *s_progress, *s_bw_line, *s_sequence_nr, *s_tensor_id, *s_is_internal, *s_line_id,
-    *s_record_full, *s_bw_module, *s_report_progress, *s_output, *s_next_tensor, *s_shape, *s_stride,
-    *s_dtype, *s_device, *s_nbytes, *s_storage_offset, *s_active, *s_storage_id, *s_grad_fn,
-    *s_saved_alias, *s_py_record, *s_key, *s_on_free, *s_dict, *s_depth, *s_entry, *s_op_failed,
-    *s_range_failed, *s_internal_error, *s_record, *s_namespace, *s_prim, *s_shape_env, *s_run_op,
-    *s_fake_mode, *s_constant, *s_real_tensor, *s_in_kernel, *s_protos, *s_debug, *s_requires_grad,
-    *s_allow_unsafe, *s_enter, *s_exit, *s_own_thread;
-
+#define FV_OBJECT_FIELD(name) PyObject *name;
+#define FV_INT_FIELD(name) long long name;
 typedef struct {
     PyObject_HEAD
-    PyObject *state;
-    /* containers shared with the Python state (same objects) */
-    PyObject *live, *fast, *fw_stack, *fw_lines, *unpacked, *internal_code, *line_ids, *sn_cache, *meta_ids;
-    PyObject *opd, *outd, *in_tensor, *std;
+    /* Core(...)'s arguments: the state, the containers it shares with the core (same objects), the Python
+     * types, ops and functions it compares with or calls (native_contract.CORE_ARGUMENTS) */
+    FV_CORE_OBJECTS(FV_OBJECT_FIELD)
+    /* and its numbers: tbase, ttop (the trace's tensor ids), progress_every, role_saved, owner (the record's
+     * thread: threading.get_ident()) */
+    FV_CORE_INTS(FV_INT_FIELD)
+    /* what the core makes itself: the rows' frombytes, the kinds of ops it has seen, _make_subclass's
+     * keyword names, its own fast_dispatch as a bound method */
     PyObject *in_frombytes, *out_frombytes, *op_frombytes, *std_frombytes;
-    /* torch objects */
-    PyObject *tensor_type, *fake_type, *detach, *lift_fresh, *graph_task_id, *current_node, *get_seqnr,
-        *param_new_code, *disable_tf, *ref_type, *local, *range_error, *fake_dispatch,
-        *orig_from_entry, *orig_make_entry, *kinds, *meta_in_tls, *set_meta_in_tls,
-        *disable_td, *preserve_keys, *detach_op, *make_subclass, *fake_config, *warn_mutable, *throw_mutable,
-        *py_wrap_fake, *make_subclass_kwnames, *c_fast_dispatch, *unsafe_view, *tf_mode_enabled;
-    long long tbase, ttop;
-    Py_ssize_t progress_every;
-    long long role_saved;
+    PyObject *kinds, *make_subclass_kwnames, *c_fast_dispatch;
     /* Note: [threads] (fakeviz/_engine/patches.py): the record's thread, and the last autograd worker thread and
      * graph task of the record's backward that an op was dispatched on (state.own_thread() said so) */
-    unsigned long owner, worker;
+    unsigned long worker;
     long long task;
 } Core;
 
@@ -105,7 +100,7 @@ static int state_call_ll(Core *self, PyObject *name, long long *v, PyObject *con
 static int own_tid(Core *self, PyObject *t, PyObject **dict_out, long long *tid) {
     PyObject *d = PyObject_GenericGetDict(t, NULL);
     if (!d) return -1;
-    PyObject *tag = PyDict_GetItemWithError(d, s_tid); /* borrowed */
+    PyObject *tag = PyDict_GetItemWithError(d, s_fakeviz_tid); /* borrowed */
     int found = 0;
     if (tag) {
         if (PyLong_Check(tag)) {

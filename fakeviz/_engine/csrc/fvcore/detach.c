@@ -38,7 +38,7 @@ static int guard_exit(PyObject *g) {
 
 /* the meta kernel of detach with fake dispatch off: in_kernel_invocation_manager(fmode), inlined */
 static PyObject *meta_detach(Core *self, PyObject *t, PyObject *fmode) {
-    PyObject *prev = PyObject_GetAttr(fmode, s_in_kernel);
+    PyObject *prev = PyObject_GetAttr(fmode, s_in_kernel_invocation);
     if (!prev) return NULL;
     PyObject *tls = PyObject_CallNoArgs(self->meta_in_tls);
     int same = tls ? PyObject_RichCompareBool(tls, prev, Py_EQ) : -1;
@@ -49,10 +49,10 @@ static PyObject *meta_detach(Core *self, PyObject *t, PyObject *fmode) {
         return NULL;
     }
     PyObject *meta = NULL;
-    PyObject *g1 = guard_enter(self->disable_td);
+    PyObject *g1 = guard_enter(self->disable_torch_dispatch);
     if (g1) {
-        if (PyObject_SetAttr(fmode, s_in_kernel, Py_True) == 0) {
-            PyObject *g2 = guard_enter(self->preserve_keys);
+        if (PyObject_SetAttr(fmode, s_in_kernel_invocation, Py_True) == 0) {
+            PyObject *g2 = guard_enter(self->preserve_dispatch_keys);
             if (g2) {
                 PyObject *r = PyObject_CallOneArg(self->set_meta_in_tls, Py_True);
                 if (r) {
@@ -61,7 +61,7 @@ static PyObject *meta_detach(Core *self, PyObject *t, PyObject *fmode) {
                 }
                 PyObject *et, *ev, *tb;
                 PyErr_Fetch(&et, &ev, &tb);
-                int rc = PyObject_SetAttr(fmode, s_in_kernel, prev);
+                int rc = PyObject_SetAttr(fmode, s_in_kernel_invocation, prev);
                 if (et) PyErr_Restore(et, ev, tb);
                 if (rc < 0) Py_CLEAR(meta);
                 if (guard_exit(g2) < 0) Py_CLEAR(meta);
@@ -77,7 +77,7 @@ static PyObject *meta_detach(Core *self, PyObject *t, PyObject *fmode) {
 static PyObject *wrap_fake(Core *self, PyObject *fmode, PyObject *meta, PyObject *device) {
     PyObject *md = PyObject_GenericGetDict(fmode, NULL);
     if (!md) return NULL;
-    PyObject *protos = PyDict_GetItemWithError(md, s_protos); /* borrowed */
+    PyObject *protos = PyDict_GetItemWithError(md, s_fv_protos); /* borrowed */
     PyObject *proto = (protos && PyDict_Check(protos)) ? PyDict_GetItemWithError(protos, device) : NULL;
     Py_XINCREF(proto);
     Py_DECREF(md);
@@ -98,7 +98,7 @@ static PyObject *wrap_fake(Core *self, PyObject *fmode, PyObject *meta, PyObject
     if (!proto || debug) {
         Py_XDECREF(proto);
         PyObject *stack[3] = {fmode, meta, device};
-        return PyObject_Vectorcall(self->py_wrap_fake, stack, 3, NULL);
+        return PyObject_Vectorcall(self->wrap_fake, stack, 3, NULL);
     }
     PyObject *rg = PyObject_GetAttr(meta, s_requires_grad);
     if (!rg) {
@@ -112,10 +112,10 @@ static PyObject *wrap_fake(Core *self, PyObject *fmode, PyObject *meta, PyObject
         Py_DECREF(proto);
         return NULL;
     }
-    PyObject *unsafe = PyObject_GetAttr(fmode, s_allow_unsafe);
+    PyObject *unsafe = PyObject_GetAttr(fmode, s_allow_unsafe_data_ptr_access);
     int u = unsafe ? PyObject_IsTrue(unsafe) : -1;
     Py_XDECREF(unsafe);
-    PyObject *r = u < 0 ? NULL : PyObject_CallOneArg(u ? self->warn_mutable : self->throw_mutable, out);
+    PyObject *r = u < 0 ? NULL : PyObject_CallOneArg(u ? self->warn_mutable_data_ptr : self->throw_mutable_data_ptr, out);
     PyObject *od = r ? PyObject_GenericGetDict(out, NULL) : NULL;
     int rc = od ? PyDict_Update(od, proto) : -1;
     Py_XDECREF(r);

@@ -66,7 +66,7 @@ static PyObject *Core_dispatch(Core *self, PyObject *const *args, Py_ssize_t nar
         int on = PyObject_IsTrue(act);
         Py_DECREF(act);
         if (on < 0) return NULL;
-        if (on && PyThread_get_thread_ident() != self->owner) on = own_thread(self); /* Note: [threads] */
+        if (on && PyThread_get_thread_ident() != (unsigned long)self->owner) on = own_thread(self); /* Note: [threads] */
         if (on < 0) return NULL;
         if (!on) kind = 0;
     }
@@ -109,7 +109,7 @@ static PyObject *Core_output_from_entry(Core *self, PyObject *const *args, Py_ss
         return NULL;
     }
     if (offer_entry(self, args[0], args[4], args[2]) < 0) return NULL;
-    return PyObject_Vectorcall(self->orig_from_entry, args, 6, NULL);
+    return PyObject_Vectorcall(self->output_from_cache_entry, args, 6, NULL);
 }
 
 /* FakeTensorMode._make_cache_entry(mode, state, key, func, args, kwargs, output), then offer it */
@@ -119,7 +119,7 @@ static PyObject *Core_make_entry(Core *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "make_cache_entry(mode, state, key, func, args, kwargs, output)");
         return NULL;
     }
-    PyObject *entry = PyObject_Vectorcall(self->orig_make_entry, args, 7, NULL);
+    PyObject *entry = PyObject_Vectorcall(self->make_cache_entry, args, 7, NULL);
     if (!entry) return NULL;
     if (offer_entry(self, args[0], args[3], entry) < 0) {
         Py_DECREF(entry);

@@ -82,7 +82,7 @@ static PyObject *pack_body(Core *self, PyObject *t) {
     }
     PyObject *sn = PyObject_CallMethodNoArgs(fn, s_sequence_nr);
     Py_DECREF(fn);
-    PyObject *cur = sn ? PyObject_CallNoArgs(self->get_seqnr) : NULL;
+    PyObject *cur = sn ? PyObject_CallNoArgs(self->get_sequence_nr) : NULL;
     long long a = 0, b = 0;
     int rc = (sn && cur && as_ll(sn, &a) == 0 && as_ll(cur, &b) == 0) ? 0 : -1;
     Py_XDECREF(sn);
@@ -101,11 +101,11 @@ static PyObject *pack_body(Core *self, PyObject *t) {
     }
     /* the alias takes t's tensor id, so backward ops name the forward tensor */
     PyObject *td = PyObject_GenericGetDict(t, NULL);
-    PyObject *tag = td ? PyDict_GetItemWithError(td, s_tid) : NULL;
+    PyObject *tag = td ? PyDict_GetItemWithError(td, s_fakeviz_tid) : NULL;
     rc = td ? 0 : -1;
     if (tag) {
         PyObject *ad = PyObject_GenericGetDict(alias, NULL);
-        rc = ad ? PyDict_SetItem(ad, s_tid, tag) : -1;
+        rc = ad ? PyDict_SetItem(ad, s_fakeviz_tid, tag) : -1;
         Py_XDECREF(ad);
     } else if (PyErr_Occurred()) {
         rc = -1;

@@ -117,7 +117,7 @@ static int guard_exit(PyObject *g);
 static PyObject *tf_off(Core *self) {
     /* no torch function mode on this thread's stack (autograd's worker threads, plain runs): nothing to
      * turn off, and no guard to make */
-    PyObject *on = PyObject_CallNoArgs(self->tf_mode_enabled);
+    PyObject *on = PyObject_CallNoArgs(self->torch_function_mode_enabled);
     if (!on) return NULL;
     int enabled = PyObject_IsTrue(on);
     Py_DECREF(on);
@@ -165,12 +165,12 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
         }
         if (u && u != Py_None && PyTuple_GET_SIZE(fargs) && PyTuple_GET_ITEM(fargs, 0) == u) {
             PyObject *ud = PyObject_GenericGetDict(u, NULL);
-            PyObject *tag = ud ? PyDict_GetItemWithError(ud, s_tid) : NULL;
+            PyObject *tag = ud ? PyDict_GetItemWithError(ud, s_fakeviz_tid) : NULL;
             int rc = ud ? 0 : -1;
             if (!tag && PyErr_Occurred()) rc = -1;
             if (tag && PyObject_TypeCheck(out, (PyTypeObject *)self->tensor_type)) {
                 PyObject *od = PyObject_GenericGetDict(out, NULL);
-                if (!od || PyDict_SetItem(od, s_tid, tag) < 0) rc = -1;
+                if (!od || PyDict_SetItem(od, s_fakeviz_tid, tag) < 0) rc = -1;
                 Py_XDECREF(od);
             }
             Py_XDECREF(ud);
@@ -287,7 +287,7 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
             if (PyObject_TypeCheck(out, tt)) {
                 if (nm) rc = output_row(self, out, PyTuple_GET_ITEM(metas, 0), &fl);
             } else if (PyTuple_Check(out) || PyList_Check(out)) {
-                PyObject *seq = PySequence_Fast(out, "outputs");
+                PyObject *seq = PySequence_Fast(out, "fakeviz core: an op's outputs are a sequence");
                 if (!seq) {
                     rc = -1;
                 } else {

@@ -80,7 +80,7 @@ static int output_row(Core *self, PyObject *t, PyObject *m, long long *flag) {
         PyObject *n1 = rc == 0 ? PyLong_FromLongLong(tid + 1) : NULL;
         PyObject *tag = rc == 0 ? PyLong_FromLongLong(self->tbase + tid) : NULL;
         if (!n1 || !tag || PyObject_SetAttr(self->state, s_next_tensor, n1) < 0 ||
-            PyDict_SetItem(d, s_tid, tag) < 0) {
+            PyDict_SetItem(d, s_fakeviz_tid, tag) < 0) {
             Py_XDECREF(n1);
             Py_XDECREF(tag);
             Py_DECREF(d);

@@ -26,7 +26,7 @@ static int new_storage(Core *self, PyObject *st, PyObject *key, long long devid,
     if (extend(self->std_frombytes, row, FV_ST_WIDTH) < 0) return -1;
     PyObject *cb = PyObject_GetAttr(self->state, s_on_free);
     if (!cb) return -1;
-    PyObject *ref = PyObject_CallFunctionObjArgs(self->ref_type, st, cb, NULL);
+    PyObject *ref = PyObject_CallFunctionObjArgs(self->storage_ref, st, cb, NULL);
     Py_DECREF(cb);
     if (!ref) return -1;
     PyObject *sido = PyLong_FromLongLong(*sid);
