@@ -288,12 +288,14 @@ def layer_specs(config: Any, *, block_size: int, dtype_bytes: int, tensor_parall
             raise ArgumentError("max_model_len", None, "a model with Mamba layers needs it (their state's block size)",
                                 "Give max_model_len=8192.")  # fmt: skip
         state = mamba_state(c, tp=tp, dtype_bytes=state_dtype_bytes or dtype_bytes)
-        # HybridAttentionMambaModelConfig: one attention page holds at least one state page
+        state = replace(state, block_size=int(max_model_len))
+    if state is not None and any(k in ("full_attention", "sliding_attention") for k in kinds):
+        # Platform._align_hybrid_block_size (hybrids only): one attention page holds at least one state page
         one_token = 2 * (kv // tp) * head_dim * dtype_bytes
         a = max(KERNEL_BLOCK_ALIGNMENT, block_size)  # Platform._align_hybrid_block_size
         block_size = max(block_size, a * cdiv(state.state_bytes, a * one_token))
         page = block_size * one_token
-        state = replace(state, block_size=int(max_model_len), padded=page if page != state.state_bytes else None)
+        state = replace(state, padded=page if page != state.state_bytes else None)
     window = getattr(c, "sliding_window", None)
     out = []
     for k in kinds:

@@ -312,8 +312,9 @@ def _qwen3_next(**kw):  # gated delta net: 2 key heads, 8 value heads of 16, con
 def _bamba(**kw):  # mamba2: d_inner 128, 1 group, state 16, 8 heads of 16, conv kernel 4; attention at layer 2
     from transformers import BambaConfig
 
-    return BambaConfig(num_hidden_layers=4, attn_layer_indices=[2], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
-                       mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16, **{**TINY, **kw})  # fmt: skip
+    return BambaConfig(num_hidden_layers=4, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16,
+                       mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=16,
+                       **{"attn_layer_indices": [2], **TINY, **kw})  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -457,6 +458,10 @@ def test_nemotron_h_state_in_float32_and_layers_without_cache_by_hand() -> None:
     lay = kv_blocks.kv_layout(specs, max_model_len=512, max_num_batched_tokens=64)
     assert (len(lay.groups), lay.group_size, lay.bytes_per_block) == (3, 1, block * TOKEN)
     assert lay.blocks_per_request() == math.ceil(512 / block) + 2
+    # no attention layer (a Mamba-only model): nothing to align, the state page unpadded, one page per request
+    only = kv_blocks.layer_specs(_bamba(attn_layer_indices=[]), block_size=BS, dtype_bytes=2, max_model_len=512)
+    lay = kv_blocks.kv_layout(only, max_model_len=512, max_num_batched_tokens=64)
+    assert (len(lay.groups), lay.page_bytes, lay.blocks_per_request()) == (1, (3 * 160 + 8 * 16 * 16) * 2, 1)
 
 
 def test_mamba_refusals() -> None:
