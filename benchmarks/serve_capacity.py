@@ -174,11 +174,13 @@ def main() -> None:
     args = ap.parse_args()
     res: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     res["vllm_followed"] = (
-        "vllm-project/vllm 001cabc1be16 (V1: kv_cache_utils.py, kv_cache_interface.py, gpu_worker.py)"
+        "vllm-project/vllm 001cabc1be16 (V1: kv_cache_utils.py, kv_cache_interface.py, gpu_worker.py); Mamba state "
+        "shapes: mamba_utils.py (02d710837549), the hybrid block: Platform._align_hybrid_block_size"
     )
     res["note"] = (
         kv_blocks.__name__
-        + ": Note: [vLLM's KV cache blocks]; fakeviz._frontends.serving: Note: [vLLM's memory profile]"
+        + ": Note: [vLLM's KV cache blocks], Note: [vLLM's Mamba state pages]; fakeviz._frontends.serving: "
+        "Note: [vLLM's memory profile]"
     )
     if args.part in ("h100", "all"):
         res["h100"] = h100()
