@@ -9,7 +9,8 @@
   ``<!-- fakeviz:magic -->`` the ``%%fake`` magic's options from its IPython ``magic_arguments`` parser: the pages
   cannot drift from the code. A parser that can no longer be found fails the build, saying where to look.
 - **Home.** ``<!-- fakeviz:readme -->`` (``docs/index.md``) is README.md, its links rewritten for the site: the
-  landing page is written once. ``<!-- fakeviz:tutorials -->`` lists the tutorials.
+  landing page is written once; ``<!-- fakeviz:readme-section TITLE -->`` is one of its ``## TITLE`` sections
+  (the install page). ``<!-- fakeviz:tutorials -->`` lists the tutorials.
 
 Note: [notebooks outside docs_dir]: mkdocs reads pages from ``docs/`` only; the notebooks stay where the tests,
 Binder and ``notebooks/build.py`` expect them, and :func:`on_files` adds them as generated files backed by the
@@ -176,12 +177,24 @@ _MARKERS = {
 }
 
 
+_SECTION = re.compile(r"<!-- fakeviz:readme-section (.+?) -->")
+
+
+def readme_section(title: str) -> str:
+    """The README's section ``## title`` (to the next ``## ``), its links rewritten as :func:`readme_markdown`'s."""
+    text = readme_markdown()
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    if m is None:
+        raise SystemExit(f"docs/hooks/fakeviz_docs.py: README.md has no section '## {title}' any more")
+    return m.group(0).replace("](#", "](index.md#")
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     """Replace the generated sections' markers with what the code says today."""
     for marker, make in _MARKERS.items():
         if marker in markdown:
             markdown = markdown.replace(marker, make())
-    return markdown
+    return _SECTION.sub(lambda m: readme_section(m.group(1)), markdown)
 
 
 # Sphinx roles in our docstrings (:func:`fakeviz.record`, :attr:`ops`, :class:`~fakeviz.Trace`), as Markdown
