@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import inspect
 import json
 import re
 from pathlib import Path
@@ -79,7 +80,7 @@ def on_files(files: Files, config: Any) -> Files:
 
 def _cell(text: str) -> str:
     """``text`` for one cell of a markdown table: markup escaped, pipes and newlines written out."""
-    return html.escape(" ".join(str(text).split())).replace("|", "&#124;")
+    return html.escape(" ".join(str(text).split()), quote=False).replace("|", "&#124;")
 
 
 def _flags(a: argparse.Action) -> str:
@@ -105,9 +106,13 @@ def parser_markdown(p: argparse.ArgumentParser, title: str, anchor: str | None =
     """One parser's reference (a level-3 heading, with ``anchor`` as its id): its description, usage, and a table
     of its arguments."""
     out = [f"### `{title}`" + (f" {{#{anchor}}}" if anchor else ""), ""]
-    if p.description:
-        out += [html.escape(p.description), ""]
-    out += ["```text", p.format_usage().strip(), "```", ""]
+    if p.description:  # our own text (a docstring for the magics): reST's ``code`` written as Markdown's
+        out += [inspect.cleandoc(p.description).replace("``", "`"), ""]
+    # IPython's magic parsers format their usage as a reST block: "::", then the prog with one more "%"
+    usage = p.format_usage().strip().removeprefix("::").strip()
+    if not usage.startswith("usage:"):
+        usage = "usage: " + title + usage[len(usage.split(None, 1)[0]) :]
+    out += ["```text", usage, "```", ""]
     rows = [a for a in p._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
     if rows:
         out += ["| argument | default | what it does |", "|---|---|---|"]
@@ -147,7 +152,6 @@ def magic_markdown() -> str:
         parser = getattr(fn, "parser", None)
         if parser is None:
             raise SystemExit(f"docs/hooks/fakeviz_docs.py: FakeMagics.{name} has no magic_arguments parser any more")
-        parser.prog = f"{prefix}{name}"
         out.append(parser_markdown(parser, f"{prefix}{name}"))
     return "\n".join(out)
 
