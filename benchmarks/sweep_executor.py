@@ -10,6 +10,13 @@ machine may be shared: other processes take cores from both runs), and the CPU s
 the pool's workers): on two idle cores the pool's wall time would be about the busier one's, which
 ``idle_two_core_ratio_estimate`` divides by the sequential run's CPU time (an estimate, labelled as such).
 
+The pool run's breakdown (``breakdown``, from the runner's timeline: ``executors.TIMELINES``), in wall seconds
+from the call's start: the first point here alone (``first_point_s``) and when the pool started while it ran
+(``pool_started_at_s``); the worker's start-up (``worker_imported_after_s``: spawn and the imports of torch,
+transformers and fakeviz; ``worker_first_point_at_s``), its model build (``worker_build_s``), the mean point here
+and in the worker, how many points each ran, the idle tail (``tail_idle_s``: the time one side had finished its last
+point while the other still ran) and the pool's shutdown.
+
     python benchmarks/sweep_executor.py [--repeat 2] [--layers N] [--out PATH] [--append]
 
 Results: ``benchmarks/results/sweep_executor.json``.
@@ -28,6 +35,7 @@ from typing import Any
 import torch
 
 import fakeviz as fv
+from fakeviz._frontends import executors
 
 OUT = Path(__file__).resolve().parent / "results" / "sweep_executor.json"
 MODEL = "meta-llama/Llama-3.1-70B"
@@ -49,6 +57,29 @@ def _run(model: Any, executor: Any) -> tuple[float, Any, float, float]:
     return wall, df, c1[0] - c0[0], c1[1] - c0[1]
 
 
+def breakdown(tl: dict[str, Any]) -> dict[str, Any]:
+    """Where the pool run's wall time went (seconds from the call's start; see the module's docstring)."""
+    t0 = tl["t0"]
+    here = [p for p in tl["points"] if p["where"] == "here"]
+    there = sorted((p for p in tl["points"] if p["where"] == "worker" and "start" in p), key=lambda p: p["start"])
+    out: dict[str, Any] = {"points_here": len(here), "points_in_workers": len(there)}
+    if here:
+        out["first_point_s"] = round(here[0]["end"] - here[0]["start"], 2)
+        out["mean_point_here_s"] = round(sum(p["end"] - p["start"] for p in here[1:]) / max(1, len(here) - 1), 2)
+    if "pool_started" in tl:
+        out["pool_started_at_s"] = round(tl["pool_started"] - t0, 2)
+    if there:
+        out["worker_imported_after_s"] = round(there[0]["imported"] - tl.get("pool_started", t0), 2)
+        out["worker_first_point_at_s"] = round(there[0]["start"] - t0, 2)
+        out["worker_build_s"] = round(sum(p["build_s"] for p in there), 2)
+        out["mean_point_in_worker_s"] = round(sum(p["end"] - p["start"] for p in there) / len(there), 2)
+    ends = [max(p["end"] for p in side) for side in (here, there) if side]
+    if len(ends) == 2:
+        out["tail_idle_s"] = round(abs(ends[0] - ends[1]), 2)
+    out["shutdown_s"] = round(tl.get("shutdown_s", 0.0), 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=2)
@@ -63,7 +94,10 @@ def main() -> None:
     for k in range(args.repeat):
         load = os.getloadavg()
         seq_s, seq_df, seq_cpu, _ = _run(model, False)
+        executors.TIMELINES = []
         pool_s, pool_df, here_cpu, workers_cpu = _run(model, None)
+        parts = breakdown(executors.TIMELINES[-1])
+        executors.TIMELINES = None
         cols = [c for c in seq_df.columns if c.endswith(("peak", "weights", "gradients", "optimizer", "activations"))]
         equal = bool((seq_df[cols].to_numpy() == pool_df[cols].to_numpy()).all())
         runs.append({"sequential_s": round(seq_s, 2), "pool_s": round(pool_s, 2), "ratio": round(pool_s / seq_s, 3),
@@ -72,10 +106,11 @@ def main() -> None:
                                "pool_workers": round(workers_cpu, 1)},
                      # on two idle cores the pool's wall time is about its busier process's CPU time
                      "idle_two_core_ratio_estimate": round(max(here_cpu, workers_cpu) / seq_cpu, 3),
+                     "breakdown": parts,
                      "load_average_before": [round(x, 2) for x in load],
                      "load_average_after": [round(x, 2) for x in os.getloadavg()]})  # fmt: skip
         print(f"run {k + 1}: sequential {seq_s:.1f} s, pool {pool_s:.1f} s, ratio {pool_s / seq_s:.3f}, "
-              f"figures equal: {equal} ({pool_df.attrs['executor']})", flush=True)  # fmt: skip
+              f"figures equal: {equal} ({pool_df.attrs['executor']})\n  breakdown: {parts}", flush=True)  # fmt: skip
     result = {"torch": torch.__version__, "model": MODEL, "layers": args.layers or "published", "gpus": "8xH100",
               "axes": AXES, "points": 16, "cpu_count": os.cpu_count(), "goal": 0.6, "runs": runs,
               "note": "the machine was shared with other processes (see the load averages): both runs lose cores "

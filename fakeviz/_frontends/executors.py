@@ -10,30 +10,61 @@ by reference (pickle names it; the worker imports it). What comes back is the re
 file (:meth:`fakeviz.Trace.to_bytes`), never a pickled record or tensor, loaded back in the parent with every
 check of the format; the plan around it comes back without its fake module (``Plan.module`` is None: the worker's
 fake tensors stay in the worker). A worker keeps the model it built for the next point of the same build (one
-model alive at a time, as a sequential sweep does). A point that raises is a :class:`Failed` in its place (the
-error's type and text, and its partial record where the error carries one): the other points go on. A worker
-process that dies (killed for memory) breaks a process pool: the points queued on it fail the same way (their
-error names the broken pool), and the default's points not yet sent run in this process.
+model alive at a time, as a sequential sweep does). A worker runs each point from a line compiled to be the
+caller's own (file, line and function of the user's call, :func:`_caller`), so its ops report the user line they
+report when the point runs here. A point that raises is a :class:`Failed` in its place (Note: [failing points]).
+A worker process that dies (killed for memory) breaks a process pool: the points sent to it fail the same way
+(their error names the broken pool), and the default's points not yet sent run in this process.
 
 The figures are the same as one point after another in this process (``tests/frontends/test_executors.py``
 checks peaks and bytes exactly): a point's record depends on its settings and its build only (Note: [one fake
 mode per sweep] in :mod:`fakeviz._frontends.planning`: what an earlier point leaves alive is carried in as
 existing before it, not recorded).
 
+Note: [failing points]
+A point fails the same way wherever it runs (this process, a pool's worker, a cluster): an exception raised while
+it runs is that point's, a :class:`Failed` in its place (the error's type and first line, and its partial record
+where the error carries one; a sweep's row has ``fits`` False and the error in ``error`` and ``first fails``), and
+the other points go on. The user's errors are what the call refuses before its first point (a sweep's axes and
+every value it can check alone: optimizer, checkpointing, quantization, LoRA, sequence lengths; ``gpus``,
+``executor``, ``rank_by``): they raise, and no point runs. Whatever is raised once a point runs is that point's,
+whatever its type: an :class:`~fakeviz._core.errors.ArgumentError` too (``batch=0`` in a sweep's grid is a row
+saying so), since the points of :func:`~fakeviz.fit` and of the searches are fakeviz's own choices, and an error
+here and none in a worker (or the reverse) would make the answer depend on where a point ran. A value that can be
+refused before the points belongs in the call's checks. ``KeyboardInterrupt`` and ``SystemExit`` are no
+``Exception``: they end the call. A probe of :func:`~fakeviz.max_batch` that fails counts as not fitting; its
+:class:`Failed` is then ``Largest.failing``.
+
 Note: [the default executor]
-``executor=None`` runs the first point here and times it. A worker process costs seconds before its first
-point (``spawn``: a fresh interpreter imports torch, transformers and fakeviz; then it builds the model), so a pool
-is started only when the remaining points, run one after another, would take longer than :data:`POOL_AFTER_S`
-(a sweep of a small model stays in this process, as before). It starts as soon as that is known, while the first
-point still runs (a timer: once the first point has taken ``POOL_AFTER_S / points left``), so that the workers'
-start-up overlaps it. The pool then holds ``os.cpu_count() - 1``
-processes and this process runs points too (it is idle otherwise): ``os.cpu_count()`` recordings at once. It is
-made with the ``spawn`` context (``fork`` after torch has started threads is unsafe), kept across the points of
-one call, and shut down before the call returns. ``executor=False`` (or one core) runs every point here, one
-after another; a module passed as the model runs here too (it cannot be sent to a worker; :func:`note` says so);
-so does the default when the environment has ``FAKEVIZ_EXECUTOR=serial`` (or ``0``: for a test suite whose
-processes already use every core, e.g. under pytest-xdist, where a pool would only oversubscribe them).
-An executor the caller gives is used as given (every point submitted to it) and left running.
+What is recorded never depends on a clock; only where a point runs does. Which points a sweep or a fit records
+is fixed by its arguments; the rounds of :func:`~fakeviz.max_batch` / :func:`~fakeviz.max_seq` (:func:`search_largest`)
+are one probe wide until the first probe has run (here), then ``os.cpu_count()`` wide when its recorded ops
+(ops x recordings x :data:`OP_S` seconds, an estimate for this kind of CPU) say the probes left would take longer
+than :data:`POOL_AFTER_S` one after another, else one wide, as with ``executor=False``. A round of one probe
+always runs here, so it is planned exactly as ``executor=False`` plans it (the last probe's placement costs
+reused); in a wider round no probe reuses another's, wherever it runs. Under load (a clock that runs slow) or on
+an idle machine the same probes are recorded, and a small model's search records what ``executor=False`` records
+(``tests/frontends/test_executors.py``).
+
+Where the points run: ``executor=None`` runs the first point here (the longest by :func:`cost`) and times it. A
+worker process costs seconds before its first point (``spawn``: a fresh interpreter imports torch, transformers and
+fakeviz, about 3 s of CPU; then it builds the model: a 70B under fake, 0.8 s), so a pool is started only when the
+remaining points, run one after another, would take longer than :data:`POOL_AFTER_S` (by the first point's time,
+or by its ops): a sweep of a small model stays in this process. It starts as soon as that is known, while the
+first point still runs (a timer: once the first point has taken ``POOL_AFTER_S / points left``), so that the
+workers' start-up overlaps it. The pool then holds ``os.cpu_count() - 1`` processes and this process runs points
+too (it is idle otherwise): ``os.cpu_count()`` recordings at once. They share one queue, longest first (LPT: a
+long point started last would leave the others idle): one feeder thread per worker sends it the next point the
+moment it is free, and this process takes the next one after each of its own. No point waits queued behind a
+busy worker: the earlier scheme queued a second point on each worker, and at the end of a sweep this process sat
+idle for most of one point while the worker ran its queued one (measured: ``benchmarks/sweep_executor.py``'s
+breakdown). The pool is made with the ``spawn`` context (``fork`` after torch has started threads is unsafe),
+kept across the rounds of one call, and shut down before the call returns. ``executor=False`` (or one core) runs
+every point here, one after another; a module passed as the model runs here too (it cannot be sent to a worker;
+:func:`note` says so); so does the default when the environment has ``FAKEVIZ_EXECUTOR=serial`` (or ``0``: for a
+test suite whose processes already use every core, e.g. under pytest-xdist, where a pool would only oversubscribe
+them). An executor the caller gives is used as given (every point submitted to it, rounds as wide as its workers)
+and left running.
 """
 
 from __future__ import annotations
@@ -42,10 +73,13 @@ import collections
 import concurrent.futures as cf
 import multiprocessing
 import os
+import queue
+import sys
+import sysconfig
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +87,21 @@ import torch
 
 from .._core.errors import ArgumentError
 
-__all__ = ["POOL_AFTER_S", "Failed", "Runner", "error_text", "failed_row", "search_largest", "worker_cache"]
+__all__ = [
+    "OP_S",
+    "POOL_AFTER_S",
+    "Failed",
+    "Runner",
+    "cost",
+    "error_text",
+    "failed_row",
+    "search_largest",
+    "worker_cache",
+]
 
 POOL_AFTER_S = 8.0  # start a pool when the points left would take longer than this one after another
+clock = time.perf_counter  # what times the default's first point (a test makes the machine seem loaded)
+OP_S = 1.1e-4  # seconds one recorded op takes, about (70B training step: 19,592 ops x 2 recordings in 4.1-4.9 s)
 _CONTEXT = "spawn"
 _SERIAL = ("0", "false", "no", "off", "serial")  # FAKEVIZ_EXECUTOR values that make the default one at a time
 
@@ -116,6 +162,8 @@ def note(model: Any, executor: Any) -> str:
 # --------------------------------------------------------------------------------------- the worker side
 _CACHE: dict[Any, Any] = {}
 _WORKER = threading.local()  # .on: this thread runs a point for another process (:func:`_run`)
+_IMPORTED = time.time()  # in a worker: when fakeviz (torch, transformers) had been imported
+_BUILD_S = [0.0]  # seconds the last point spent in :func:`worker_cache`'s make (the model's build)
 
 
 def worker_cache(key: Any, make: Callable[[], Any]) -> Any:
@@ -123,26 +171,64 @@ def worker_cache(key: Any, make: Callable[[], Any]) -> Any:
     dropped first: one model alive at a time)."""
     if key not in _CACHE:
         _CACHE.clear()
+        t0 = time.perf_counter()
         _CACHE[key] = make()
+        _BUILD_S[0] += time.perf_counter() - t0
     return _CACHE[key]
 
 
-# The user's line of an op recorded in a worker: the worker runs no line of the user's, and the spawn bootstrap's
-# ``<string>:1`` would read as a line of user code; so a point runs from this one line, named for what it is.
-_IN_WORKER = compile("result = fn(*args)", "<fakeviz worker>", "exec")
+# The user's line of an op recorded in a worker: the worker runs no line of the user's (the spawn bootstrap's
+# ``<string>:1`` would read as one), so a point runs there from a line compiled to be the caller's own (its file, line
+# number and function name, :func:`_caller`): each op reports the same user line as when the point runs here, and a
+# point's record does not depend on where it ran. Without a caller (none outside fakeviz, torch and the standard
+# library), ``<fakeviz point>:1``.
+_FAKEVIZ = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_INTERNAL = (_FAKEVIZ, os.path.dirname(os.path.realpath(torch.__file__)))
+_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"])
+_CODES: dict[tuple[str, int, str], Any] = {}
 
 
-def _run(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
-    """What a worker runs: ``fn(*args)`` with its record(s) as ``.fvz`` bytes (``("ok", result)``), or
-    ``("error", (text, partial record bytes or None))``."""
+def _caller() -> tuple[str, int, str] | None:
+    """The innermost frame of the user's (not fakeviz's, torch's or the standard library's): file, line, name."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        real = fn if fn.startswith("<") else os.path.realpath(fn)
+        std = real.startswith(_STDLIB) and "-packages" not in real
+        if not (real.startswith(_INTERNAL) or fn.startswith("<frozen") or std):
+            return fn, f.f_lineno, f.f_code.co_name
+        f = f.f_back
+    return None
+
+
+def _call(fn: Callable[..., Any], args: tuple[Any, ...], caller: tuple[str, int, str] | None) -> Any:
+    """``fn(*args)`` called from ``caller``'s line (a code object made for it, kept for the next point)."""
+    key = caller or ("<fakeviz point>", 1, "<module>")
+    code = _CODES.get(key)
+    if code is None:
+        file, line, name = key
+        code = _CODES[key] = compile("\n" * (line - 1) + "result = fn(*args)", file, "exec").replace(co_name=name)
+    space = {"fn": fn, "args": args}
+    exec(code, space)  # noqa: S102 - our own constant code: ops report this line as their user's
+    return space["result"]
+
+
+def _run(
+    fn: Callable[..., Any], args: tuple[Any, ...], caller: tuple[str, int, str] | None = None
+) -> tuple[str, Any, dict[str, Any]]:
+    """What a worker runs: ``fn(*args)`` (from ``caller``'s line: :func:`_call`) with its record(s) as ``.fvz``
+    bytes (``("ok", result, info)``), or ``("error", (text, partial record bytes or None), info)``; ``info``: the
+    worker's pid, when it had imported fakeviz, when the point started and ended (``time.time()``), and the seconds
+    its model build took."""
     _WORKER.on = True
+    _BUILD_S[0] = 0.0
+    info: dict[str, Any] = {"pid": os.getpid(), "imported": _IMPORTED, "start": time.time()}
     try:
-        space = {"fn": fn, "args": args}
-        exec(_IN_WORKER, space)  # noqa: S102 - our own constant code: ops report this line as their user's
-        return "ok", _pack(space["result"])
+        out: tuple[str, Any] = "ok", _pack(_call(fn, args, caller))
     except Exception as exc:  # noqa: BLE001 - reported in the point's row, never fatal for the others
         partial = getattr(exc, "trace", None)
-        return "error", (error_text(exc), partial.to_bytes() if partial is not None else None)
+        out = "error", (error_text(exc), partial.to_bytes() if partial is not None else None)
+    return (*out, {**info, "end": time.time(), "build_s": _BUILD_S[0]})
 
 
 def _pack(result: Any) -> Any:
@@ -178,7 +264,38 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0][:300] if lines else ''}".rstrip(": ")
 
 
+def _settings(task: Any) -> dict[str, Any]:
+    return task if isinstance(task, dict) else {"task": task}
+
+
+def cost(task: Any) -> float:
+    """A point's relative cost, for the order the default runs points in (longest first, Note: [the default
+    executor]): a guess at its recorded ops from the settings a sweep's or fit's points carry (a training step
+    about three forwards; checkpointing one forward more; generation one forward per new token). Batch and
+    sequence barely change a fake recording's time (measured: 70B, batch 1 x 1024 and 8 x 2048, 4.1-4.9 s each)."""
+    if not isinstance(task, dict):
+        return 1.0
+    c = 1.0 + int(task.get("new_tokens") or 0)
+    if task.get("train"):
+        c *= 3.0
+    if task.get("checkpointing") not in (None, False, 0):
+        c *= 4.0 / 3.0
+    return c
+
+
+def _ops(result: Any) -> int | None:
+    """The ops a point recorded (its record's ops times its recordings), or None when it has no single record."""
+    trace = getattr(result, "trace", result)
+    n = getattr(trace, "num_ops", None)
+    if not isinstance(n, int) or isinstance(result, Failed):
+        return None
+    return n * max(1, int(getattr(result, "recordings", 1) or 1))
+
+
 # --------------------------------------------------------------------------------------- the parent side
+TIMELINES: list[dict[str, Any]] | None = None  # set to a list to collect each Runner's timeline (benchmarks)
+
+
 @dataclass
 class Runner:
     """The executor of one call (:func:`~fakeviz.sweep`, :func:`~fakeviz.fit`, ...), kept across its rounds of
@@ -193,8 +310,13 @@ class Runner:
     points: int = field(default=0)  # points run so far, here or in workers
     in_workers: int = field(default=0)  # of them, in workers
     point_s: float | None = None  # the default's timed first point (Note: [the default executor])
+    point_ops: int | None = None  # the ops it recorded: what the default's round widths depend on
     broken: bool = False  # a worker of our pool died: no more points go to it
     workers: int = 0
+    timeline: dict[str, Any] = field(default_factory=lambda: {"t0": time.time(), "points": []})
+    caller: tuple[str, int, str] | None = None  # the user's line the call came from (:func:`_call`)
+    _feeders: list[threading.Thread] = field(default_factory=list, repr=False)
+    _out: queue.SimpleQueue[tuple[int, Any]] = field(default_factory=queue.SimpleQueue, repr=False)
 
     def __enter__(self) -> Runner:
         return self
@@ -204,8 +326,12 @@ class Runner:
 
     def close(self) -> None:
         if self.owned and self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+            t0 = time.time()  # every point is back: the workers exit in the background (their teardown took 15 s
+            self.pool.shutdown(wait=False, cancel_futures=True)  # of a 70B sweep's wall time under load, when awaited)
+            self.timeline["shutdown_s"] = time.time() - t0
         self.pool, self.owned = None, False
+        if TIMELINES is not None and self.timeline["points"]:
+            TIMELINES.append({**self.timeline, "where": self.where})
 
     @property
     def where(self) -> str:
@@ -230,28 +356,41 @@ class Runner:
         ctx = multiprocessing.get_context(_CONTEXT)
         self.pool = cf.ProcessPoolExecutor(max_workers=self.workers, mp_context=ctx)
         self.owned = True
+        self.timeline["pool_started"] = time.time()
+
+    def _slow(self, left: int) -> bool:
+        """Whether ``left`` more points, one after another, would take longer than :data:`POOL_AFTER_S` by the
+        first point's recorded ops (never by a clock: Note: [the default executor])."""
+        return self.point_ops is not None and self.point_ops * OP_S * left >= POOL_AFTER_S
 
     def width(self, expected: int) -> int:
         """How many points one round should hold when about ``expected`` more will follow one after another
-        (:func:`search_largest`): 1 where they run here; the workers (and this process) otherwise."""
+        (:func:`search_largest`): 1 where they run here; the workers (and this process) otherwise. The default's
+        width depends on the first point's recorded ops and the cores, never on how long anything took."""
         cores = os.cpu_count() or 1
         if not self.remote:
             return 1
         if self.given:
             return max(2, int(getattr(self.executor, "_max_workers", 0) or cores))
-        if self.pool is not None:
-            return self.workers + 1
-        if self.point_s is None or cores < 2 or self.point_s * expected < POOL_AFTER_S:
-            return 1
-        return cores
+        return cores if cores >= 2 and self._slow(expected) else 1
+
+    def _here(self, local: Callable[[Any], Any], task: Any) -> Any:
+        """``local(task)`` in this process; a point that raises is a :class:`Failed`, as in a worker."""
+        t0 = time.time()
+        try:
+            return local(task)
+        except Exception as exc:  # noqa: BLE001 - a point's error is its row's, never fatal (Note: [failing points])
+            return Failed(_settings(task), error_text(exc), getattr(exc, "trace", None))
+        finally:
+            self.timeline["points"].append({"where": "here", "start": t0, "end": time.time()})
 
     def run(self, tasks: list[Any], *, local: Callable[[Any], Any], remote: Callable[..., Any], shared: Any = None,
             progress: Callable[[int, Any], None] | None = None, done: int = 0, total: int | None = None,
             expected: int = 0) -> list[Any]:  # fmt: skip
         """Run ``tasks``: ``local(task)`` here, ``remote(shared, task)`` in a worker (a module-level function: it is
-        pickled by name). Returns the results in the tasks' order, a :class:`Failed` for a task that raised in a
-        worker (here: raised, as one point after another always did). ``progress(i, result)`` after each.
-        ``expected``: the points still to come after these, one round after another (a pool pays for them too)."""
+        pickled by name). Returns the results in the tasks' order, a :class:`Failed` for a task that raised, here or
+        in a worker (Note: [failing points]). ``progress(i, result)`` after each. ``expected``: the points still to
+        come after these, one round after another (a pool pays for them too)."""
         total = len(tasks) if total is None else total
         results: list[Any] = [None] * len(tasks)
         count = [done]
@@ -263,105 +402,153 @@ class Runner:
             if progress is not None:
                 progress(count[0], r)
 
-        todo = collections.deque(range(len(tasks)))
-        if not self.remote or not todo:
-            for i in todo:
-                finished(i, local(tasks[i]))
+        if not self.remote or len(tasks) == 1 and not self.given:  # a lone point runs here: Note [the default ...]
+            for i, task in enumerate(tasks):
+                finished(i, self._timed(local, task) if self.point_s is None else self._here(local, task))
+            self._maybe_start(expected)
             return results
         if self.given:
-            self._submit_all(tasks, todo, remote, shared, finished)
+            self._submit_all(tasks, remote, shared, finished)
             return results
-        inflight: dict[cf.Future[Any], int] = {}
-        if self.pool is None:  # the default: a point here, timed (Note: [the default executor])
-            if self.point_s is None:
-                i = todo.popleft()
-                left = max(len(todo), expected)
-                lock = threading.Lock()
+        todo = collections.deque(sorted(range(len(tasks)), key=lambda i: -cost(tasks[i])))  # longest first
+        lock = threading.Lock()
+        if self.pool is None and self.point_s is None:  # the default: a point here, timed (Note: [the default ...])
+            i = todo.popleft()
+            left = max(len(todo), expected)
+            over = [False]
 
-                def early() -> None:  # the point is slow: the pool starts (and takes points) while it runs
-                    with lock:
-                        if todo:
-                            self._start_pool()
-                            self._submit(tasks, todo, remote, shared, inflight)
+            def early() -> None:  # the point is slow: the pool starts (and takes points) while it runs
+                with lock:
+                    if todo and not over[0]:
+                        self._start_pool()
+                        self._feed(tasks, todo, remote, shared, lock)
 
-                timer = threading.Timer(POOL_AFTER_S / max(1, left), early)
-                timer.daemon = True
-                if todo and (os.cpu_count() or 1) >= 2:
-                    timer.start()
-                t0 = time.perf_counter()
-                try:
-                    finished(i, local(tasks[i]))
-                finally:
-                    timer.cancel()
-                    with lock:  # an early start under way is finished first
-                        self.point_s = time.perf_counter() - t0
-            if self.pool is None:
-                if (os.cpu_count() or 1) < 2 or self.point_s * max(len(todo), expected) < POOL_AFTER_S:
-                    for i in todo:
-                        finished(i, local(tasks[i]))
-                    return results
+            timer = threading.Timer(POOL_AFTER_S / max(1, left), early)
+            timer.daemon = True
+            if todo and (os.cpu_count() or 1) >= 2:
+                timer.start()
+            try:
+                finished(i, self._timed(local, tasks[i]))
+            finally:
+                timer.cancel()
+                with lock:  # an early start under way is finished first; none starts after this
+                    over[0] = True
+        if self.pool is None:
+            assert self.point_s is not None
+            left = max(len(todo), expected)
+            if (os.cpu_count() or 1) < 2 or (self.point_s * left < POOL_AFTER_S and not self._slow(left)):
+                for i in todo:
+                    finished(i, self._here(local, tasks[i]))
+                return results
+            with lock:
                 self._start_pool()
-        self._share(tasks, todo, local, remote, shared, finished, inflight)
+        self._share(tasks, todo, local, remote, shared, finished, lock)
         return results
 
-    def _submit(self, tasks: list[Any], todo: collections.deque[int], remote: Callable[..., Any], shared: Any,
-                inflight: dict[cf.Future[Any], int]) -> None:  # fmt: skip
-        """Queue points from the front of ``todo`` until each worker has two."""
-        while todo and len(inflight) < 2 * self.workers and not self.broken:
-            try:
-                fut = self.pool.submit(_run, remote, (shared, tasks[todo[0]]))
-                inflight[fut] = todo.popleft()
-            except cf.BrokenExecutor:  # a worker died: its queued points fail, the rest run in this process
-                self.broken = True
+    def _timed(self, local: Callable[[Any], Any], task: Any) -> Any:
+        t0 = clock()
+        r = self._here(local, task)
+        self.point_s, self.point_ops = clock() - t0, _ops(r)
+        return r
 
-    def _submit_all(self, tasks: list[Any], todo: Iterator[int], remote: Callable[..., Any], shared: Any,
-                    finished: Callable[[int, Any], None]) -> None:  # fmt: skip
-        futures: dict[cf.Future[Any], int] = {}
-        for i in todo:
+    def _maybe_start(self, expected: int) -> None:
+        """After a lone point of the default: start the pool now when rounds of points are expected."""
+        cores = os.cpu_count() or 1
+        if self.remote and not self.given and self.pool is None and cores >= 2 and self.width(expected) > 1:
+            self._start_pool()
+
+    def _feed(self, tasks: list[Any], todo: collections.deque[int], remote: Callable[..., Any], shared: Any,
+              lock: threading.Lock) -> None:  # fmt: skip
+        """One feeder thread per worker: each takes the next point from the front of ``todo`` when its worker is
+        free, so that a worker never waits for this process and none holds a queued point at the end."""
+        while len(self._feeders) < self.workers:
+            t = threading.Thread(target=self._feeder, args=(tasks, todo, remote, shared, lock), daemon=True)
+            self._feeders.append(t)
+            t.start()
+
+    def _feeder(self, tasks: list[Any], todo: collections.deque[int], remote: Callable[..., Any], shared: Any,
+                lock: threading.Lock) -> None:  # fmt: skip
+        while True:
+            with lock:
+                if not todo or self.broken or self.pool is None:
+                    return
+                i = todo.popleft()
+                pool = self.pool
             try:
-                futures[self.executor.submit(_run, remote, (shared, tasks[i]))] = i
-            except (cf.BrokenExecutor, RuntimeError) as exc:  # broken, or shut down: this point fails, not the call
-                settings = tasks[i] if isinstance(tasks[i], dict) else {"task": tasks[i]}
-                finished(i, Failed(settings, error_text(exc)))
-        for fut in cf.as_completed(futures):
-            finished(futures[fut], self._result(fut, tasks[futures[fut]]))
-            self.in_workers += 1
+                fut = pool.submit(_run, remote, (shared, tasks[i]), self.caller)
+            except cf.BrokenExecutor:  # a worker died before: this point was not sent; it runs in this process
+                with lock:
+                    self.broken = True
+                    todo.appendleft(i)
+                return
+            except RuntimeError:  # shut down: the call is over (it raised)
+                return
+            r, info = self._result(fut, tasks[i])
+            self.timeline["points"].append({"where": "worker", **info})
+            self._out.put((i, r))
+            if isinstance(r, Failed) and "BrokenProcessPool" in r.error:
+                self.broken = True
+                return
 
     def _share(self, tasks: list[Any], todo: collections.deque[int], local: Callable[[Any], Any],
                remote: Callable[..., Any], shared: Any, finished: Callable[[int, Any], None],
-               inflight: dict[cf.Future[Any], int]) -> None:  # fmt: skip
-        """The default pool's workers take points from the front, this process from the back; each worker has one
-        more point queued so that it never waits while this process records."""
-        while todo or inflight:
-            self._submit(tasks, todo, remote, shared, inflight)
-            if todo and self.broken:
-                i = todo.popleft()
-                finished(i, local(tasks[i]))
-                ready = [f for f in inflight if f.done()]
-            elif todo:
-                i = todo.pop()
-                finished(i, local(tasks[i]))
-                ready = [f for f in inflight if f.done()]
-            else:
-                ready = list(cf.wait(inflight, return_when=cf.FIRST_COMPLETED).done)
-            for fut in ready:
-                i = inflight.pop(fut)
-                finished(i, self._result(fut, tasks[i]))
+               lock: threading.Lock) -> None:  # fmt: skip
+        """The default pool's workers (through their feeders) and this process take points from the front of
+        ``todo``, longest first, as each is free; this process reports every result as it comes."""
+        with lock:
+            self._feed(tasks, todo, remote, shared, lock)
+
+        def drain(block: bool) -> None:
+            while True:
+                try:
+                    i, r = self._out.get(block=block, timeout=0.05 if block else None)
+                except queue.Empty:
+                    return
+                finished(i, r)
                 self.in_workers += 1
 
+        while True:
+            with lock:
+                i = todo.popleft() if todo else None
+            if i is None:
+                break
+            finished(i, self._here(local, tasks[i]))
+            drain(False)
+        while any(t.is_alive() for t in self._feeders) or not self._out.empty():
+            drain(True)
+            with lock:  # points a broken pool left unsent run here
+                rest = [todo.popleft() for _ in range(len(todo))] if self.broken else []
+            for i in rest:
+                finished(i, self._here(local, tasks[i]))
+        self._feeders = []
+
+    def _submit_all(self, tasks: list[Any], remote: Callable[..., Any], shared: Any,
+                    finished: Callable[[int, Any], None]) -> None:  # fmt: skip
+        futures: dict[cf.Future[Any], int] = {}
+        for i, task in enumerate(tasks):
+            try:
+                futures[self.executor.submit(_run, remote, (shared, task), self.caller)] = i
+            except (cf.BrokenExecutor, RuntimeError) as exc:  # broken, or shut down: this point fails, not the call
+                finished(i, Failed(_settings(task), error_text(exc)))
+        for fut in cf.as_completed(futures):
+            r, info = self._result(fut, tasks[futures[fut]])
+            self.timeline["points"].append({"where": "worker", **info})
+            finished(futures[fut], r)
+            self.in_workers += 1
+
     @staticmethod
-    def _result(fut: cf.Future[Any], task: Any) -> Any:
+    def _result(fut: cf.Future[Any], task: Any) -> tuple[Any, dict[str, Any]]:
+        """A worker's point back: its result (or a :class:`Failed`) and its timings (:func:`_run`'s ``info``)."""
         from .._trace import Trace
 
-        settings = task if isinstance(task, dict) else {"task": task}
         try:
-            status, value = fut.result()
+            status, value, info = fut.result()
         except Exception as exc:  # noqa: BLE001 - the worker died or could not run it: this point fails, not the call
-            return Failed(settings, error_text(exc))
+            return Failed(_settings(task), error_text(exc)), {}
         if status == "error":
             text, partial = value
-            return Failed(settings, text, Trace.load(partial) if partial is not None else None)
-        return _unpack(value)
+            return Failed(_settings(task), text, Trace.load(partial) if partial is not None else None), info
+        return _unpack(value), info
 
 
 def runner(model: Any, executor: Any) -> Runner:
@@ -370,7 +557,7 @@ def runner(model: Any, executor: Any) -> Runner:
     why = note(model, executor)
     if why and isinstance(executor, cf.Executor):
         warnings.warn(f"executor= is not used: {why}", stacklevel=3)
-    return Runner(executor=executor, remote=not why, note=why)
+    return Runner(executor=executor, remote=not why, note=why, caller=_caller())
 
 
 def search_largest(

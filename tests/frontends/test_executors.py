@@ -224,3 +224,70 @@ def test_one_core_or_the_environment_keeps_the_default_here(monkeypatch) -> None
     monkeypatch.setenv("FAKEVIZ_EXECUTOR", "serial")
     assert executors.note("name", None).startswith("FAKEVIZ_EXECUTOR=serial: one point after another")
     assert executors.note("name", False).startswith("executor=False")
+
+
+def test_a_failing_point_is_a_row_here_as_in_a_worker_and_a_refused_argument_raises(cfg, pool, monkeypatch) -> None:
+    # Note: [failing points]: train with new_tokens is no plan (the point raises a ValueError): its row says so,
+    # whether it ran in this process (executor=False, the default's) or in a worker
+    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
+    for executor in (False, None, pool):
+        df = fv.sweep(cfg, gpus="H100", train=True, new_tokens=[0, 4], seq=16, progress=False, rank_by=None,
+                      executor=executor)  # fmt: skip
+        assert list(df.new_tokens) == [0, 4] and list(df.fits) == [True, False], executor
+        assert df.error.iloc[1].startswith("ValueError: train=True and new_tokens") and df.error.isna().iloc[0]
+        assert df["first fails"].iloc[1] == df.error.iloc[1] and isinstance(df.attrs["plans"][1], executors.Failed)
+        assert df.attrs["plans"][0].trace.peak_bytes()["cuda:0"]["bytes"] > 0
+        _no_session_left()
+    # an argument refused before any point runs is the user's error: the call raises; once points run, an argument
+    # error of one point is its row, here and in a worker alike
+    with pytest.raises(ArgumentError, match="optimizer"):
+        fv.sweep(cfg, gpus="H100", batch=[1, 2], optimizer=["adamw", "nope"], seq=16, progress=False, executor=pool)
+    for executor in (False, pool):
+        df = fv.sweep(cfg, gpus="H100", batch=[1, 0], seq=16, progress=False, rank_by=None, executor=executor)
+        assert list(df.fits) == [True, False]
+        assert df.error.iloc[1] == "ArgumentError: batch=0: batch is a whole number of at least 1", executor
+    _no_session_left()
+
+
+def _slow_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every timed point seems to take 100 s (a loaded machine): the old default then widened its rounds."""
+    ticks = iter(range(0, 10**6, 100))
+    monkeypatch.setattr(executors, "clock", lambda: float(next(ticks)))
+
+
+def test_the_default_records_the_same_probes_however_long_they_take(cfg, monkeypatch) -> None:
+    # Note: [the default executor]: which probes max_batch records depends on the first probe's recorded ops and
+    # the cores, never on a clock; only where a probe runs may
+    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    kw = {"gpus": "5MB", "seq": 64, "train": True, "limit": 16}
+    serial = fv.max_batch(cfg, executor=False, **kw)
+    default = fv.max_batch(cfg, **kw)
+    _slow_clock(monkeypatch)
+    loaded = fv.max_batch(cfg, **kw)
+    assert 1 <= serial.value < 16 and serial.failing is not None
+    for got in (default, loaded):  # a tiny model: one probe after another, as executor=False
+        assert (got.value, got.recordings, got.tried) == (serial.value, serial.recordings, serial.tried)
+        assert got.plan.trace.peak_bytes() == serial.plan.trace.peak_bytes()
+
+
+def test_rounds_of_probes_follow_the_recorded_ops_not_the_clock(cfg, monkeypatch) -> None:
+    # a recorded op made to count as a second: the tiny model is "slow", so after the first probe the default
+    # probes two values a round (two cores); the values are search_largest's with those widths, whatever the clock
+    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(executors, "OP_S", 1.0)
+    _slow_clock(monkeypatch)
+    kw = {"gpus": "5MB", "seq": 64, "train": True, "limit": 16}
+    got = fv.max_batch(cfg, **kw)
+    serial = fv.max_batch(cfg, executor=False, **kw)
+    seen: list[int] = []
+
+    def probe(values: list[int]) -> list[bool]:
+        seen.extend(values)
+        return [v <= serial.value for v in values]
+
+    assert executors.search_largest(probe, 16, lambda _: 2 if seen else 1) == (serial.value, serial.value + 1)
+    assert [v for v, _ in got.tried] == seen and got.value == serial.value
+    assert got.tried[:3] == [(1, True), (2, True), (4, 4 <= serial.value)]  # 1 alone, then 2 and 4 at once
+    _no_session_left()
