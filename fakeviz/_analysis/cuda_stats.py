@@ -38,7 +38,7 @@ def _storages(rec: Record, device: str) -> tuple[np.ndarray, np.ndarray, np.ndar
     b = rec.builder
     if b is not None:
         width = len(ST_COLS)
-        std = np.frombuffer(b.std.tobytes(), dtype=np.int64)
+        std = np.frombuffer(b.storage_rows.tobytes(), dtype=np.int64)
         std = std[: len(std) // width * width].reshape(-1, width)
         n_ops = b.num_ops()
         names = list(b.tables["devices"].strings)

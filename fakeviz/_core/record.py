@@ -91,32 +91,32 @@ class Builder:
     ST_FIELDS = tuple(ST_COLS)
 
     def __init__(self) -> None:
-        self.opd = array("q")
-        self.outd = array("q")
-        self.std = array("q")
-        self.pd = array("q")
-        self.td = array("q")
+        self.op_rows = array("q")
+        self.out_rows = array("q")
+        self.storage_rows = array("q")
+        self.param_rows = array("q")
+        self.tensor_rows = array("q")
         self.in_tensor = array("q")
         self.mod_class = array("q")
         self.tables: dict[str, Interner] = {name: Interner() for name in STRING_TABLES}
 
     def num_ops(self) -> int:
-        return len(self.opd) // len(OP_COLS)
+        return len(self.op_rows) // len(OP_COLS)
 
     def num_storages(self) -> int:
-        return len(self.std) // len(ST_COLS)
+        return len(self.storage_rows) // len(ST_COLS)
 
     def st_set(self, sid: int, field: str, value: int) -> None:
-        self.std[sid * len(ST_COLS) + self.ST_FIELDS.index(field)] = value
+        self.storage_rows[sid * len(ST_COLS) + self.ST_FIELDS.index(field)] = value
 
     def st_get(self, sid: int, field: str) -> int:
-        return self.std[sid * len(ST_COLS) + self.ST_FIELDS.index(field)]
+        return self.storage_rows[sid * len(ST_COLS) + self.ST_FIELDS.index(field)]
 
     def columns(self) -> dict[str, np.ndarray]:
         cols: dict[str, np.ndarray] = {}
         groups = (
-            (self.opd, OP_COLS), (self.outd, OUT_COLS), (self.std, ST_COLS), (self.pd, P_COLS),
-            (self.td, T_COLS),
+            (self.op_rows, OP_COLS), (self.out_rows, OUT_COLS), (self.storage_rows, ST_COLS),
+            (self.param_rows, P_COLS), (self.tensor_rows, T_COLS),
         )  # fmt: skip
         for data, spec in groups:
             width = len(spec)

@@ -95,7 +95,12 @@ STRING_TABLES = ("ops", "modules", "lines", "args", "shapes", "strides", "dtypes
 # The row tables the recorder appends to as flat int64 arrays, one fixed-width row per entry:
 # (table prefix in the C header, builder attribute, columns). The C core gets its row widths and
 # field positions from a header generated from this (fakeviz._engine.native.schema_header).
-LAYOUT = (("OP", "opd", OP_COLS), ("OUT", "outd", OUT_COLS), ("ST", "std", ST_COLS), ("P", "pd", P_COLS))
+LAYOUT = (
+    ("OP", "op_rows", OP_COLS),
+    ("OUT", "out_rows", OUT_COLS),
+    ("ST", "storage_rows", ST_COLS),
+    ("P", "param_rows", P_COLS),
+)
 
 
 def field(cols: dict[str, str], name: str) -> int:

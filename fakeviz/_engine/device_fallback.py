@@ -102,7 +102,7 @@ def _fallback_failed(values: Any, func: Any) -> bool:
     runs = _fallback_runs(values)
     if runs is None:
         return not torch._C._dispatch_has_computed_kernel_for_dispatch_key(func.name(), "Meta")
-    return bool(runs) and runs[-1] == [values.recorder.b.num_ops(), str(func)]
+    return bool(runs) and runs[-1] == [values.recorder.builder.num_ops(), str(func)]
 
 
 def _on_cpu(values: Any, x: Any) -> Any:

@@ -162,7 +162,7 @@ class KVCacheMixin:
             caches = find_caches(args, _call_kwargs(2))
             for c in caches:
                 self._mark_cache(c)
-            self.kv_open = (id(mod), self.b.num_ops(), caches)  # type: ignore[attr-defined]
+            self.kv_open = (id(mod), self.builder.num_ops(), caches)  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - never break the user's forward
             self.kv_open = None
             self.internal_note("kv_cache", exc)  # type: ignore[attr-defined]
@@ -190,6 +190,6 @@ class KVCacheMixin:
             for c in caches.values():
                 self.kv_seen[id(c)] = (_ref(c), n)
             meta = self.trace.meta  # type: ignore[attr-defined]
-            meta.setdefault("steps", []).append([first, self.b.num_ops(), label])  # type: ignore[attr-defined]
+            meta.setdefault("steps", []).append([first, self.builder.num_ops(), label])  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - never break the user's forward
             self.internal_note("kv_cache", exc)  # type: ignore[attr-defined]

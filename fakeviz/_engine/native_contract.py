@@ -19,6 +19,11 @@ objects, the keyword arguments ``Core(...)`` takes and the ones it passes, and h
 * ``tests/engine/test_native_contract.py`` checks that every declared state name exists on a real recording
   state and that ``_State._make_core`` passes exactly :data:`CORE_ARGUMENTS`.
 
+The hot-path fields were renamed through this declaration in one pass (issue 34), the record unchanged byte
+for byte: the state's ``b`` is ``builder``, ``fast`` ``op_cache`` (Note: [recorded op cache]), ``sn_cache``
+``module_by_seq_nr``, ``tbase``/``ttop`` ``tid_base``/``tid_limit`` (Note: [tensor tags]); the builder's rows
+``opd``/``outd``/``std``/``pd``/``td`` are ``op_rows``/``out_rows``/``storage_rows``/``param_rows``/``tensor_rows``.
+
 To make C read a new name: add it to the group it belongs to below, use ``s_<name>`` in C. To rename a
 field C reads: rename it here and in Python; C follows (its ``s_`` variable keeps its name only if the
 name does; rename that too, one pass).
@@ -96,19 +101,19 @@ CORE_ARGUMENTS: dict[str, str] = {
         (
             "state",
             "live",
-            "fast",
+            "op_cache",
             "fw_stack",
             "fw_lines",
             "unpacked",
             "internal_code",
             "line_ids",
-            "sn_cache",
+            "module_by_seq_nr",
             "meta_ids",
             "local",
-            "opd",
-            "outd",
+            "op_rows",
+            "out_rows",
             "in_tensor",
-            "std",
+            "storage_rows",
         ),
         "object",
     ),  # fmt: skip
@@ -145,7 +150,7 @@ CORE_ARGUMENTS: dict[str, str] = {
         "object",
     ),  # fmt: skip
     # the trace's layout and numbers
-    **dict.fromkeys(("tbase", "ttop", "progress_every", "role_saved", "owner"), "int"),
+    **dict.fromkeys(("tid_base", "tid_limit", "progress_every", "role_saved", "owner"), "int"),
     "layout": "layout",
 }
 

@@ -111,15 +111,15 @@ def _producer(rec: Any, tid: int, before: int | None = None) -> tuple[str, list[
     its storage was written after it."""
     import numpy as np
 
-    b = rec.b
-    outd = np.frombuffer(b.outd, dtype=np.int64).reshape(-1, _N_OUT)
+    b = rec.builder
+    outd = np.frombuffer(b.out_rows, dtype=np.int64).reshape(-1, _N_OUT)
     if before is not None:
         outd = outd[:before]
     rows = np.nonzero(outd[:, _O_TID] == tid)[0]
     if not len(rows):
         return None
     row = int(rows[-1])
-    opd = np.frombuffer(b.opd, dtype=np.int64).reshape(-1, _N_OP)
+    opd = np.frombuffer(b.op_rows, dtype=np.int64).reshape(-1, _N_OP)
     k = int(np.searchsorted(opd[:, _OUT_END], row, side="right"))
     if k >= len(opd):
         return None
@@ -193,9 +193,9 @@ def bounds(rec: Any, t: Any, depth: int = 0) -> tuple[float, float] | None:
         with no_dispatch():
             return float(c.min()), float(c.max())
     tag = t.__dict__.get("_fakeviz_tid")
-    if tag is None or not rec.tbase <= tag < rec.ttop:
+    if tag is None or not rec.tid_base <= tag < rec.tid_limit:
         return None
-    return _bounds_of(rec, tag - rec.tbase, depth)
+    return _bounds_of(rec, tag - rec.tid_base, depth)
 
 
 def _bounds_of(rec: Any, tid: int, depth: int, before: int | None = None) -> tuple[float, float] | None:
@@ -282,13 +282,13 @@ def describe(rec: Any, t: Any) -> str:
     if rec is None or not isinstance(t, FakeTensor):
         return ""
     tag = t.__dict__.get("_fakeviz_tid")
-    if tag is None or not rec.tbase <= tag < rec.ttop:
+    if tag is None or not rec.tid_base <= tag < rec.tid_limit:
         return ""
-    prod = _producer(rec, tag - rec.tbase)
+    prod = _producer(rec, tag - rec.tid_base)
     if prod is None:
         return ""
     size = math.prod(t.shape) if not t._has_symbolic_sizes_strides else "?"
-    return f"the value read is ${tag - rec.tbase} ({size} elements), made by {prod[0]}"
+    return f"the value read is ${tag - rec.tid_base} ({size} elements), made by {prod[0]}"
 
 
 def guard_error(rec: Any, exc: BaseException) -> DataDependentError | None:
@@ -317,16 +317,16 @@ def guard_error(rec: Any, exc: BaseException) -> DataDependentError | None:
     for f, _ in reversed(frames):
         me = f.f_locals.get("self")
         if module is None and isinstance(me, torch.nn.Module) and id(me) in rec.mod_names:
-            module = rec.b.tables["modules"].strings[rec.mod_names[id(me)]]
+            module = rec.builder.tables["modules"].strings[rec.mod_names[id(me)]]
     op = None
     import numpy as np
 
     from .._core.schema import FLAG_DATA_DEPENDENT
 
-    opd = np.frombuffer(rec.b.opd, dtype=np.int64).reshape(-1, _N_OP)
+    opd = np.frombuffer(rec.builder.op_rows, dtype=np.int64).reshape(-1, _N_OP)
     dd = np.nonzero(opd[:, _FLAGS] & FLAG_DATA_DEPENDENT)[0]
     if len(dd):
-        op = rec.b.tables["ops"].strings[int(opd[int(dd[-1]), _OP])]
+        op = rec.builder.tables["ops"].strings[int(opd[int(dd[-1]), _OP])]
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     msg = (
         f"Python code at {line or '<unknown line>'} (module {module or '<top level>'}) branched on a size or value "

@@ -206,7 +206,7 @@ class Values:
 
     ``impl`` is FakeTensorMode's own ``_dispatch_impl`` (unbound), run for every op; ``recorder`` (set by the
     recording that uses the mode, None otherwise) is told each assumption (``note_assumption(func, text)``)
-    and is the provenance :func:`bounds` reads (its ``b``, ``tbase``, ``ttop``).
+    and is the provenance :func:`bounds` reads (its ``b``, ``tid_base``, ``tid_limit``).
     """
 
     def __init__(self, mode: Any, impl: Callable[..., Any]) -> None:

@@ -30,7 +30,7 @@ def test_the_c_sources_agree_with_the_contract() -> None:
     assert native_contract.source_problems(_texts()) == []
     # the C sources spell no attribute name themselves any more: each comes from fv_names.h
     code = "\n".join(native_contract._code(t) for t in _texts().values())
-    assert "PyUnicode_InternFromString" not in code and '"tensor_id"' not in code and '"tbase"' not in code
+    assert "PyUnicode_InternFromString" not in code and '"tensor_id"' not in code and '"tid_base"' not in code
 
 
 def test_a_name_the_declaration_lacks_is_found() -> None:
@@ -53,7 +53,7 @@ def test_a_name_the_declaration_lacks_is_found() -> None:
         "the contract declares 'seen_forward' but no C source uses s_seen_forward"
     ]
     # a Core argument C never reads, a keyword it never passes
-    unread = {n: t.replace("->role_saved", "->tbase") for n, t in texts.items()}
+    unread = {n: t.replace("->role_saved", "->tid_base") for n, t in texts.items()}
     assert native_contract.source_problems(unread) == [
         "the contract declares Core argument 'role_saved' but no C source reads ->role_saved"
     ]
@@ -193,9 +193,9 @@ def test_the_core_refuses_arguments_it_does_not_declare(c_core: str) -> None:
     with pytest.raises(TypeError, match=rf"{n + 1} arguments where this build takes {n}"):
         mod.Core(**kwargs, extra=1)
     missing = dict(kwargs)
-    missing.pop("sn_cache")
+    missing.pop("module_by_seq_nr")
     missing["not_declared"] = 0
-    with pytest.raises(TypeError, match="missing sn_cache"):
+    with pytest.raises(TypeError, match="missing module_by_seq_nr"):
         mod.Core(**missing)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -599,7 +599,7 @@ def _llama_step_trace(use_cache: bool, monkeypatch: pytest.MonkeyPatch) -> tuple
         record = self.record  # the C core's or the Python method (Note: [recorder core in C])
 
         def counting(func: Any, args: Any, kwargs: Any, out: Any, entry: Any = None) -> None:
-            hit = self.fast.get(id(entry)) if entry is not None else None
+            hit = self.op_cache.get(id(entry)) if entry is not None else None
             hits[0] += hit is not None and hit[0] is entry
             return record(func, args, kwargs, out, entry)
 

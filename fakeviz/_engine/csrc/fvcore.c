@@ -105,10 +105,10 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
      * this build's header was generated from */
     int same_layout = PyUnicode_Check(layout) && PyUnicode_CompareWithASCIIString(layout, FV_LAYOUT) == 0;
     Py_DECREF(layout);
-    if (!PyDict_CheckExact(self->live) || !PyDict_CheckExact(self->fast) || !PyList_CheckExact(self->fw_stack) ||
+    if (!PyDict_CheckExact(self->live) || !PyDict_CheckExact(self->op_cache) || !PyList_CheckExact(self->fw_stack) ||
         !PyList_CheckExact(self->fw_lines) || !PyDict_CheckExact(self->unpacked) ||
         !PyDict_CheckExact(self->internal_code) || !PyDict_CheckExact(self->line_ids) ||
-        !PyDict_CheckExact(self->sn_cache) || !PyDict_CheckExact(self->meta_ids) || !PyType_Check(self->tensor_type) ||
+        !PyDict_CheckExact(self->module_by_seq_nr) || !PyDict_CheckExact(self->meta_ids) || !PyType_Check(self->tensor_type) ||
         !PyType_Check(self->fake_type)) {
         PyErr_SetString(PyExc_TypeError, "fakeviz core: unexpected container types");
         return -1;
@@ -121,9 +121,9 @@ static int Core_init(Core *self, PyObject *args, PyObject *kw) {
     self->task = -1;
     static const char *fb = "frombytes";
     Py_XSETREF(self->in_frombytes, PyObject_GetAttrString(self->in_tensor, fb));
-    Py_XSETREF(self->out_frombytes, PyObject_GetAttrString(self->outd, fb));
-    Py_XSETREF(self->op_frombytes, PyObject_GetAttrString(self->opd, fb));
-    Py_XSETREF(self->std_frombytes, PyObject_GetAttrString(self->std, fb));
+    Py_XSETREF(self->out_frombytes, PyObject_GetAttrString(self->out_rows, fb));
+    Py_XSETREF(self->op_frombytes, PyObject_GetAttrString(self->op_rows, fb));
+    Py_XSETREF(self->std_frombytes, PyObject_GetAttrString(self->storage_rows, fb));
     Py_XSETREF(self->kinds, PyDict_New());
     if (!self->kinds) return -1;
     Py_XSETREF(self->make_subclass_kwnames, Py_BuildValue("(ss)", FV_KW_DISPATCH_DEVICE, FV_KW_DEVICE_FOR_BACKEND_KEYS));

@@ -346,7 +346,7 @@ def _get_paged(*shape: int, dtype: torch.dtype = torch.float32, device: Any = No
     out.page_deviceid = device.index
     state = getattr(mode, "_fv_state", None)
     if state is not None and state.active:
-        sid = state.storage_id(out, state.b.num_ops())
+        sid = state.storage_id(out, state.builder.num_ops())
         if sid >= 0:
             state.trace.meta.setdefault("paged", []).append(int(sid))
         state.note_assumption(

@@ -26,7 +26,7 @@ _current_node = torch._C._current_autograd_node
 
 # row widths and the positions the Python recorder reads or writes one field at a time
 _N_OP = len(OP_COLS)
-_PROGRESS_EVERY = 1024 * _N_OP  # opd grows by _N_OP per op: report every 1024 ops
+_PROGRESS_EVERY = 1024 * _N_OP  # builder.op_rows grows by _N_OP per op: report every 1024 ops
 _N_ST = len(ST_COLS)
 _N_OUT = len(OUT_COLS)
 _ST_FREE = field(ST_COLS, "st_free")

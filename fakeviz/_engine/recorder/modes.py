@@ -56,7 +56,7 @@ def _install_fallback_probe() -> None:
     def run_fallback_kernel(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         st = getattr(fake_mode, "_fv_state", None)
         if st is not None and st.active:
-            st.trace.meta.setdefault("fallback_kernels", []).append([st.b.num_ops(), str(func)])
+            st.trace.meta.setdefault("fallback_kernels", []).append([st.builder.num_ops(), str(func)])
         return original(fake_mode, func, *args, **kwargs)
 
     run_fallback_kernel._fakeviz_probe = True  # type: ignore[attr-defined]

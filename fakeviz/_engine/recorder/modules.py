@@ -109,7 +109,7 @@ class ModulesMixin:
     Owns the code-object and line caches, the forward module stack and its lines, the module names,
     the autograd sequence-number marks (Note: [backward module attribution]), the roots, modules built
     and optimizers seen, and the parameter table rows. The C core shares ``fw_stack``, ``fw_lines``,
-    ``internal_code``, ``line_ids`` and ``sn_cache`` and calls ``_is_internal``, ``_line_id`` and
+    ``internal_code``, ``line_ids`` and ``module_by_seq_nr`` and calls ``_is_internal``, ``_line_id`` and
     ``_bw_module``.
     """
 
@@ -138,7 +138,7 @@ class ModulesMixin:
         # module that was current when that node was made. No grad hooks needed.
         self.sn_marks: list[int] = []
         self.sn_mods: list[int] = []
-        self.sn_cache: dict[int, int] = {}
+        self.module_by_seq_nr: dict[int, int] = {}
         self.roots: dict[int, Any] = {}  # id -> weakref of named root modules
         self.built: dict[int, Any] = {}  # id -> weakref of modules built in the block
         self.optimizers: dict[int, Any] = {}  # id -> weakref of optimizers that stepped
@@ -247,7 +247,7 @@ class ModulesMixin:
         i = self.line_ids.get(key)
         if i is None:
             text = f"{code.co_filename}:{lineno} in {code.co_name}"
-            i = self.line_ids[key] = self.b.tables["lines"].add(text, text)
+            i = self.line_ids[key] = self.builder.tables["lines"].add(text, text)
         return i
 
     def _bw_module(self) -> int:
@@ -255,11 +255,11 @@ class ModulesMixin:
         if node is None:
             return -1
         sn = node._sequence_nr()
-        mod = self.sn_cache.get(sn)
+        mod = self.module_by_seq_nr.get(sn)
         if mod is None:
             i = bisect.bisect_right(self.sn_marks, sn) - 1
             mod = self.sn_mods[i] if i >= 0 else -1
-            self.sn_cache[sn] = mod
+            self.module_by_seq_nr[sn] = mod
         return mod
 
     @_no_torch_function
@@ -270,9 +270,9 @@ class ModulesMixin:
             return mid
         # a new root: name it and every submodule, register its parameters and buffers
         root = type(mod).__name__
-        table = self.b.tables["modules"]
-        classes = self.b.tables["classes"]
-        mod_class = self.b.mod_class
+        table = self.builder.tables["modules"]
+        classes = self.builder.tables["classes"]
+        mod_class = self.builder.mod_class
         for name, sub in mod.named_modules(remove_duplicate=False):
             k = id(sub)
             if k in self.mod_names and self.mod_refs[k]() is sub:
@@ -290,7 +290,7 @@ class ModulesMixin:
 
     def register_module(self, mod: torch.nn.Module, root: str) -> None:
         """Register parameters and buffers (with their FQNs) of the root module ``mod``."""
-        b = self.b
+        b = self.builder
         names: dict[int, list[str]] = {}
         for role, items in (
             (ROLE_PARAM, mod.named_parameters(remove_duplicate=False)),
@@ -304,7 +304,7 @@ class ModulesMixin:
                     names.setdefault(sid, []).append(f"{root}.{name}")
         for sid, ns in names.items():
             text = "|".join(dict.fromkeys(ns))
-            b.std[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
+            b.storage_rows[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
 
     def module_registered(self, parent: torch.nn.Module, name: str, sub: Any) -> None:
         """Global submodule-registration hook: remember modules built inside the block."""
@@ -323,8 +323,8 @@ class ModulesMixin:
 
     def param_rows(self, key: int, root: torch.nn.Module) -> None:
         """(Re)take the parameter table rows of a root module: when first seen and at the end."""
-        names = self.b.tables["names"]
-        modules = self.b.tables["modules"]
+        names = self.builder.tables["names"]
+        modules = self.builder.tables["modules"]
         root_name = modules.strings[self.mod_names[key]]
         for mname, sub in root.named_modules(remove_duplicate=False):
             mid = self.mod_names.get(id(sub))
@@ -357,7 +357,7 @@ class ModulesMixin:
             if root is not None and self.mod_names.get(key) is not None:
                 self.param_rows(key, root)
         self._name_unnamed_storages()
-        pd = self.b.pd
+        pd = self.builder.param_rows
         g = _P_GRAD
         if self.mod_precision:
             self.trace.meta["weight_precision"] = dict(self.mod_precision)
@@ -373,16 +373,16 @@ class ModulesMixin:
         ``_parameters`` directly, past the registration hook) get new storages that no hook named;
         a storage that already has a name keeps it.
         """
-        b = self.b
+        b = self.builder
         strings = b.tables["names"].strings
         found: dict[int, list[str]] = {}
         for nid, row in self.p_rows.items():
             for sid in (row[_P_STORAGE], *self.p_more.get(nid, ())):
-                if 0 <= sid < b.num_storages() and b.std[sid * _N_ST + _ST_NAME] < 0:
+                if 0 <= sid < b.num_storages() and b.storage_rows[sid * _N_ST + _ST_NAME] < 0:
                     found.setdefault(sid, []).append(strings[row[_P_NAME]])
         for sid, names in found.items():
             text = "|".join(dict.fromkeys(names))
-            b.std[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
+            b.storage_rows[sid * _N_ST + _ST_NAME] = b.tables["names"].add(text, text)
 
     def _param_row(self, t: Any, name_id: int, mid: int, kind: int) -> tuple[int, ...]:
         tid = self.tensor_id(t)
@@ -456,9 +456,9 @@ class ModulesMixin:
         if not self.fw_stack:
             return None
         mid = self.fw_stack[-1]
-        if not 0 <= mid < len(self.b.mod_class):
+        if not 0 <= mid < len(self.builder.mod_class):
             return None
-        return self.b.tables["classes"].strings[self.b.mod_class[mid]]
+        return self.builder.tables["classes"].strings[self.builder.mod_class[mid]]
 
     def fw_pre(self, mod: torch.nn.Module, args: Any) -> None:
         if not self.active or _home() != self.owner:  # another thread's module (Note: [threads] in patches.py)
@@ -503,10 +503,10 @@ class ModulesMixin:
     def param_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
         if self.active and t is not None and isinstance(t, _Tensor) and _home() == self.owner:
             self.built[id(mod)] = weakref.ref(mod)
-            self.storage_id(t, self.b.num_ops(), ROLE_PARAM)
+            self.storage_id(t, self.builder.num_ops(), ROLE_PARAM)
 
     @_no_torch_function
     def buffer_registered(self, mod: torch.nn.Module, name: str, t: Any) -> None:
         if self.active and t is not None and isinstance(t, _Tensor) and _home() == self.owner:
             self.built[id(mod)] = weakref.ref(mod)
-            self.storage_id(t, self.b.num_ops(), ROLE_BUFFER)
+            self.storage_id(t, self.builder.num_ops(), ROLE_BUFFER)

@@ -255,7 +255,7 @@ class OpsMixin:
     def _init_ops(self) -> None:
         self.op_info: dict[Any, tuple[int, int]] = {}
         self.meta_ids: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}
-        self.fast: dict[Any, tuple[Any, ...]] = {}  # Note: [recorded op cache]
+        self.op_cache: dict[Any, tuple[Any, ...]] = {}  # Note: [recorded op cache]
         self.error_seen: set[int] = set()
         self.progress: Any = None  # callable(n_ops, phase, module) every 1024 ops
 
@@ -270,7 +270,7 @@ class OpsMixin:
                 flags |= FLAG_VIEW
             if any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
                 flags |= FLAG_INPLACE
-            info = (self.b.tables["ops"].add(name, name), flags)
+            info = (self.builder.tables["ops"].add(name, name), flags)
             self.op_info[func] = info
         return info
 
@@ -286,7 +286,7 @@ class OpsMixin:
         Everything the recorder derives from the arguments and the output *metadata* (op
         id and flags, argument template, FLOPs, interned shape/stride/dtype/device ids,
         storage offset and nbytes of each output) is a function of that key, so it is
-        computed once per entry and reused (``self.fast``, keyed by the entry's identity:
+        computed once per entry and reused (``self.op_cache``, keyed by the entry's identity:
         the key's own ``__eq__`` compares long tuples in Python). What depends on tensor
         *identity* (input and output tensor ids, output storages) and on where the op runs
         (phase, module, line) is taken for every op.
@@ -317,10 +317,10 @@ class OpsMixin:
             self.unpacked.pop(_get_ident(), None)
         if func is _LIFT_FRESH and args and isinstance(args[0], _Tensor):
             # torch.tensor(data) made its tensor just now, without a dispatch: it is born here
-            self.storage_id(args[0], len(self.b.opd) // _N_OP)
+            self.storage_id(args[0], len(self.builder.op_rows) // _N_OP)
             if out is not args[0] and isinstance(out, _Tensor):
                 self._alias_lifted(args[0], out)
-        b = self.b
+        b = self.builder
         # phase, module, user line
         if self.in_optimizer:
             phase = P_OPTIMIZER
@@ -345,7 +345,7 @@ class OpsMixin:
             line = self.user_line(2)
         # inputs -> tensor ids
         in_ids = b.in_tensor
-        base, top = self.tbase, self.ttop
+        base, top = self.tid_base, self.tid_limit
         for a in args:
             if isinstance(a, _Tensor):
                 tag = a.__dict__.get("_fakeviz_tid")
@@ -370,9 +370,9 @@ class OpsMixin:
         elif entry is None and func is _UNSAFE_VIEW:
             entry = _own_key(args, kwargs)
         if type(entry) is tuple:  # a key of our own (value equality), see _own_key
-            hit = self.fast.get(entry)
+            hit = self.op_cache.get(entry)
         else:
-            hit = self.fast.get(id(entry)) if entry is not None else None
+            hit = self.op_cache.get(id(entry)) if entry is not None else None
         if hit is not None and (hit[0] is entry or type(entry) is tuple) and _same_zeros(args, hit[6]):
             _, op_id, flags, aid, flops, metas, _ = hit
             if metas is None:  # a detach: its output's metadata is looked up as usual
@@ -382,8 +382,8 @@ class OpsMixin:
                     self._output(o, m)
         else:
             op_id, flags, aid, flops = self._record_full(func, args, kwargs, out, entry)
-        b.opd.extend((op_id, phase, module, line, aid, len(in_ids), len(b.outd) // _N_OUT, flags, flops))
-        if self.progress is not None and not len(b.opd) % _PROGRESS_EVERY:
+        b.op_rows.extend((op_id, phase, module, line, aid, len(in_ids), len(b.out_rows) // _N_OUT, flags, flops))
+        if self.progress is not None and not len(b.op_rows) % _PROGRESS_EVERY:
             self._report_progress(phase, module)
 
     _py_record = record  # the C core calls it for the paths it leaves to Python
@@ -404,8 +404,8 @@ class OpsMixin:
         if aid is None:
             aid = t_args.add(tmpl, tmpl)
         # outputs
-        b = self.b
-        out_start = len(b.outd)
+        b = self.builder
+        out_start = len(b.out_rows)
         if isinstance(out, _Tensor):
             flags |= self._output(out)
         elif isinstance(out, (tuple, list)):  # also namedtuples (return_types.*)
@@ -426,17 +426,18 @@ class OpsMixin:
         except Exception:  # noqa: BLE001 - a formula failing on odd arguments: no figure, not a lost op
             flops = -1
         if cacheable and entry is _DETACH:
-            self.fast[id(entry)] = (entry, op_id, flags & ~FLAG_DATA_DEPENDENT, aid, flops, None, zeros)
+            self.op_cache[id(entry)] = (entry, op_id, flags & ~FLAG_DATA_DEPENDENT, aid, flops, None, zeros)
         elif cacheable and not flags & FLAG_DATA_DEPENDENT:
-            rows = b.outd[out_start:]
+            rows = b.out_rows[out_start:]
             metas = tuple(tuple(rows[i + j] for j in _OUT_META) for i in range(0, len(rows), _N_OUT))
-            self.fast[entry if type(entry) is tuple else id(entry)] = (entry, op_id, flags, aid, flops, metas, zeros)
+            key = entry if type(entry) is tuple else id(entry)
+            self.op_cache[key] = (entry, op_id, flags, aid, flops, metas, zeros)
         return op_id, flags, aid, flops
 
     def _report_progress(self, phase: int, module: int) -> None:
         try:
-            mods = self.b.tables["modules"].strings
-            self.progress(self.b.num_ops(), PHASES[phase], mods[module] if module >= 0 else None)
+            mods = self.builder.tables["modules"].strings
+            self.progress(self.builder.num_ops(), PHASES[phase], mods[module] if module >= 0 else None)
         except Exception:  # noqa: BLE001 - a progress display must never break the run
             self.progress = None
 
@@ -481,8 +482,8 @@ class OpsMixin:
         analyses rely on one id per tensor object (``alias.py`` counts an in-place output as a write)."""
         d = t.__dict__
         tag = d.get("_fakeviz_tid")
-        base = self.tbase
-        if tag is not None and base <= tag < self.ttop:
+        base = self.tid_base
+        if tag is not None and base <= tag < self.tid_limit:
             tid = tag - base  # the output is an input: Note: [op log numbering]
         else:
             tid = self.next_tensor
@@ -493,8 +494,8 @@ class OpsMixin:
             sid, stid, dtid, devid, off, nb = m
         elif t.layout is not torch.strided:  # Note: [sparse tensors in the record]
             sid, stid, dtid, devid = self._meta_ids(t.shape, (str(t.layout).removeprefix("torch."),), t.dtype, t.device)
-            nb, stor = self.sparse_storage(t, len(self.b.opd) // _N_OP)
-            self.b.outd.extend((tid, sid, stid, dtid, devid, stor, 0, nb))
+            nb, stor = self.sparse_storage(t, len(self.builder.op_rows) // _N_OP)
+            self.builder.out_rows.extend((tid, sid, stid, dtid, devid, stor, 0, nb))
             return 0
         else:
             shape = t.shape
@@ -522,10 +523,12 @@ class OpsMixin:
             st = t.untyped_storage()
             key = st._cdata
             hit = self.live.get(key)
-            stor = hit.sid if hit is not None else self._new_storage(st, key, devid, len(self.b.opd) // _N_OP, 0)
+            stor = (
+                hit.sid if hit is not None else self._new_storage(st, key, devid, len(self.builder.op_rows) // _N_OP, 0)
+            )
         except (NotImplementedError, RuntimeError):
             stor = -1
-        self.b.outd.extend((tid, sid, stid, dtid, devid, stor, off, nb))
+        self.builder.out_rows.extend((tid, sid, stid, dtid, devid, stor, off, nb))
         return flag
 
     def run_op(self, impl: Any, mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -573,14 +576,16 @@ class OpsMixin:
     # --------------------------------------------------------------- errors
     def internal_error(self, func: Any, exc: BaseException) -> None:
         """The recorder itself failed on an op: keep a bare row so seq numbers stay aligned."""
-        b = self.b
+        b = self.builder
         # drop partial input/output rows of the failed op
-        last_in, last_out = (b.opd[_OP_IN_END - _N_OP], b.opd[_OP_OUT_END - _N_OP]) if len(b.opd) else (0, 0)
+        last_in, last_out = (
+            (b.op_rows[_OP_IN_END - _N_OP], b.op_rows[_OP_OUT_END - _N_OP]) if len(b.op_rows) else (0, 0)
+        )
         del b.in_tensor[last_in:]
-        del b.outd[last_out * _N_OUT :]
+        del b.out_rows[last_out * _N_OUT :]
         op_id = self._op(func)[0]
         not_rec = self.t_args.add("<not recorded>", "<not recorded>")
-        b.opd.extend((op_id, P_OTHER, -1, -1, not_rec, last_in, last_out, 0, -1))
+        b.op_rows.extend((op_id, P_OTHER, -1, -1, not_rec, last_in, last_out, 0, -1))
         meta = self.trace.meta
         meta["recorder_errors"] = meta.get("recorder_errors", 0) + 1
         meta.setdefault("first_recorder_error", f"{func}: {type(exc).__name__}: {exc}"[:1000])
@@ -596,14 +601,14 @@ class OpsMixin:
             mod_id = self._bw_module()
         else:
             mod_id = self.fw_stack[-1] if self.fw_stack else -1
-        modules = self.b.tables["modules"].strings
+        modules = self.builder.tables["modules"].strings
         module = modules[mod_id] if mod_id >= 0 else None
         line_id = self.bw_line if phase == "backward" else self.user_line(2)
-        line = self.b.tables["lines"].strings[line_id] if line_id >= 0 else None
+        line = self.builder.tables["lines"].strings[line_id] if line_id >= 0 else None
         site = self.call_site(1) if phase != "backward" else None  # Note: [errors inside library code]
         where, context = _where(op, phase, module, line, site)
         self.trace.error = {
-            "op": op, "module": module, "user_line": line, "phase": phase, "seq": self.b.num_ops(),
+            "op": op, "module": module, "user_line": line, "phase": phase, "seq": self.builder.num_ops(),
             "type": type(exc).__name__, "message": str(exc)[:2000],
             "call": site["call"] if site else None, "called_at": site["user"] if site else None,
         }  # fmt: skip
@@ -645,9 +650,9 @@ class OpsMixin:
         mod_id = self._bw_module() if phase == "backward" and not self.fw_stack else (
             self.fw_stack[-1] if self.fw_stack else -1)  # fmt: skip
         line_id = self.bw_line if phase == "backward" else self.user_line(2)
-        module = self.b.tables["modules"].strings[mod_id] if mod_id >= 0 else None
-        line = self.b.tables["lines"].strings[line_id] if line_id >= 0 else None
-        self.trace.meta.setdefault("assumptions", []).append([self.b.num_ops(), str(func), text, module, line])
+        module = self.builder.tables["modules"].strings[mod_id] if mod_id >= 0 else None
+        line = self.builder.tables["lines"].strings[line_id] if line_id >= 0 else None
+        self.trace.meta.setdefault("assumptions", []).append([self.builder.num_ops(), str(func), text, module, line])
 
     def _phase_name(self) -> str:
         if self.in_optimizer:
@@ -668,7 +673,7 @@ class OpsMixin:
         if self.active:
             reason = "; ".join(f"not {k}: {v}" for k, v in why.items())
             calls = self.trace.meta.setdefault("attention_calls", [])
-            calls.append([self.b.num_ops(), backend, setting, reason[:500]])
+            calls.append([self.builder.num_ops(), backend, setting, reason[:500]])
 
     def attention_error(self, exc: BaseException) -> BaseException:
         """An attention call failed above the dispatcher (no kernel for these inputs): name where."""

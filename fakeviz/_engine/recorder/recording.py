@@ -227,7 +227,7 @@ class Recording:
     def _gpu_session(self, state: _State) -> Any:
         """torch.cuda answering as the session's GPUs (Note: [torch.cuda on fake GPUs]), memory from the record."""
         on = _cuda_api.answers_as_gpu(fake=self.fake, device=self.device, gpu=self.gpu, gpus=self.gpus)
-        trace, stats, b, live = self.trace, self.memory_stats, state.b, state.live
+        trace, stats, b, live = self.trace, self.memory_stats, state.builder, state.live
         return _cuda_api.gpu_session(
             on=on, gpu=self.gpu, count=self.device_count,
             memory=(lambda device, since: stats(trace, device, since)) if stats is not None else None,

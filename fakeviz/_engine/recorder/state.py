@@ -58,7 +58,7 @@ class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin, KVCacheMixin)
         self.trace = trace
         b = trace.builder
         assert b is not None
-        self.b = b
+        self.builder = b
         self.active = True
         self.owner = _patches.home()  # the record's thread (Note: [threads] in patches.py)
         self.local = threading.local()
@@ -88,15 +88,15 @@ class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin, KVCacheMixin)
 
     def _make_core(self, mod: Any) -> Any:
         """The C core (Note: [recorder core in C]) over this state's containers and trace arrays."""
-        b = self.b
+        b = self.builder
         return mod.Core(
             # the state and the containers it shares with the core (mutated in place, never rebound)
-            state=self, live=self.live, fast=self.fast, fw_stack=self.fw_stack, fw_lines=self.fw_lines,
+            state=self, live=self.live, op_cache=self.op_cache, fw_stack=self.fw_stack, fw_lines=self.fw_lines,
             unpacked=self.unpacked, internal_code=self.internal_code, line_ids=self.line_ids,
-            sn_cache=self.sn_cache, meta_ids=self.meta_ids, local=self.local,
-            opd=b.opd, outd=b.outd, in_tensor=b.in_tensor, std=b.std,
+            module_by_seq_nr=self.module_by_seq_nr, meta_ids=self.meta_ids, local=self.local,
+            op_rows=b.op_rows, out_rows=b.out_rows, in_tensor=b.in_tensor, storage_rows=b.storage_rows,
             # trace layout: the core refuses one other than the layout its header was generated from
-            tbase=self.tbase, ttop=self.ttop, layout=_native.layout_signature(), progress_every=_PROGRESS_EVERY,
+            tid_base=self.tid_base, tid_limit=self.tid_limit, layout=_native.layout_signature(), progress_every=_PROGRESS_EVERY,
             role_saved=ROLE_SAVED, owner=self.owner,
             # Python types, ops and functions it compares with or calls
             tensor_type=_Tensor, fake_type=_FakeTensor, storage_ref=_StorageRef, range_error=_DeviceRangeError,

@@ -61,7 +61,7 @@ _SERIAL = itertools.count(1)  # Note: [tensor tags]
 class StoragesMixin:
     """The part of ``_State`` that names tensors and storages and watches storages for their free.
 
-    Owns ``tbase``/``ttop`` (Note: [tensor tags]), ``next_tensor``, ``live`` and ``on_free``; the C core
+    Owns ``tid_base``/``tid_limit`` (Note: [tensor tags]), ``next_tensor``, ``live`` and ``on_free``; the C core
     (Note: [recorder core in C]) shares ``live`` and calls ``tensor_id``, ``storage_id`` and ``on_free``.
     """
 
@@ -71,8 +71,8 @@ class StoragesMixin:
         # unique to this recording (ids of another recording fall outside [base, top)).
         # An int is not tracked by the cyclic GC, where a (token, id) tuple was: one
         # GC-tracked object less per tensor.
-        self.tbase = next(_SERIAL) << TID_BITS
-        self.ttop = self.tbase + (1 << TID_BITS)
+        self.tid_base = next(_SERIAL) << TID_BITS
+        self.tid_limit = self.tid_base + (1 << TID_BITS)
         self.live: dict[int, _StorageRef] = {}  # StorageImpl address -> its weakref (which has the id)
         self.on_free = self._on_free  # one bound method for every storage's weakref callback
         self.next_tensor = 0
@@ -85,14 +85,14 @@ class StoragesMixin:
         """The ``$N`` id of a tensor; unseen tensors are registered as inputs."""
         d = t.__dict__
         tag = d.get("_fakeviz_tid")
-        base = self.tbase
-        if tag is not None and base <= tag < self.ttop:
+        base = self.tid_base
+        if tag is not None and base <= tag < self.tid_limit:
             return tag - base
         tid = self.next_tensor
         self.next_tensor = tid + 1
         d["_fakeviz_tid"] = base + tid
         roles = ROLE_PARAM if isinstance(t, torch.nn.Parameter) or d.get("_is_param") else 0
-        self.b.td.extend((tid, self.storage_id(t, -1, roles)))
+        self.builder.tensor_rows.extend((tid, self.storage_id(t, -1, roles)))
         if self.fake_run and t.requires_grad and is_real_plain(t) and t.is_leaf:
             self.real_leaves.append((weakref.ref(t), t.grad))  # Note: [real leaves in a fake record]
         return tid
@@ -148,7 +148,7 @@ class StoragesMixin:
         hit = self.live.get(key)
         if hit is not None:
             if roles:
-                self.b.std[hit.sid * _N_ST + _ST_ROLES] |= roles
+                self.builder.storage_rows[hit.sid * _N_ST + _ST_ROLES] |= roles
             return hit.sid
         dev = t.device
         devid = self.t_devices.ids.get(dev)
@@ -183,7 +183,7 @@ class StoragesMixin:
             if hit is not None:
                 sid = hit.sid
                 if roles:
-                    self.b.std[sid * _N_ST + _ST_ROLES] |= roles
+                    self.builder.storage_rows[sid * _N_ST + _ST_ROLES] |= roles
             else:
                 sid = self._new_storage(st, key, devid, seq, roles)
         return nb, sid
@@ -192,12 +192,12 @@ class StoragesMixin:
         """Mark the storage of ``t`` with ROLE_* bits (registering it if unseen)."""
         sid = self.storage_id(t, -1, roles)
         if sid >= 0 and owner >= 0:
-            self.b.std[sid * _N_ST + _ST_OWNER] = owner
+            self.builder.storage_rows[sid * _N_ST + _ST_OWNER] = owner
         return sid
 
     def _new_storage(self, st: Any, key: int, devid: int, seq: int, roles: int) -> int:
-        b = self.b
-        std = b.std
+        b = self.builder
+        std = b.storage_rows
         sid = len(std) // _N_ST
         try:
             nb = st.nbytes()
@@ -225,8 +225,8 @@ class StoragesMixin:
         of the last one, so memory follows the storage's size as it is. A storage never seen is left to be
         registered when a tensor uses it."""
         key = st._cdata
-        now = len(self.b.opd) // _N_OP
-        std = self.b.std
+        now = len(self.builder.op_rows) // _N_OP
+        std = self.builder.storage_rows
         ref = self.live.get(key)
         if ref is not None:
             row = ref.sid * _N_ST
@@ -248,8 +248,8 @@ class StoragesMixin:
 
     def _on_free(self, ref: _StorageRef) -> None:
         sid = ref.sid
-        b = self.b
-        b.std[sid * _N_ST + _ST_FREE] = len(b.opd) // _N_OP
+        b = self.builder
+        b.storage_rows[sid * _N_ST + _ST_FREE] = len(b.op_rows) // _N_OP
         live = self.live
         if live.get(ref.key) is ref:
             del live[ref.key]
@@ -267,8 +267,8 @@ class StoragesMixin:
         ``carried`` holds what :meth:`carry_out` returned (``weakref``, device, roles, phase, name, serial) for a
         storage; dead ones are skipped. Returns storage id -> serial for the storages carried in.
         """
-        b = self.b
-        std = b.std
+        b = self.builder
+        std = b.storage_rows
         names = b.tables["names"]
         serials: dict[int, int] = {}
         for ref, device, roles, phase, name, serial in carried:
@@ -293,9 +293,9 @@ class StoragesMixin:
         """The storages still alive at the end of the record (Note: [carried storages]): for each its
         storage, id, device, roles, the phase of the op that made it (kept from the record it was carried in
         from; init when it existed before recording) and its name."""
-        b = self.b
-        std, opd = b.std, b.opd
-        n_ops = len(opd) // _N_OP
+        b = self.builder
+        std, op_rows = b.storage_rows, b.op_rows
+        n_ops = len(op_rows) // _N_OP
         strings = b.tables["names"].strings
         devices = self.t_devices.strings
         out = []
@@ -307,7 +307,7 @@ class StoragesMixin:
             phase = std[row + _ST_CARRIED]
             if phase < 0:
                 alloc = std[row + _ST_ALLOC]
-                phase = opd[alloc * _N_OP + _OP_PHASE] if 0 <= alloc < n_ops else P_INIT
+                phase = op_rows[alloc * _N_OP + _OP_PHASE] if 0 <= alloc < n_ops else P_INIT
             name = std[row + _ST_NAME]
             device = devices[std[row + _ST_DEVICE]]
             out.append((st, ref.sid, device, std[row + _ST_ROLES], phase, strings[name] if name >= 0 else None))
@@ -329,13 +329,13 @@ class StoragesMixin:
             hit = self.live.get(out.untyped_storage()._cdata)
         except (NotImplementedError, RuntimeError):
             hit = None
-        outd = self.b.outd
+        out_rows = self.builder.out_rows
         if hit is not None:
-            for row in range(len(outd) // _N_OUT - 1, max(-1, len(outd) // _N_OUT - 64), -1):
-                if outd[row * _N_OUT + _OUT_STORAGE] == hit.sid:
-                    d["_fakeviz_tid"] = self.tbase + outd[row * _N_OUT + _OUT_TENSOR]
+            for row in range(len(out_rows) // _N_OUT - 1, max(-1, len(out_rows) // _N_OUT - 64), -1):
+                if out_rows[row * _N_OUT + _OUT_STORAGE] == hit.sid:
+                    d["_fakeviz_tid"] = self.tid_base + out_rows[row * _N_OUT + _OUT_TENSOR]
                     break
-        self.trace.meta.setdefault("deepcopies", []).append([self.b.num_ops(), self.tensor_id(out)])
+        self.trace.meta.setdefault("deepcopies", []).append([self.builder.num_ops(), self.tensor_id(out)])
 
     def converted(self, src: Any, out: Any) -> None:
         """Note: [converted tensors]
@@ -374,7 +374,7 @@ class StoragesMixin:
         input's tensor id and move the input's storage entry onto the output's
         storage, so fake and real runs see one tensor and one storage."""
         tid = self.tensor_id(src)
-        out.__dict__["_fakeviz_tid"] = self.tbase + tid
+        out.__dict__["_fakeviz_tid"] = self.tid_base + tid
         try:
             st_in = src.untyped_storage()
             st_out = out.untyped_storage()

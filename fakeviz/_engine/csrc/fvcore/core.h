@@ -36,7 +36,7 @@ typedef struct {
     /* Core(...)'s arguments: the state, the containers it shares with the core (same objects), the Python
      * types, ops and functions it compares with or calls (native_contract.CORE_ARGUMENTS) */
     FV_CORE_OBJECTS(FV_OBJECT_FIELD)
-    /* and its numbers: tbase, ttop (the trace's tensor ids), progress_every, role_saved, owner (the record's
+    /* and its numbers: tid_base, tid_limit (the trace's tensor ids), progress_every, role_saved, owner (the record's
      * thread: threading.get_ident()) */
     FV_CORE_INTS(FV_INT_FIELD)
     /* what the core makes itself: the rows' frombytes, the kinds of ops it has seen, _make_subclass's
@@ -107,8 +107,8 @@ static int own_tid(Core *self, PyObject *t, PyObject **dict_out, long long *tid)
             long long v = PyLong_AsLongLong(tag);
             if (v == -1 && PyErr_Occurred()) {
                 PyErr_Clear();
-            } else if (v >= self->tbase && v < self->ttop) {
-                *tid = v - self->tbase;
+            } else if (v >= self->tid_base && v < self->tid_limit) {
+                *tid = v - self->tid_base;
                 found = 1;
             }
         }
@@ -144,7 +144,7 @@ static PyObject *pop_ident(PyObject *d) {
 }
 
 static Py_ssize_t num_ops(Core *self) {
-    Py_ssize_t n = PyObject_Size(self->opd);
+    Py_ssize_t n = PyObject_Size(self->op_rows);
     return n < 0 ? -1 : n / FV_OP_WIDTH;
 }
 

@@ -40,12 +40,12 @@ static PyObject *pack_body(Core *self, PyObject *t) {
             Py_XDECREF(so);
             if (rc == 0) {
                 Py_ssize_t i = (Py_ssize_t)sid * FV_ST_WIDTH + FV_ST_ROLES;
-                PyObject *cur = PySequence_GetItem(self->std, i);
+                PyObject *cur = PySequence_GetItem(self->storage_rows, i);
                 rc = as_ll(cur, &roles);
                 Py_XDECREF(cur);
                 if (rc == 0) {
                     PyObject *nv = PyLong_FromLongLong(roles | self->role_saved);
-                    rc = nv ? PySequence_SetItem(self->std, i, nv) : -1;
+                    rc = nv ? PySequence_SetItem(self->storage_rows, i, nv) : -1;
                     Py_XDECREF(nv);
                 }
             }

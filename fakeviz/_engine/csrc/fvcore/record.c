@@ -259,11 +259,11 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
     PyObject *hit = NULL;
     if (entry != Py_None) {
         if (own) {
-            hit = PyDict_GetItemWithError(self->fast, own); /* borrowed; equal keys */
+            hit = PyDict_GetItemWithError(self->op_cache, own); /* borrowed; equal keys */
         } else {
             entry_key = PyLong_FromVoidPtr(entry);
             if (!entry_key) goto done;
-            hit = PyDict_GetItemWithError(self->fast, entry_key); /* borrowed */
+            hit = PyDict_GetItemWithError(self->op_cache, entry_key); /* borrowed */
         }
         if (!hit && PyErr_Occurred()) goto done;
     }
@@ -316,7 +316,7 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
             goto done;
         }
     }
-    Py_ssize_t n_in = PyObject_Size(self->in_tensor), n_outd = PyObject_Size(self->outd);
+    Py_ssize_t n_in = PyObject_Size(self->in_tensor), n_outd = PyObject_Size(self->out_rows);
     if (n_in < 0 || n_outd < 0) goto done;
     long long row[FV_OP_WIDTH] = {
         [FV_OP_OP] = op_id, [FV_OP_PHASE] = phase, [FV_OP_MODULE] = module, [FV_OP_LINE] = line,
@@ -324,7 +324,7 @@ static PyObject *record_body(Core *self, PyObject *const *args) {
         [FV_OP_FLAGS] = flags, [FV_OP_FLOPS] = flops,
     };
     if (extend(self->op_frombytes, row, FV_OP_WIDTH) < 0) goto done;
-    Py_ssize_t n_opd = PyObject_Size(self->opd);
+    Py_ssize_t n_opd = PyObject_Size(self->op_rows);
     if (n_opd < 0) goto done;
     if (n_opd % self->progress_every == 0) {
         PyObject *pr = PyObject_GetAttr(self->state, s_progress);

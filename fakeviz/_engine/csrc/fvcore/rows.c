@@ -78,7 +78,7 @@ static int output_row(Core *self, PyObject *t, PyObject *m, long long *flag) {
         int rc = as_ll(nt, &tid);
         Py_XDECREF(nt);
         PyObject *n1 = rc == 0 ? PyLong_FromLongLong(tid + 1) : NULL;
-        PyObject *tag = rc == 0 ? PyLong_FromLongLong(self->tbase + tid) : NULL;
+        PyObject *tag = rc == 0 ? PyLong_FromLongLong(self->tid_base + tid) : NULL;
         if (!n1 || !tag || PyObject_SetAttr(self->state, s_next_tensor, n1) < 0 ||
             PyDict_SetItem(d, s_fakeviz_tid, tag) < 0) {
             Py_XDECREF(n1);
@@ -183,7 +183,7 @@ static int bw_module(Core *self, long long *module) {
     PyObject *sn = PyObject_CallMethodNoArgs(node, s_sequence_nr);
     Py_DECREF(node);
     if (!sn) return -1;
-    PyObject *m = PyDict_GetItemWithError(self->sn_cache, sn); /* borrowed */
+    PyObject *m = PyDict_GetItemWithError(self->module_by_seq_nr, sn); /* borrowed */
     Py_DECREF(sn);
     if (m) return as_ll(m, module);
     if (PyErr_Occurred()) return -1;

@@ -7,7 +7,7 @@
 /* _State._new_storage: a new storage row, watched for its free */
 static int new_storage(Core *self, PyObject *st, PyObject *key, long long devid, long long seq, long long roles,
                        long long *sid) {
-    Py_ssize_t n = PyObject_Size(self->std);
+    Py_ssize_t n = PyObject_Size(self->storage_rows);
     if (n < 0) return -1;
     *sid = n / FV_ST_WIDTH;
     long long nb = -1;
@@ -51,7 +51,7 @@ static PyObject *Core_on_free(Core *self, PyObject *ref) {
     if (ops < 0) return NULL;
     PyObject *v = PyLong_FromSsize_t(ops);
     if (!v) return NULL;
-    rc = PySequence_SetItem(self->std, (Py_ssize_t)sid * FV_ST_WIDTH + FV_ST_FREE, v);
+    rc = PySequence_SetItem(self->storage_rows, (Py_ssize_t)sid * FV_ST_WIDTH + FV_ST_FREE, v);
     Py_DECREF(v);
     if (rc < 0) return NULL;
     PyObject *key = PyObject_GetAttr(ref, s_key);
