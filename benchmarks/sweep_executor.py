@@ -80,6 +80,18 @@ def breakdown(tl: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _commit() -> str:
+    """The commit the run measured (runs of different code are appended to one file)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)  # fmt: skip
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=2)
@@ -100,7 +112,7 @@ def main() -> None:
         executors.TIMELINES = None
         cols = [c for c in seq_df.columns if c.endswith(("peak", "weights", "gradients", "optimizer", "activations"))]
         equal = bool((seq_df[cols].to_numpy() == pool_df[cols].to_numpy()).all())
-        runs.append({"sequential_s": round(seq_s, 2), "pool_s": round(pool_s, 2), "ratio": round(pool_s / seq_s, 3),
+        runs.append({"commit": _commit(), "sequential_s": round(seq_s, 2), "pool_s": round(pool_s, 2), "ratio": round(pool_s / seq_s, 3),
                      "figures_equal": equal, "pool": pool_df.attrs["executor"],
                      "cpu_s": {"sequential": round(seq_cpu, 1), "pool_this_process": round(here_cpu, 1),
                                "pool_workers": round(workers_cpu, 1)},
