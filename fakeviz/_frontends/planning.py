@@ -178,6 +178,8 @@ def plan_point(model: Any, *, built: Built | None = None, costs_from: Plan | Non
     adapters.lora_config(a["lora"])  # a bad rank or config: refused before any work
     a = {**a, "optimizer": optimizer, "checkpointing": checkpointing, "offload": offload}
     if a["parallel"] is not None:
+        if built is not None or costs_from is not None:  # every rank builds its own shard: nothing to reuse
+            raise ValueError("plan_point: built= / costs_from= are for a device map; parallel= builds per rank")
         return _parallel_plan(a)
     if any(a[k] is not None for k in _PIPELINE_KNOBS):
         raise ValueError(

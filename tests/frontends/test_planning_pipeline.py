@@ -53,6 +53,8 @@ def test_plan_point_takes_plans_arguments_only(cfg) -> None:  # noqa: ANN001
         planning.plan_point(cfg, gpus="1GB", bogus=1)
     with pytest.raises(TypeError, match="gpus"):
         planning.plan_point(cfg)  # as plan(cfg): gpus has no default
+    with pytest.raises(ValueError, match="built= / costs_from= are for a device map"):  # never silently unused
+        planning.plan_point(cfg, gpus="2xH100", parallel={"dp_shard": 2}, built=object())
 
 
 def test_balanced_map_is_a_function_of_costs_alone() -> None:
