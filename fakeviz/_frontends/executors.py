@@ -26,14 +26,17 @@ A point fails the same way wherever it runs (this process, a pool's worker, a cl
 it runs is that point's, a :class:`Failed` in its place (the error's type and first line, and its partial record
 where the error carries one; a sweep's row has ``fits`` False and the error in ``error`` and ``first fails``), and
 the other points go on. The user's errors are what the call refuses before its first point (a sweep's axes and
-every value it can check alone: optimizer, checkpointing, quantization, LoRA, sequence lengths; ``gpus``,
+every value it can check alone: sizes, optimizer, checkpointing, offload, quantization, LoRA, training with
+new tokens, sequence lengths; ``gpus``,
 ``executor``, ``rank_by``): they raise, and no point runs. Whatever is raised once a point runs is that point's,
-whatever its type: an :class:`~fakeviz._core.errors.ArgumentError` too (``batch=0`` in a sweep's grid is a row
-saying so), since the points of :func:`~fakeviz.fit` and of the searches are fakeviz's own choices, and an error
+whatever its type: an :class:`~fakeviz._core.errors.ArgumentError` too (a point of :func:`~fakeviz.fit` that raises one is
+a row saying so), since the points of :func:`~fakeviz.fit` and of the searches are fakeviz's own choices, and an error
 here and none in a worker (or the reverse) would make the answer depend on where a point ran. A value that can be
 refused before the points belongs in the call's checks. ``KeyboardInterrupt`` and ``SystemExit`` are no
-``Exception``: they end the call. A probe of :func:`~fakeviz.max_batch` that fails counts as not fitting; its
-:class:`Failed` is then ``Largest.failing``.
+``Exception``: they end the call. A probe of :func:`~fakeviz.max_batch` that raises ends the search: it
+needs every probe's answer, so it raises the probe's error (the exception itself when the probe ran here):
+a probe that failed for another reason than memory says nothing about memory, and counting it as "does not fit"
+would lower the answer in silence.
 
 Note: [the default executor]
 What is recorded never depends on a clock; only where a point runs does. Which points a sweep or a fit records
@@ -118,6 +121,14 @@ class Failed:
     speed: Any = None
     recordings: int = 0
     first_oom: Any = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)  # raised here; None in a worker
+
+    def reraise(self) -> None:
+        """Raise the point's error where one answer needs every point (:func:`~fakeviz.max_batch`): the exception
+        itself when the point ran here, else a ``RuntimeError`` with the worker's text."""
+        if self.exception is not None:
+            raise self.exception
+        raise RuntimeError(f"a point failed in a worker ({self.settings}): {self.error}")
 
     @property
     def fit_text(self) -> str:
@@ -380,7 +391,9 @@ class Runner:
         try:
             return local(task)
         except Exception as exc:  # noqa: BLE001 - a point's error is its row's, never fatal (Note: [failing points])
-            return Failed(_settings(task), error_text(exc), getattr(exc, "trace", None))
+            return Failed(
+                _settings(task), error_text(exc), getattr(exc, "trace", None), exception=exc.with_traceback(None)
+            )  # no frames kept alive in df.attrs
         finally:
             self.timeline["points"].append({"where": "here", "start": t0, "end": time.time()})
 

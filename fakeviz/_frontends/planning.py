@@ -169,30 +169,14 @@ def plan_point(model: Any, *, built: Built | None = None, costs_from: Plan | Non
     ``TypeError`` as there); ``built``: the model the caller resolved once (:func:`build_for`, stage 1 skipped);
     ``costs_from``: an earlier plan of the same model and step whose record gives a ``"balanced"`` map its costs
     (stage 2 without a probe recording)."""
-    args = _SIGNATURE.bind(model, **knobs)
-    args.apply_defaults()
-    a = args.arguments
-    optimizer = steps.check_optimizer(a["optimizer"])
-    checkpointing = steps.check_checkpointing(a["checkpointing"])  # its label, in settings["checkpointing"]
-    offload = offloading.check_offload(a["offload"], parallel=a["parallel"], train=a["train"])
-    adapters.lora_config(a["lora"])  # a bad rank or config: refused before any work
-    a = {**a, "optimizer": optimizer, "checkpointing": checkpointing, "offload": offload}
+    a = _checked(model, knobs)
     if a["parallel"] is not None:
         if built is not None or costs_from is not None:  # every rank builds its own shard: nothing to reuse
             raise ValueError("plan_point: built= / costs_from= are for a device map; parallel= builds per rank")
         return _parallel_plan(a)
-    if any(a[k] is not None for k in _PIPELINE_KNOBS):
-        raise ValueError(
-            "microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}"
-        )
     batch, seq, train, new_tokens, device_map = (a[k] for k in ("batch", "seq", "train", "new_tokens", "device_map"))
     caps = parse_gpus(a["gpus"])
-    if isinstance(device_map, str) and device_map not in MAPS:
-        raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
-    check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
-    if train and new_tokens:
-        raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
-    adapters.check_finetune(train, a["quantization"], a["lora"])
+    optimizer, checkpointing, offload = a["optimizer"], a["checkpointing"], a["offload"]
     if built is None:  # 1. resolve the model
         built = _build(model, as_dtype(a["dtype"]), quantization=a["quantization"], lora=a["lora"], train=train,
                        gpus=caps)  # fmt: skip
@@ -206,6 +190,35 @@ def plan_point(model: Any, *, built: Built | None = None, costs_from: Plan | Non
 
 
 _PIPELINE_KNOBS = ("microbatches", "schedule", "stages", "stages_per_rank")
+
+
+def _checked(model: Any, knobs: dict[str, Any]) -> dict[str, Any]:
+    """Stage 0 of :func:`plan_point`: ``knobs`` bound to :func:`plan`'s signature (its defaults for the rest), and
+    every value that can be refused without the model refused (:func:`sweep` calls it for each point of its grid
+    before any point runs: a value of the user's is refused, never a failed row; Note: [failing points] in
+    :mod:`.executors`). Returns the arguments, the step's knobs in their checked form."""
+    args = _SIGNATURE.bind(model, **knobs)
+    args.apply_defaults()
+    a = args.arguments
+    optimizer = steps.check_optimizer(a["optimizer"])
+    checkpointing = steps.check_checkpointing(a["checkpointing"])  # its label, in settings["checkpointing"]
+    offload = offloading.check_offload(a["offload"], parallel=a["parallel"], train=a["train"])
+    adapters.lora_config(a["lora"])  # a bad rank or config: refused before any work
+    a = {**a, "optimizer": optimizer, "checkpointing": checkpointing, "offload": offload}
+    if a["parallel"] is not None:
+        return a
+    if any(a[k] is not None for k in _PIPELINE_KNOBS):
+        raise ValueError(
+            "microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}"
+        )
+    batch, seq, train, new_tokens, device_map = (a[k] for k in ("batch", "seq", "train", "new_tokens", "device_map"))
+    if isinstance(device_map, str) and device_map not in MAPS:
+        raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
+    check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
+    if train and new_tokens:
+        raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
+    adapters.check_finetune(train, a["quantization"], a["lora"])
+    return a
 
 
 def _parallel_plan(a: dict[str, Any]) -> Simulation:
@@ -322,9 +335,9 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     outer = [k for k in (*_BUILT_BY, "train") if k in grid and (k != "train" or "quantization" in grid)]
     grid = {**{k: grid.pop(k) for k in outer}, **grid}
     combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
-    for c in combos:
-        adapters.check_finetune(bool(c.get("train", False)), c.get("quantization"), c.get("lora"))
     caps = parse_gpus(gpus)
+    for c in combos:  # every point's values, before any point runs (Note: [failing points] in .executors)
+        _checked(model, {"gpus": caps, "device_map": device_map, **{k: v for k, v in c.items() if k != "dtype"}})
     built: dict[Any, Built] = {}
     if any(k in grid for k in ("seq", "new_tokens")):  # every point's sequence, before any recording
         built[adapters.build_key(combos[0])] = first = _build_point(model, combos[0], caps)
@@ -449,6 +462,9 @@ def _largest(axis: str, model: Any, gpus: Any, limit: int, executor: Any = None,
         alone[0] = len(values) == 1
         shared = {"model": model, "gpus": caps, "build": build, "kw": {**kw, "axis": axis}}
         results = run.run(values, local=local, remote=_remote_probe, shared=shared, expected=limit.bit_length())
+        for p in results:  # a probe that raised says nothing about memory (Note: [failing points] in .executors)
+            if isinstance(p, executors.Failed):
+                p.reraise()
         for v, p in zip(values, results):
             recordings += p.recordings
             last[0], plans[v] = (p, p) if not isinstance(p, executors.Failed) else (last[0], p)

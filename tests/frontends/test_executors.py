@@ -226,26 +226,48 @@ def test_one_core_or_the_environment_keeps_the_default_here(monkeypatch) -> None
     assert executors.note("name", False).startswith("executor=False")
 
 
+def _boom_here(task: int) -> fv.Trace:
+    return _boom(8, task)
+
+
 def test_a_failing_point_is_a_row_here_as_in_a_worker_and_a_refused_argument_raises(cfg, pool, monkeypatch) -> None:
-    # Note: [failing points]: train with new_tokens is no plan (the point raises a ValueError): its row says so,
-    # whether it ran in this process (executor=False, the default's) or in a worker
+    # Note: [failing points]: a point that raises is a Failed in its place, whether it ran in this process
+    # (executor=False, the default's first point) or in a worker
     monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
     for executor in (False, None, pool):
-        df = fv.sweep(cfg, gpus="H100", train=True, new_tokens=[0, 4], seq=16, progress=False, rank_by=None,
-                      executor=executor)  # fmt: skip
-        assert list(df.new_tokens) == [0, 4] and list(df.fits) == [True, False], executor
-        assert df.error.iloc[1].startswith("ValueError: train=True and new_tokens") and df.error.isna().iloc[0]
-        assert df["first fails"].iloc[1] == df.error.iloc[1] and isinstance(df.attrs["plans"][1], executors.Failed)
-        assert df.attrs["plans"][0].trace.peak_bytes()["cuda:0"]["bytes"] > 0
+        with executors.runner("name", executor) as run:
+            out = run.run([0, 1, 2], local=_boom_here, remote=_boom, shared=8)
+        assert isinstance(out[1], executors.Failed) and out[1].error == "ValueError: point 1 refused", executor
+        for k in (0, 2):  # 8 x 4 float32 outputs, by hand
+            assert isinstance(out[k], fv.Trace) and out[k].ops.nbytes.iloc[-1] == 8 * 4 * 4
         _no_session_left()
-    # an argument refused before any point runs is the user's error: the call raises; once points run, an argument
-    # error of one point is its row, here and in a worker alike
-    with pytest.raises(ArgumentError, match="optimizer"):
-        fv.sweep(cfg, gpus="H100", batch=[1, 2], optimizer=["adamw", "nope"], seq=16, progress=False, executor=pool)
+    # a value of the user's is refused before any point runs: the call raises, whatever the executor
     for executor in (False, pool):
-        df = fv.sweep(cfg, gpus="H100", batch=[1, 0], seq=16, progress=False, rank_by=None, executor=executor)
-        assert list(df.fits) == [True, False]
-        assert df.error.iloc[1] == "ArgumentError: batch=0: batch is a whole number of at least 1", executor
+        with pytest.raises(ArgumentError, match="optimizer"):
+            fv.sweep(cfg, gpus="H100", batch=[1, 2], optimizer=["adamw", "nope"], seq=16, progress=False,
+                     executor=executor)  # fmt: skip
+        with pytest.raises(ArgumentError, match="batch=0: batch is a whole number of at least 1"):
+            fv.sweep(cfg, gpus="H100", batch=[1, 0], seq=16, progress=False, executor=executor)
+        with pytest.raises(ValueError, match="train=True and new_tokens"):
+            fv.sweep(cfg, gpus="H100", train=True, new_tokens=[0, 4], seq=16, progress=False, executor=executor)
+    _no_session_left()
+
+
+def test_a_probe_that_raises_ends_the_search(cfg) -> None:
+    # a probe that fails for another reason than memory says nothing about memory: max_batch raises its error
+    # rather than counting it as "does not fit" (which would lower the answer in silence)
+    from transformers import LlamaForCausalLM
+
+    with fv.fake_mode():
+        model = LlamaForCausalLM(cfg)
+
+    def broken_at_four(module: torch.nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> None:  # the user's bug
+        if kw.get("hidden_states", args[0] if args else None).shape[0] >= 4:
+            raise RuntimeError("probe broke at batch 4")
+
+    model.model.layers[0].register_forward_pre_hook(broken_at_four, with_kwargs=True)
+    with pytest.raises(RuntimeError, match="probe broke at batch 4"):
+        fv.max_batch(model, gpus="H100", seq=16, limit=64, executor=False)
     _no_session_left()
 
 
