@@ -17,7 +17,7 @@
 # * why `view`, `t()`, slicing and `x[0]` make new tensors but no new memory, and how to see that in `trace.storages` (one row per storage) and `trace.aliases(...)` (every tensor on a storage);
 # * how in-place writes (`add_`, `x[...] = ...`) show up: as *write* edges with the op that wrote, and why autograd refuses some of them (fake tensors refuse them too, before you spend a GPU-hour);
 # * what **tied weights** are (GPT-2's input embedding and output projection are one tensor), why a per-layer summary counts GPT-2 as 163 M parameters when it has 124,439,808, and how the alias graph and the layer tree show the tie;
-# * how to read the alias graph: `trace.alias_graph(around=...)` as tables, the explorer's alias panel and `fakeviz.views.alias_graph` as pictures.
+# * how to read the alias graph: `trace.alias_graph(around=...)` as tables, the explorer's alias panel and `fakeviz.views.alias_graph_figure` as pictures.
 #
 # Everything runs on a laptop CPU in a few seconds; the GPU is fake (`cuda:0`).
 
@@ -127,7 +127,7 @@ print(edges[edges.kind != "storage"].to_string(index=False))
 # %% [markdown]
 # Four view edges (`view`, `t`, `slice`, `select`) fan out of `$0`, and two write edges land on storage 0: `add_` through the slice `$3` and `copy_` through the row `$5`.
 #
-# The same graph is drawn in the explorer's alias panel (`trace.explore()`, part 5 opens it on GPT-2) and by `views.alias_graph(trace, around="$0")`, a plotly figure to put in your own dashboards: squares are storages (coloured by memory category), circles tensors, diamonds parameter names; a red ring marks a tensor written in place, orange edges a tie, and hovering an edge names its op.
+# The same graph is drawn in the explorer's alias panel (`trace.explore()`, part 5 opens it on GPT-2) and by `views.alias_graph_figure(trace, around="$0")`, a plotly figure to put in your own dashboards: squares are storages (coloured by memory category), circles tensors, diamonds parameter names; a red ring marks a tensor written in place, orange edges a tie, and hovering an edge names its op.
 
 # %% [markdown]
 # ## 4. In-place writes: free memory, but autograd has opinions

@@ -32,7 +32,7 @@ fakeviz's). A function is replaced by a dispatcher that picks, per call, the new
 thread's scopes, else torch's own; a dispatcher a newer change kept as "the previous function" picks among the
 changes older than it only, so changes nest. Values that are not functions (a list member, a class, a tuple)
 cannot answer per thread: the ``gpu-session`` changes answer per thread through ``cuda_api``'s own dispatchers
-(``cuda_api.stack.active``), and the rest are listed in the README's known limitations.
+(``cuda_api.stack.active``), and the rest are listed in docs/limitations.md.
 Autograd's worker threads (the device threads a backward on fake cuda runs on) are the thread's that started the
 backward: :func:`home` maps the worker to that thread by the graph task it runs, which the recorder claims when its
 mode dispatches there (:func:`claim`) and which is also found from the thread's dispatch modes (:func:`watch`).

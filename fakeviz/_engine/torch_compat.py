@@ -1,9 +1,9 @@
 """What fakeviz reads of torch that some torch version lacks: each name looked up once, here, behind a guard.
 
 Note: [torch versions]
-fakeviz supports torch >= ``MIN_TORCH`` (``pyproject.toml``; the README's "Supported torch versions" says what
+fakeviz supports torch >= ``MIN_TORCH`` (``pyproject.toml``; docs/torch_versions.md says what
 was run on which). 2.10, 2.11 and 2.12 import and record (the demo runs on fake cpu), but their records differ
-from a real run's in ways the engine does not yet handle (the README's table), so they are below the minimum.
+from a real run's in ways the engine does not yet handle (docs/torch_versions.md's table), so they are below the minimum.
 Torch adds aten ops, ``torch._C`` functions and private helpers in most releases, so no module of fakeviz reads
 such a name itself, at import or later: it asks this module, which looks the name up once and, where this torch
 lacks it, says what that means (``GUARDS``) instead of raising:
@@ -58,7 +58,7 @@ __all__ = [
     "statement",
 ]
 
-#: The oldest torch fakeviz supports (``pyproject.toml``'s ``torch>=``; the README's table says why).
+#: The oldest torch fakeviz supports (``pyproject.toml``'s ``torch>=``; docs/torch_versions.md says why).
 MIN_TORCH: tuple[int, int] = (2, 13)
 
 

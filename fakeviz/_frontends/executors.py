@@ -18,7 +18,7 @@ A worker process that dies (killed for memory) breaks a process pool: the points
 
 The figures are the same as one point after another in this process (``tests/frontends/test_executors.py``
 checks peaks and bytes exactly): a point's record depends on its settings and its build only (Note: [one fake
-mode per sweep] in :mod:`fakeviz._frontends.planning`: what an earlier point leaves alive is carried in as
+mode per sweep] in :mod:`fakeviz._frontends.plan_stages`: what an earlier point leaves alive is carried in as
 existing before it, not recorded).
 
 Note: [failing points]

@@ -1,7 +1,7 @@
 """``fakeviz._engine.torch_compat`` (Note: [torch versions]): every version-dependent torch name fakeviz reads is
 looked up there once; a name this torch lacks gives the guard's fallback or a clear statement, never an error.
 
-These run on whatever torch is installed (the pinned 2.13 wheel, and the other versions of the README's table).
+These run on whatever torch is installed (the pinned 2.13 wheel, and the other versions of docs/torch_versions.md's table).
 """
 
 from __future__ import annotations
