@@ -167,17 +167,14 @@ def test_tensor_parallel_rank_by_hand() -> None:
         fv.serve("Qwen/Qwen3-30B-A3B", "2xH100", tensor_parallel_size=2)
 
 
-@pytest.mark.parametrize("tokens", [64, 60])  # 8 requests of 8; one packed sequence of 60 (8 requests)
-def test_profile_forward_fake_equals_real_on_cpu(tokens: int) -> None:
-    """The profile run's program recorded fake equals its real CPU run op by op and byte by byte (the model built
-    inside the record from the same seed; float32: the CPU's own dtype)."""
+def _profile_fake_equals_real(cfg: object, tokens: int, seqs: int) -> None:
+    """The profile run's program on ``cfg`` recorded fake equals its real CPU run op by op and byte by byte (the
+    model built inside the record from the same seed; float32: the CPU's own dtype)."""
     import gc
 
     from transformers import AutoModelForCausalLM
 
     from fakeviz._frontends.serving import profile_forward
-
-    cfg = fv.models.config("meta-llama/Llama-3.1-8B", num_hidden_layers=2, **TINY)
 
     def run(fake: bool) -> fv.Trace:
         gc.collect()
@@ -186,7 +183,7 @@ def test_profile_forward_fake_equals_real_on_cpu(tokens: int) -> None:
             with fv.record(fake=fake) as t:
                 torch.manual_seed(0)
                 m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-                profile_forward(m, tokens=tokens, seqs=8, vocab=1000, device="cpu")
+                profile_forward(m, tokens=tokens, seqs=seqs, vocab=1000, device="cpu")
         finally:
             gc.enable()
         assert t.error is None, t.error
@@ -196,6 +193,11 @@ def test_profile_forward_fake_equals_real_on_cpu(tokens: int) -> None:
     assert fake.oplog_lines() == real.oplog_lines()
     assert fake.peak_bytes() == real.peak_bytes()
     assert (fake.live_bytes()["cpu"] == real.live_bytes()["cpu"]).all()
+
+
+@pytest.mark.parametrize("tokens", [64, 60])  # 8 requests of 8; one packed sequence of 60 (8 requests)
+def test_profile_forward_fake_equals_real_on_cpu(tokens: int) -> None:
+    _profile_fake_equals_real(fv.models.config("meta-llama/Llama-3.1-8B", num_hidden_layers=2, **TINY), tokens, 8)
 
 
 def test_sliding_layers_serve_more_than_full_layers() -> None:
@@ -412,31 +414,7 @@ def test_hybrid_serves_more_than_a_formula_that_grows_the_state(jamba_served: fv
 def test_hybrid_profile_forward_fake_equals_real_on_cpu(make) -> None:
     """A hybrid model's profile run (transformers' PyTorch paths of the Mamba scan and the gated delta rule, which
     run on a CPU) recorded fake equals its real CPU run op by op and byte by byte."""
-    import gc
-
-    from transformers import AutoModelForCausalLM
-
-    from fakeviz._frontends.serving import profile_forward
-
-    cfg = make()
-
-    def run(fake: bool) -> fv.Trace:
-        gc.collect()
-        gc.disable()
-        try:
-            with fv.record(fake=fake) as t:
-                torch.manual_seed(0)
-                m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
-                profile_forward(m, tokens=32, seqs=4, vocab=1000, device="cpu")
-        finally:
-            gc.enable()
-        assert t.error is None, t.error
-        return t
-
-    real, fake = run(False), run(True)
-    assert fake.oplog_lines() == real.oplog_lines()
-    assert fake.peak_bytes() == real.peak_bytes()
-    assert (fake.live_bytes()["cpu"] == real.live_bytes()["cpu"]).all()
+    _profile_fake_equals_real(make(), 32, 4)
 
 
 def test_nemotron_h_state_in_float32_and_layers_without_cache_by_hand() -> None:
