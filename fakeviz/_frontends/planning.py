@@ -49,6 +49,7 @@ parallel path in the recipe its axis runs (:mod:`.parallel`, :mod:`.pipeline`, :
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import inspect
 import itertools
@@ -353,8 +354,18 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
         return plan_point(model, gpus=caps, device_map=device_map, built=built[key],
                           **{k: v for k, v in c.items() if k != "dtype"})  # fmt: skip
 
+    def arrived(i: int, p: Any) -> None:
+        # the row's analysis (verdict, time model) as each point arrives, not after the last: with a pool this
+        # process then takes fewer points from the shared queue, and the work stays balanced (measured: the rows
+        # after the last point were about 0.2 s each of a 70B training point's 4 s, on this process alone)
+        if not isinstance(p, executors.Failed):
+            with contextlib.suppress(Exception):  # a failure here is raised again where the row is made
+                p.verdict, p.speed  # noqa: B018 - cached properties: computed and kept
+        if bar is not None:
+            bar(i, p)
+
     with executors.runner(model, executor) as run:
-        plans = run.run(combos, local=local, remote=_remote_point, progress=bar,
+        plans = run.run(combos, local=local, remote=_remote_point, progress=arrived,
                         shared={"model": model, "gpus": caps, "device_map": device_map})  # fmt: skip
     rows = [
         executors.failed_row(c, p) if isinstance(p, executors.Failed) else _row(p, c) for p, c in zip(plans, combos)
