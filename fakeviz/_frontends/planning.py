@@ -206,34 +206,32 @@ def _checked(model: Any, knobs: dict[str, Any]) -> dict[str, Any]:
     offload = offloading.check_offload(a["offload"], parallel=a["parallel"], train=a["train"])
     adapters.lora_config(a["lora"])  # a bad rank or config: refused before any work
     a = {**a, "optimizer": optimizer, "checkpointing": checkpointing, "offload": offload}
+    batch, seq, train, new_tokens, device_map = (a[k] for k in ("batch", "seq", "train", "new_tokens", "device_map"))
+    check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
+    if train and new_tokens:
+        raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
     if a["parallel"] is not None:
         return a
     if any(a[k] is not None for k in _PIPELINE_KNOBS):
         raise ValueError(
             "microbatches / schedule / stages / stages_per_rank are for a pipeline: give parallel={'pp': P}"
         )
-    batch, seq, train, new_tokens, device_map = (a[k] for k in ("batch", "seq", "train", "new_tokens", "device_map"))
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
-    check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
-    if train and new_tokens:
-        raise ValueError("train=True and new_tokens: a plan is a training step or a generation, not both")
     adapters.check_finetune(train, a["quantization"], a["lora"])
     return a
 
 
 def _parallel_plan(a: dict[str, Any]) -> Simulation:
     """The parallel path of :func:`plan_point` (``a``: plan's arguments, the step's knobs already checked): the
-    recipe of the axes asked for, every rank simulated (Note: [parallel plans] in :mod:`.parallel`)."""
+    recipe of the axes asked for, every rank simulated (Note: [parallel plans] in :mod:`.parallel`); sizes and
+    train-with-new-tokens already refused by :func:`_checked`."""
     from .parallel import parallel_plan
 
     parallel, batch, seq, train, new_tokens = (a[k] for k in ("parallel", "batch", "seq", "train", "new_tokens"))
     adapters.check_parallel(quantization=a["quantization"], lora=a["lora"], optimizer=a["optimizer"])
     if a["device_map"] != "balanced":
         raise ValueError("parallel= and device_map= are two ways to use the GPUs: give one of them")
-    check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
-    if train and new_tokens:
-        raise ValueError(f"batch={batch}, seq={seq}, new_tokens={new_tokens}, train={train}: not a step to run")
     step = {"gpus": a["gpus"], "parallel": parallel, "batch": batch, "seq": seq, "train": train,
             "new_tokens": new_tokens, "dtype": a["dtype"], "checkpointing": a["checkpointing"], "ranks": a["ranks"]}  # fmt: skip
     if isinstance(parallel, dict) and parallel.get("pp", 1) != 1:  # Note: [pipeline plans]
