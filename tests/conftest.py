@@ -21,16 +21,6 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))  # `import zoo` from every layer's folder
 
 from c_core import build_core, have_c_compiler  # noqa: E402 - tests/ is on sys.path from here on
-
-# Note: [no pools in the suite]: a sweep, fit or max_batch with the default executor starts a process pool when its
-# points are slow (Note: [the default executor] in fakeviz/_frontends/executors.py). What it records no longer
-# depends on timing (the same points, recordings and errors wherever they run: tests/frontends/test_executors.py
-# checks it), so this setting is no longer needed for the figures; it stays for the cores: under xdist every core
-# already runs a test process, and a pool started in each would only oversubscribe them (the CI runs as many xdist
-# workers as cores), also in the tutorial kernels this process starts (they inherit the environment). So the
-# suite runs points one after another unless a test asks for an executor (tests/frontends/test_executors.py
-# unsets this where it tests the default).
-os.environ.setdefault("FAKEVIZ_EXECUTOR", "serial")
 from js_bundle import ensure_bundle  # noqa: E402
 
 

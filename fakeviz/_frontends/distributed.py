@@ -326,7 +326,7 @@ def simulate_recipe(
     *,
     rank_keys: Callable[[], dict[int, Any]] | None = None,
     remote: tuple[Callable[..., Any], dict[str, Any]] | None = None,
-    executor: Any = False,
+    executor: Any = None,
     **options: Any,
 ) -> Simulation:
     """:func:`simulate` for fakeviz's own recipes (:func:`fakeviz.plan` with ``parallel=``: :mod:`.parallel`,
@@ -422,7 +422,7 @@ FIELDS = ("world_size", "mesh_shape", "mesh_dim_names", "device", "gpu", "gpus_p
 def record_classes(step: Callable[[int, Any], Any], sim: Simulation, rest: list[int], keys: dict[int, Any],
                    seen: dict[Any, int], executor: Any, remote: tuple[Callable[..., Any], dict[str, Any]]) -> None:  # fmt: skip
     """After rank 0: each rank of ``rest`` of a class already seen stands in; the first of each new class is recorded,
-    all at once on ``executor`` (:class:`.executors.Runner`; here one after another with ``executor=False``)."""
+    all at once on ``executor`` (:class:`.executors.Runner`; here one after another by default)."""
     from . import executors
 
     firsts = []

@@ -1,7 +1,8 @@
 """Many recordings at once: the points of a :func:`~fakeviz.sweep`, a :func:`~fakeviz.fit`, the probes of
-:func:`~fakeviz.max_batch` / :func:`~fakeviz.max_seq` and the distinct rank classes of a parallel plan run on any
-:class:`concurrent.futures.Executor` (``executor=``): a process pool on this machine, or a dask.distributed
-``Client(...).get_executor()`` on a cluster.
+:func:`~fakeviz.max_batch` / :func:`~fakeviz.max_seq` and the distinct rank classes of a parallel plan run one
+after another in this process (the default), on a pool over this machine's cores (``executor="processes"``), or
+on any :class:`concurrent.futures.Executor` given as ``executor=`` (a dask.distributed
+``Client(...).get_executor()`` on a cluster): Note: [the default executor].
 
 Note: [points on an executor]
 Each point is independent: what goes to a worker is a picklable description (the model's name, folder or
@@ -14,7 +15,7 @@ model alive at a time, as a sequential sweep does). A worker runs each point fro
 caller's own (file, line and function of the user's call, :func:`_caller`), so its ops report the user line they
 report when the point runs here. A point that raises is a :class:`Failed` in its place (Note: [failing points]).
 A worker process that dies (killed for memory) breaks a process pool: the points sent to it fail the same way
-(their error names the broken pool), and the default's points not yet sent run in this process.
+(their error names the broken pool), and the points ``"processes"`` had not yet sent run in this process.
 
 The figures are the same as one point after another in this process (``tests/frontends/test_executors.py``
 checks peaks and bytes exactly): a point's record depends on its settings and its build only (Note: [one fake
@@ -39,35 +40,41 @@ a probe that failed for another reason than memory says nothing about memory, an
 would lower the answer in silence.
 
 Note: [the default executor]
-What is recorded never depends on a clock; only where a point runs does. Which points a sweep or a fit records
-is fixed by its arguments; the rounds of :func:`~fakeviz.max_batch` / :func:`~fakeviz.max_seq` (:func:`search_largest`)
-are one probe wide until the first probe has run (here), then ``os.cpu_count()`` wide when its recorded ops
-(ops x recordings x :data:`OP_S` seconds, an estimate for this kind of CPU) say the probes left would take longer
-than :data:`POOL_AFTER_S` one after another, else one wide, as with ``executor=False``. A round of one probe
-always runs here, so it is planned exactly as ``executor=False`` plans it (the last probe's placement costs
-reused); in a wider round no probe reuses another's, wherever it runs. Under load (a clock that runs slow) or on
-an idle machine the same probes are recorded, and a small model's search records what ``executor=False`` records
-(``tests/frontends/test_executors.py``).
+``executor=None`` (the default) runs every point in this process, one after another, as ``executor=False`` does
+(the two are one setting). It starts no process: a user's script needs no ``if __name__ == "__main__":`` guard,
+nothing runs twice, and a small sweep pays no worker's start-up (``spawn``: a fresh interpreter imports torch,
+transformers and fakeviz, about 3 s of CPU, then builds the model).
 
-Where the points run: ``executor=None`` runs the first point here (the longest by :func:`cost`) and times it. A
-worker process costs seconds before its first point (``spawn``: a fresh interpreter imports torch, transformers and
-fakeviz, about 3 s of CPU; then it builds the model: a 70B under fake, 0.8 s), so a pool is started only when the
-remaining points, run one after another, would take longer than :data:`POOL_AFTER_S` (by the first point's time,
-or by its ops): a sweep of a small model stays in this process. It starts as soon as that is known, while the
-first point still runs (a timer: once the first point has taken ``POOL_AFTER_S / points left``), so that the
-workers' start-up overlaps it. The pool then holds ``os.cpu_count() - 1`` processes and this process runs points
-too (it is idle otherwise): ``os.cpu_count()`` recordings at once. They share one queue, longest first (LPT: a
-long point started last would leave the others idle): one feeder thread per worker sends it the next point the
-moment it is free, and this process takes the next one after each of its own. No point waits queued behind a
-busy worker: the earlier scheme queued a second point on each worker, and at the end of a sweep this process sat
-idle for most of one point while the worker ran its queued one (measured: ``benchmarks/sweep_executor.py``'s
-breakdown). The pool is made with the ``spawn`` context (``fork`` after torch has started threads is unsafe),
-kept across the rounds of one call, and shut down before the call returns. ``executor=False`` (or one core) runs
-every point here, one after another; a module passed as the model runs here too (it cannot be sent to a worker;
-:func:`note` says so); so does the default when the environment has ``FAKEVIZ_EXECUTOR=serial`` (or ``0``: for a
-test suite whose processes already use every core, e.g. under pytest-xdist, where a pool would only oversubscribe
-them). An executor the caller gives is used as given (every point submitted to it, rounds as wide as its workers)
-and left running.
+``executor="processes"`` asks for a pool over this machine's cores. It uses them only when it pays: the first point
+runs here (the longest by :func:`cost`) and is timed, and a pool starts when the remaining points, one after
+another, would take longer than :data:`POOL_AFTER_S` (by the first point's time, or by its ops): a sweep of a small
+model stays in this process. It starts as soon as that is known, while the first point still runs (a timer: once
+the first point has taken ``POOL_AFTER_S / points left``), so that the workers' start-up overlaps it. The pool then
+holds ``os.cpu_count() - 1`` processes and this process runs points too (it is idle otherwise): ``os.cpu_count()``
+recordings at once. They share one queue, longest first (LPT: a long point started last would leave the others
+idle): one feeder thread per worker sends it the next point the moment it is free, and this process takes the
+next one after each of its own, so no point waits queued behind a busy worker. The pool is made with the
+``spawn`` context (``fork`` after torch has started threads is unsafe), kept across the rounds of one call, and
+shut down before the call returns. What is recorded never depends on a clock; only where a point runs does. Which
+points a sweep or a fit records is fixed by its arguments; the rounds of :func:`~fakeviz.max_batch` /
+:func:`~fakeviz.max_seq` (:func:`search_largest`) are one probe wide until the first probe has run (here), then
+``os.cpu_count()`` wide when its recorded ops (ops x recordings x :data:`OP_S` seconds, an estimate for this kind
+of CPU) say the probes left would take longer than :data:`POOL_AFTER_S` one after another, else one wide, as with
+the default. A round of one probe always runs here, planned exactly as the default plans it (the last probe's
+placement costs reused); in a wider round no probe reuses another's, wherever it runs
+(``tests/frontends/test_executors.py``). On one core, in a worker of a pool (no pool in a pool), or with a module
+as the model (it cannot be sent to another process: :func:`note` says so), the points run here.
+
+Note: [the main guard]
+A ``spawn`` worker imports the script that started this process (``__main__``) as ``__mp_main__`` before it runs
+anything: a script whose module code calls ``fv.sweep(..., executor="processes")`` outside an
+``if __name__ == "__main__":`` block would run again, from the top, in every worker. :func:`check` refuses that
+call before any worker starts (:func:`_unguarded`): it finds the ``__main__`` module's own frame on the stack and
+reads, with :mod:`ast`, whether the line it is running lies inside such a block. A ``__main__`` without a file (a
+notebook, ``python -c``, the REPL) or a package's ``__main__.py`` (``python -m pkg``: multiprocessing does not run
+it again) is safe; ``python -m pkg.script`` runs ``pkg.script`` again in a worker, and is checked as a file. An
+executor the caller gives is used as given (every point submitted to it, rounds as wide as its workers) and left
+running: its workers and their start are the caller's.
 """
 
 from __future__ import annotations
@@ -103,10 +110,10 @@ __all__ = [
 ]
 
 POOL_AFTER_S = 8.0  # start a pool when the points left would take longer than this one after another
-clock = time.perf_counter  # what times the default's first point (a test makes the machine seem loaded)
+clock = time.perf_counter  # what times "processes"' first point (a test makes the machine seem loaded)
 OP_S = 1.1e-4  # seconds one recorded op takes, about (70B training step: 19,592 ops x 2 recordings in 4.1-4.9 s)
 _CONTEXT = "spawn"
-_SERIAL = ("0", "false", "no", "off", "serial")  # FAKEVIZ_EXECUTOR values that make the default one at a time
+PROCESSES = "processes"  # executor= that asks for a pool over this machine's cores (Note: [the default executor])
 
 
 @dataclass
@@ -145,27 +152,87 @@ def failed_row(point: dict[str, Any], f: Failed) -> dict[str, Any]:
 
 
 def check(executor: Any) -> None:
-    """``executor`` is None, False, or a :class:`concurrent.futures.Executor` (refused otherwise)."""
+    """``executor`` is None or False (one point after another here), ``"processes"`` (refused where the workers
+    would run the user's script again: Note: [the main guard]) or a :class:`concurrent.futures.Executor`."""
     if executor is None or executor is False or isinstance(executor, cf.Executor):
         return
+    if isinstance(executor, str) and executor == PROCESSES:
+        where = _unguarded()
+        if where is not None:
+            file, line = where
+            raise ArgumentError("executor", executor,
+                                f"called from {os.path.basename(file)} line {line}, outside an "
+                                "`if __name__ == \"__main__\":` block: each worker process would run the script again"
+                                " from the top",
+                                "Put the call (and what it needs) under `if __name__ == \"__main__\":` to run the "
+                                "points on this machine's cores, or leave executor out to run them here one after "
+                                "another.")  # fmt: skip
+        return
     raise ArgumentError("executor", executor, "not an executor",
-                        "Give a concurrent.futures.Executor (a ProcessPoolExecutor, a dask Client(...).get_executor()),"
-                        " None (a process pool over this machine's cores when the points are slow enough to pay for "
-                        "it) or False (one point after another in this process).")  # fmt: skip
+                        "Give None (the default: one point after another in this process; False is the same), "
+                        f"{PROCESSES!r} (a pool over this machine's cores when the points are slow enough to pay for "
+                        "it) or a concurrent.futures.Executor (a ProcessPoolExecutor, a dask "
+                        "Client(...).get_executor()).")  # fmt: skip
+
+
+def _unguarded() -> tuple[str, int] | None:
+    """The file and line of ``__main__``'s module code that is running outside an ``if __name__ == "__main__":``
+    block, when a ``spawn`` worker would run that file again; None when it would not (Note: [the main guard])."""
+    main = sys.modules.get("__main__")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    path = getattr(main, "__file__", None)
+    if main is None or path is None or name is not None and (name == "__main__" or name.endswith(".__main__")):
+        return None  # no file (a notebook, python -c), or a package's __main__.py: a worker imports nothing of it
+    if name is None and os.path.splitext(os.path.basename(path))[0] == "ipython":
+        return None  # multiprocessing leaves the ipython command's script alone
+    f = sys._getframe(1)
+    while f is not None and not (f.f_globals is main.__dict__ and f.f_code.co_name == "<module>"):
+        f = f.f_back
+    if f is None:
+        return None  # the script's module code is not running (a thread, an atexit hook): nothing runs it again
+    file, line = f.f_code.co_filename, f.f_lineno
+    return None if _guarded(file, line) else (file, line)
+
+
+def _guarded(file: str, line: int) -> bool:
+    """Whether ``line`` of ``file`` lies inside an ``if __name__ == "__main__":`` block (or the ``else`` of
+    ``__name__ != "__main__"``); a file that cannot be read or parsed counts as guarded (nothing to refuse on)."""
+    import ast
+    import tokenize
+
+    try:
+        with tokenize.open(file) as fh:
+            tree = ast.parse(fh.read(), file)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare) or len(node.test.ops) != 1:
+            continue
+        sides = [node.test.left, *node.test.comparators]
+        names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+        mains = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+        if not (names and mains):
+            continue
+        op = node.test.ops[0]
+        body = node.body if isinstance(op, ast.Eq) else node.orelse if isinstance(op, ast.NotEq) else []
+        if body and body[0].lineno <= line <= (body[-1].end_lineno or body[-1].lineno):
+            return True
+    return False
 
 
 def note(model: Any, executor: Any) -> str:
-    """Why the points run in this process, or ""."""
+    """Why the points of an ``executor`` that may send them elsewhere run in this process, or "" (also for the
+    default, whose points always run here: :attr:`Runner.where` says so)."""
+    if executor is None:
+        return ""
     if executor is False:
         return "executor=False: one point after another in this process"
     if isinstance(model, torch.nn.Module):
         return ("the model is a module, which cannot be sent to another process: every point ran in this process "
                 "(give its name, folder or config to run points at once)")  # fmt: skip
-    if executor is None and os.environ.get("FAKEVIZ_EXECUTOR", "").strip().lower() in _SERIAL:
-        return f"FAKEVIZ_EXECUTOR={os.environ['FAKEVIZ_EXECUTOR']}: one point after another in this process"
-    if executor is None and (os.cpu_count() or 1) < 2:
+    if executor == PROCESSES and (os.cpu_count() or 1) < 2:
         return "one core: one point after another in this process"
-    if executor is None and getattr(_WORKER, "on", False):
+    if executor == PROCESSES and getattr(_WORKER, "on", False):
         return "a worker's own points (a fit's parallel plan, its rank classes) run in the worker: no pool in a pool"
     return ""
 
@@ -280,7 +347,7 @@ def _settings(task: Any) -> dict[str, Any]:
 
 
 def cost(task: Any) -> float:
-    """A point's relative cost, for the order the default runs points in (longest first, Note: [the default
+    """A point's relative cost, for the order ``"processes"`` runs points in (longest first, Note: [the default
     executor]): a guess at its recorded ops from the settings a sweep's or fit's points carry (a training step
     about three forwards; checkpointing one forward more; generation one forward per new token). Batch and
     sequence barely change a fake recording's time (measured: 70B, batch 1 x 1024 and 8 x 2048, 4.1-4.9 s each)."""
@@ -311,7 +378,8 @@ TIMELINES: list[dict[str, Any]] | None = None  # set to a list to collect each R
 class Runner:
     """The executor of one call (:func:`~fakeviz.sweep`, :func:`~fakeviz.fit`, ...), kept across its rounds of
     points: ``run(...)`` one round; ``close()`` shuts down a pool it made (it is a context manager). ``remote``
-    says whether points may leave this process (False for a module, ``executor=False``, one core)."""
+    says whether points may leave this process (``executor="processes"`` or a given executor; False for the
+    default, ``executor=False``, a module, one core)."""
 
     executor: Any = None
     remote: bool = True
@@ -320,8 +388,8 @@ class Runner:
     note: str = ""
     points: int = field(default=0)  # points run so far, here or in workers
     in_workers: int = field(default=0)  # of them, in workers
-    point_s: float | None = None  # the default's timed first point (Note: [the default executor])
-    point_ops: int | None = None  # the ops it recorded: what the default's round widths depend on
+    point_s: float | None = None  # "processes"' timed first point (Note: [the default executor])
+    point_ops: int | None = None  # the ops it recorded: what "processes"' round widths depend on
     broken: bool = False  # a worker of our pool died: no more points go to it
     workers: int = 0
     timeline: dict[str, Any] = field(default_factory=lambda: {"t0": time.time(), "points": []})
@@ -349,6 +417,8 @@ class Runner:
         """Where the points ran, in words (``df.attrs["executor"]``)."""
         if self.note:
             return self.note
+        if not self.remote:
+            return f"in this process, one point after another (executor={PROCESSES!r} uses this machine's cores)"
         if self.in_workers == 0:
             return "in this process, one point after another" + (
                 f" (the first point took {self.point_s:.1f} s: a worker pool would not pay for itself)"
@@ -376,7 +446,7 @@ class Runner:
 
     def width(self, expected: int) -> int:
         """How many points one round should hold when about ``expected`` more will follow one after another
-        (:func:`search_largest`): 1 where they run here; the workers (and this process) otherwise. The default's
+        (:func:`search_largest`): 1 where they run here; the workers (and this process) otherwise. ``"processes"``'
         width depends on the first point's recorded ops and the cores, never on how long anything took."""
         cores = os.cpu_count() or 1
         if not self.remote:
@@ -403,7 +473,10 @@ class Runner:
         """Run ``tasks``: ``local(task)`` here, ``remote(shared, task)`` in a worker (a module-level function: it is
         pickled by name). Returns the results in the tasks' order, a :class:`Failed` for a task that raised, here or
         in a worker (Note: [failing points]). ``progress(i, result)`` after each. ``expected``: the points still to
-        come after these, one round after another (a pool pays for them too)."""
+        come after these, one round after another (a pool pays for them too). No task, no work: ``[]`` (a
+        parallel plan whose ranks after rank 0 all stand in has no class left to record)."""
+        if not tasks:
+            return []
         total = len(tasks) if total is None else total
         results: list[Any] = [None] * len(tasks)
         count = [done]
@@ -415,7 +488,11 @@ class Runner:
             if progress is not None:
                 progress(count[0], r)
 
-        if not self.remote or len(tasks) == 1 and not self.given:  # a lone point runs here: Note [the default ...]
+        if not self.remote:
+            for i, task in enumerate(tasks):
+                finished(i, self._here(local, task))
+            return results
+        if len(tasks) == 1 and not self.given:  # a lone point runs here, timed: Note [the default executor]
             for i, task in enumerate(tasks):
                 finished(i, self._timed(local, task) if self.point_s is None else self._here(local, task))
             self._maybe_start(expected)
@@ -425,7 +502,7 @@ class Runner:
             return results
         todo = collections.deque(sorted(range(len(tasks)), key=lambda i: -cost(tasks[i])))  # longest first
         lock = threading.Lock()
-        if self.pool is None and self.point_s is None:  # the default: a point here, timed (Note: [the default ...])
+        if self.pool is None and self.point_s is None:  # "processes": a point here, timed (Note: [the default ...])
             i = todo.popleft()
             left = max(len(todo), expected)
             over = [False]
@@ -465,7 +542,7 @@ class Runner:
         return r
 
     def _maybe_start(self, expected: int) -> None:
-        """After a lone point of the default: start the pool now when rounds of points are expected."""
+        """After a lone point of ``"processes"``: start the pool now when rounds of points are expected."""
         cores = os.cpu_count() or 1
         if self.remote and not self.given and self.pool is None and cores >= 2 and self.width(expected) > 1:
             self._start_pool()
@@ -506,7 +583,7 @@ class Runner:
     def _share(self, tasks: list[Any], todo: collections.deque[int], local: Callable[[Any], Any],
                remote: Callable[..., Any], shared: Any, finished: Callable[[int, Any], None],
                lock: threading.Lock) -> None:  # fmt: skip
-        """The default pool's workers (through their feeders) and this process take points from the front of
+        """``"processes"``' workers (through their feeders) and this process take points from the front of
         ``todo``, longest first, as each is free; this process reports every result as it comes."""
         with lock:
             self._feed(tasks, todo, remote, shared, lock)
@@ -568,9 +645,10 @@ def runner(model: Any, executor: Any) -> Runner:
     """The :class:`Runner` for ``executor`` (checked) and ``model`` (a module runs here: :func:`note`)."""
     check(executor)
     why = note(model, executor)
-    if why and isinstance(executor, cf.Executor):
-        warnings.warn(f"executor= is not used: {why}", stacklevel=3)
-    return Runner(executor=executor, remote=not why, note=why, caller=_caller())
+    asked = executor == PROCESSES or isinstance(executor, cf.Executor)
+    if asked and isinstance(model, torch.nn.Module):
+        warnings.warn(f"executor={executor!r} is not used: {why}", stacklevel=3)
+    return Runner(executor=executor, remote=asked and not why, note=why, caller=_caller())
 
 
 def search_largest(

@@ -145,7 +145,7 @@ def plan(
         ranks: with ``parallel``: ``"auto"`` (one rank per shard layout; identical ranks stand in), ``"all"``,
             or a list.
         executor: with ``parallel`` and ``ranks="auto"``: where the first rank of each shard layout after rank 0
-            is recorded (:func:`sweep`'s ``executor``: they are independent).
+            is recorded (:func:`sweep`'s ``executor``: they are independent; by default here, one after another).
         microbatches, schedule, stages, stages_per_rank: with ``parallel={"pp": P, ...}`` (pipeline stages through
             ``torch.distributed.pipelining``, Note: [pipeline plans] in :mod:`fakeviz._frontends.pipeline`): the
             microbatches ``batch`` splits into (default ``batch``: torchtitan's microbatch size 1), the schedule
@@ -205,6 +205,7 @@ def _checked(model: Any, knobs: dict[str, Any]) -> dict[str, Any]:
     checkpointing = steps.check_checkpointing(a["checkpointing"])  # its label, in settings["checkpointing"]
     offload = offloading.check_offload(a["offload"], parallel=a["parallel"], train=a["train"])
     adapters.lora_config(a["lora"])  # a bad rank or config: refused before any work
+    executors.check(a["executor"])
     a = {**a, "optimizer": optimizer, "checkpointing": checkpointing, "offload": offload}
     batch, seq, train, new_tokens, device_map = (a[k] for k in ("batch", "seq", "train", "new_tokens", "device_map"))
     check_sizes(batch=batch, seq=seq, new_tokens=new_tokens)
@@ -304,9 +305,10 @@ def sweep(model: Any, *, gpus: Any, device_map: str | dict[str, Any] = "balanced
     ``None`` keeps the grid's order.
 
     ``executor``: where the points run (Note: [points on an executor] in :mod:`fakeviz._frontends.executors`):
-    None, a process pool over this machine's cores once a point is slow enough to pay for it (Note: [the default
-    executor]); False, one after another in this process; or any ``concurrent.futures.Executor`` (a dask
-    ``Client(...).get_executor()``). A point that fails there has ``fits`` False and its error in ``error`` and
+    None (the default; False is the same), one after another in this process; ``"processes"``, a process pool over
+    this machine's cores once a point is slow enough to pay for it (Note: [the default executor]; call it under
+    ``if __name__ == "__main__":`` in a script, since each worker imports the script: Note: [the main guard]); or any
+    ``concurrent.futures.Executor`` (a dask ``Client(...).get_executor()``). A point that fails there has ``fits`` False and its error in ``error`` and
     ``first fails`` (its entry in ``df.attrs["plans"]`` is an :class:`~fakeviz._frontends.executors.Failed`);
     ``df.attrs["executor"]`` says where the points ran."""
     ranking.check_rank_by(rank_by)

@@ -1,6 +1,6 @@
-"""executor=: the points of a sweep (and max_batch's probes, a parallel plan's rank classes) on a
-concurrent.futures executor, records back as .fvz bytes (Note: [points on an executor] in
-fakeviz/_frontends/executors.py). One spawn pool serves the whole file (a worker imports torch and transformers
+"""executor=: the points of a sweep (and max_batch's probes, a parallel plan's rank classes) one after another here
+(the default), on a pool over this machine's cores (executor="processes") or on a concurrent.futures executor,
+records back as .fvz bytes (Note: [points on an executor] in fakeviz/_frontends/executors.py). One spawn pool serves the whole file (a worker imports torch and transformers
 once: seconds); the dask test starts a two-worker LocalCluster."""
 
 from __future__ import annotations
@@ -120,25 +120,33 @@ def test_a_dying_worker_fails_its_points_not_the_call() -> None:
     assert all(r == k or isinstance(r, executors.Failed) for k, r in enumerate(out))
 
 
-def test_the_default_keeps_fast_points_here_and_refuses_what_is_not_an_executor(cfg, monkeypatch) -> None:
-    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)  # the default, not the suite's serial one
+def test_the_default_runs_here_processes_keep_fast_points_here_and_other_values_are_refused(cfg, monkeypatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # a pool could start: the default starts none all the same
+    monkeypatch.setattr(executors, "POOL_AFTER_S", 0.0)
     df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, progress=False)
+    assert df.attrs["executor"] == "in this process, one point after another (executor='processes' uses this " \
+        "machine's cores)"  # fmt: skip
+    monkeypatch.undo()
+    df = fv.sweep(cfg, gpus="H100", batch=[1, 2], seq=16, progress=False, executor="processes")
     assert df.attrs["executor"].startswith("in this process")  # tiny points: a pool would not pay for itself
     module = fv.models.build(cfg, device="cuda:0")
-    with pytest.warns(UserWarning, match="module"):
-        df = fv.sweep(module, gpus="H100", batch=[1, 2], seq=16, progress=False, executor=cf.ThreadPoolExecutor(1))
-    assert "module" in df.attrs["executor"]
-    with pytest.raises(ArgumentError, match="executor"):
-        fv.sweep(cfg, gpus="H100", batch=[1, 2], executor=4, progress=False)
+    for executor in (cf.ThreadPoolExecutor(1), "processes"):
+        with pytest.warns(UserWarning, match="module"):
+            df = fv.sweep(module, gpus="H100", batch=[1, 2], seq=16, progress=False, executor=executor)
+        assert "module" in df.attrs["executor"]
+    for bad in (4, "threads", True):
+        with pytest.raises(ArgumentError, match=r"executor=.*: not an executor\nGive None .* 'processes' .*Executor"):
+            fv.sweep(cfg, gpus="H100", batch=[1, 2], executor=bad, progress=False)
+    with pytest.raises(ArgumentError, match="executor='threads': not an executor"):
+        fv.plan(cfg, gpus="2xH100", parallel={"dp_shard": 2}, seq=16, executor="threads")
 
 
-def test_the_default_pool_shares_the_points_with_this_process(cfg, monkeypatch) -> None:
-    # the threshold at 0 s: any point is "slow", so the default starts its pool while the first point runs
+def test_the_pool_shares_the_points_with_this_process(cfg, monkeypatch) -> None:
+    # the threshold at 0 s: any point is "slow", so "processes" starts its pool while the first point runs
     monkeypatch.setattr(executors, "POOL_AFTER_S", 0.0)
-    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     axes = {"batch": [1, 2, 3], "seq": 16, "train": True}
-    df = fv.sweep(cfg, gpus="H100", progress=False, rank_by=None, **axes)
+    df = fv.sweep(cfg, gpus="H100", progress=False, rank_by=None, executor="processes", **axes)
     here = fv.sweep(cfg, gpus="H100", progress=False, rank_by=None, executor=False, **axes)
     where = df.attrs["executor"]
     assert where.endswith("points in a pool of 1 worker processes, the rest in this process"), where
@@ -198,6 +206,24 @@ def test_a_parallel_plans_rank_classes_on_the_pool(cfg, pool) -> None:
     _no_session_left()
 
 
+@pytest.mark.parametrize("offload", [None, "cpu"])
+def test_a_parallel_plan_whose_ranks_all_stand_in_records_rank_0_only(cfg, offload) -> None:
+    # dp_shard 2 of 64-wide weights: rank 1 stands in by rank 0, so no class is left for the executor (a round of
+    # no point: it raised "pop from an empty deque" under the old default pool)
+    kw = {"gpus": "2xH100", "parallel": {"dp_shard": 2}, "train": True, "seq": 16, "offload": offload}
+    default = fv.plan(cfg, **kw)
+    pooled = fv.plan(cfg, executor="processes", **kw)
+    for sim in (default, pooled):
+        assert sim.stand_ins == {1: 0} and sim.ranks == [0] and sim.fits
+        assert list(sim.classes["count"]) == [2]
+    assert list(default.peaks.peak) == list(pooled.peaks.peak)
+    assert ("cpu" in list(default.peaks.device)) == (offload == "cpu")
+    for executor in (None, "processes"):
+        with executors.runner("name", executor) as run:
+            assert run.run([], local=lambda t: pytest.fail("ran"), remote=_boom) == [] and run.points == 0
+    _no_session_left()
+
+
 def test_the_search_in_rounds_finds_what_one_at_a_time_finds() -> None:
     def probe_for(largest: int, seen: dict[int, bool]):
         def probe(values: list[int]) -> list[bool]:
@@ -216,13 +242,12 @@ def test_the_search_in_rounds_finds_what_one_at_a_time_finds() -> None:
                 assert all(1 <= v <= limit for v in seen)
 
 
-def test_one_core_or_the_environment_keeps_the_default_here(monkeypatch) -> None:
-    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
-    assert executors.note("name", None) == ""
+def test_one_core_keeps_processes_here(monkeypatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert executors.note("name", "processes") == "" and executors.runner("name", "processes").remote
+    assert not executors.runner("name", None).remote and not executors.runner("name", False).remote
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
-    assert "one core" in executors.note("name", None)
-    monkeypatch.setenv("FAKEVIZ_EXECUTOR", "serial")
-    assert executors.note("name", None).startswith("FAKEVIZ_EXECUTOR=serial: one point after another")
+    assert "one core" in executors.note("name", "processes") and not executors.runner("name", "processes").remote
     assert executors.note("name", False).startswith("executor=False")
 
 
@@ -232,9 +257,8 @@ def _boom_here(task: int) -> fv.Trace:
 
 def test_a_failing_point_is_a_row_here_as_in_a_worker_and_a_refused_argument_raises(cfg, pool, monkeypatch) -> None:
     # Note: [failing points]: a point that raises is a Failed in its place, whether it ran in this process
-    # (executor=False, the default's first point) or in a worker
-    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
-    for executor in (False, None, pool):
+    # (the default, executor=False, "processes"' first point) or in a worker
+    for executor in (False, None, "processes", pool):
         with executors.runner("name", executor) as run:
             out = run.run([0, 1, 2], local=_boom_here, remote=_boom, shared=8)
         assert isinstance(out[1], executors.Failed) and out[1].error == "ValueError: point 1 refused", executor
@@ -277,32 +301,30 @@ def _slow_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(executors, "clock", lambda: float(next(ticks)))
 
 
-def test_the_default_records_the_same_probes_however_long_they_take(cfg, monkeypatch) -> None:
-    # Note: [the default executor]: which probes max_batch records depends on the first probe's recorded ops and
-    # the cores, never on a clock; only where a probe runs may
-    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
+def test_processes_record_the_same_probes_however_long_they_take(cfg, monkeypatch) -> None:
+    # Note: [the default executor]: which probes max_batch records with "processes" depends on the first probe's
+    # recorded ops and the cores, never on a clock; only where a probe runs may
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     kw = {"gpus": "5MB", "seq": 64, "train": True, "limit": 16}
-    serial = fv.max_batch(cfg, executor=False, **kw)
-    default = fv.max_batch(cfg, **kw)
+    serial = fv.max_batch(cfg, **kw)
+    default = fv.max_batch(cfg, executor="processes", **kw)
     _slow_clock(monkeypatch)
-    loaded = fv.max_batch(cfg, **kw)
+    loaded = fv.max_batch(cfg, executor="processes", **kw)
     assert 1 <= serial.value < 16 and serial.failing is not None
-    for got in (default, loaded):  # a tiny model: one probe after another, as executor=False
+    for got in (default, loaded):  # a tiny model: one probe after another, as the default
         assert (got.value, got.recordings, got.tried) == (serial.value, serial.recordings, serial.tried)
         assert got.plan.trace.peak_bytes() == serial.plan.trace.peak_bytes()
 
 
 def test_rounds_of_probes_follow_the_recorded_ops_not_the_clock(cfg, monkeypatch) -> None:
-    # a recorded op made to count as a second: the tiny model is "slow", so after the first probe the default
+    # a recorded op made to count as a second: the tiny model is "slow", so after the first probe "processes"
     # probes two values a round (two cores); the values are search_largest's with those widths, whatever the clock
-    monkeypatch.delenv("FAKEVIZ_EXECUTOR", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     monkeypatch.setattr(executors, "OP_S", 1.0)
     _slow_clock(monkeypatch)
     kw = {"gpus": "5MB", "seq": 64, "train": True, "limit": 16}
-    got = fv.max_batch(cfg, **kw)
-    serial = fv.max_batch(cfg, executor=False, **kw)
+    got = fv.max_batch(cfg, executor="processes", **kw)
+    serial = fv.max_batch(cfg, **kw)
     seen: list[int] = []
 
     def probe(values: list[int]) -> list[bool]:
