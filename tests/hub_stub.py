@@ -14,6 +14,11 @@ asks, as the hub does:
 
 Every request is logged (method, path, range, status, body bytes sent), so that a test can assert which bytes of
 which file were read.
+
+A file can be served as a hostile mirror would serve it (:class:`Hostile`, ``StubRepo.hostile[file]``): an ETag or
+``X-Repo-Commit`` that is a path, a redirect to a non-http target, a body that never ends (with or without a
+``Content-Length`` on its ``HEAD``), a body trickled a byte at a time. ``tests/engine/test_hub_hostile.py`` uses
+them.
 """
 
 from __future__ import annotations
@@ -22,16 +27,34 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["HubStub", "Request", "StubRepo"]
+__all__ = ["Hostile", "HubStub", "Request", "StubRepo", "point_at"]
 
 GOOD_TOKEN = "hf_stub_has_access"
 NO_ACCESS_TOKEN = "hf_stub_without_access"
+
+
+@dataclass
+class Hostile:
+    """How a hostile mirror serves one file (each field None: as the hub does).
+
+    ``etag``/``commit``: sent as the ``ETag`` (quoted) and ``X-Repo-Commit``; ``location``: the ``resolve`` URL
+    answers 302 to it; ``endless``: the ``GET`` sends spaces until the client hangs up, without a length, and
+    the ``HEAD`` announces ``endless`` bytes (-1: no length); ``trickle``: seconds between the body's bytes
+    (``GET`` and range requests: the file's own bytes, one at a time).
+    """
+
+    etag: str | None = None
+    commit: str | None = None
+    location: str | None = None
+    endless: int | None = None
+    trickle: float | None = None
 
 
 @dataclass
@@ -43,6 +66,7 @@ class StubRepo:
     sha: str
     gated: bool = False
     ignore_range: bool = False  # answer a Range request with the whole file (200), as some servers do
+    hostile: dict[str, Hostile] = field(default_factory=dict)  # file name -> how it is served
 
     def file(self, name: str) -> Path | None:
         path = (self.folder / name).resolve()
@@ -107,6 +131,10 @@ class HubStub:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def sent(self) -> int:
+        """The body bytes sent so far, all requests together."""
+        return sum(r.sent for r in self.log)
 
     def requests(self, file_suffix: str = "") -> list[Request]:
         """The logged requests for files ending in ``file_suffix``."""
@@ -178,27 +206,57 @@ class _Handler(BaseHTTPRequestHandler):
             }, body)  # fmt: skip
         file = repo.file(m.group("file"))
         entry.file = m.group("file")
+        hostile = repo.hostile.get(m.group("file"))
+        if hostile is not None and hostile.location is not None:
+            return self._redirect(entry, repo, file, m.group("file"), hostile.location)
+        if hostile is not None and hostile.endless is not None:
+            return self._endless(entry, repo, hostile.endless, body)
         if file is None:
             return self._error(entry, 404, "EntryNotFound", f"{m.group('file')} does not exist")
         if file.stat().st_size > LFS_SIZE:
             return self._redirect(entry, repo, file, m.group("file"))
         self._file(entry, repo, file, body)
 
-    def _redirect(self, entry: Request, repo: StubRepo, file: Path, name: str) -> None:
-        size = file.stat().st_size
+    def _redirect(self, entry: Request, repo: StubRepo, file: Path | None, name: str, to: str | None = None) -> None:
+        size = file.stat().st_size if file is not None else 300
         entry.status = 302
         self.send_response(302)
-        self.send_header("Location", f"{self.hub.url}/cdn/{repo.repo_id}/{repo.sha}/{name}")
+        self.send_header("Location", to or f"{self.hub.url}/cdn/{repo.repo_id}/{repo.sha}/{name}")
         self.send_header("X-Repo-Commit", repo.sha)
         self.send_header("X-Linked-Size", str(size))
-        self.send_header("X-Linked-Etag", f'"{_etag(repo, file)}"')
+        etag = _etag(repo, file) if file is not None else hashlib.sha256(name.encode()).hexdigest()
+        self.send_header("X-Linked-Etag", f'"{etag}"')
         self.send_header("ETag", '"pointer"')
         self.send_header("Content-Length", "0")
         self.end_headers()
 
+    def _endless(self, entry: Request, repo: StubRepo, announced: int, body: bool) -> None:
+        """A body that never ends: sent without a length (the connection closes it), until the client hangs up or
+        the stub stops; the ``HEAD`` announces ``announced`` bytes (-1: no length)."""
+        entry.status = 200
+        self.send_response(200)
+        self.send_header("ETag", f'"{hashlib.sha1(repo.sha.encode()).hexdigest()}"')
+        self.send_header("X-Repo-Commit", repo.sha)
+        if not body:
+            if announced >= 0:
+                self.send_header("Content-Length", str(announced))
+            self.end_headers()
+            return
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        chunk = b" " * (1 << 16)
+        try:
+            while self.hub._server is not None:
+                self.wfile.write(chunk)
+                entry.sent += len(chunk)
+        except OSError:  # the client hung up
+            pass
+
     def _file(self, entry: Request, repo: StubRepo, file: Path, body: bool) -> None:
         size = file.stat().st_size
-        etag = _etag(repo, file)
+        hostile = repo.hostile.get(entry.file or "") or Hostile()
+        etag = hostile.etag if hostile.etag is not None else _etag(repo, file)
         start, end, status = 0, size - 1, 200
         m = _RANGE.match(entry.range or "") if body else None
         if entry.range and body and not repo.ignore_range:
@@ -210,7 +268,7 @@ class _Handler(BaseHTTPRequestHandler):
         entry.status = status
         self.send_response(status)
         self.send_header("ETag", f'"{etag}"')
-        self.send_header("X-Repo-Commit", repo.sha)
+        self.send_header("X-Repo-Commit", hostile.commit if hostile.commit is not None else repo.sha)
         self.send_header("Accept-Ranges", "bytes")
         if status == 206:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
@@ -222,14 +280,18 @@ class _Handler(BaseHTTPRequestHandler):
             with open(file, "rb") as f:
                 f.seek(start)
                 left = end - start + 1
-                while left > 0:
-                    chunk = f.read(min(left, 1 << 16))
+                step = 1 if hostile.trickle else 1 << 16
+                while left > 0 and self.hub._server is not None:
+                    chunk = f.read(min(left, step))
                     if not chunk:
                         break
+                    if hostile.trickle:
+                        time.sleep(hostile.trickle)
                     self.wfile.write(chunk)
+                    self.wfile.flush()
                     entry.sent += len(chunk)
                     left -= len(chunk)
-        except (BrokenPipeError, ConnectionResetError):  # the client read what it wanted and hung up
+        except OSError:  # the client read what it wanted and hung up
             self.close_connection = True
 
     def _json(self, entry: Request, data: dict, body: bool) -> None:
@@ -256,3 +318,26 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(raw)
             entry.sent = len(raw)
+
+
+def point_at(stub: HubStub, monkeypatch: Any, home: Path) -> None:
+    """``huggingface_hub`` pointed at ``stub``, with its hub cache in ``home / "hub"`` and a token store of its own.
+
+    ``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` into
+    ``huggingface_hub.constants`` when it is imported (the URL template too), so an in-process test sets those
+    constants (a fresh process reads its environment instead).
+    """
+    import transformers.dynamic_module_utils as dyn
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "ENDPOINT", stub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", stub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(home / "stored_tokens"))
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "FAKEVIZ_HUB_DEADLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(dyn, "HF_MODULES_CACHE", str(home / "modules"))
+    stub.log.clear()

@@ -14,15 +14,38 @@ Note: [hub headers by range]
     local folder's check them (:func:`~fakeviz._engine.checkpoint.parse_safetensors_header`, ``gather``). A
     response is read as a stream and cut at the bytes asked for, so a server that ignores ``Range`` and sends the
     whole file costs no more. The index and ``config.json`` are sized with one ``HEAD`` (``get_hf_file_metadata``,
-    no retries) before ``hf_hub_download`` puts them in the hub cache, and read with a bounded read. Up to 8 threads
-    fetch shard headers ahead (at most 8 raw headers in memory); each is parsed in the caller's thread, in order,
-    so the limits on tensors and header bytes stop the reading as they stop a local folder's.
+    no retries), then fetched with one bounded ``GET`` and put in the hub cache (Note: [a hub is a stranger]). Up
+    to 8 threads fetch shard headers ahead (at most 8 raw headers in memory); each is parsed in the caller's
+    thread, in order, so the limits on tensors and header bytes stop the reading as they stop a local folder's.
+
+Note: [a hub is a stranger]
+    ``HF_ENDPOINT`` may name a mirror nobody vetted, so what a server sends is data, never a path or a promise.
+    ``hf_hub_download`` names cache files by the server's ETag and ``X-Repo-Commit`` and by ``revision`` unchecked
+    (an ETag ``"../../../../tmp/evil.pth"`` wrote that file outside ``HF_HOME``), and reads a body to its end
+    however long it runs or however slowly (a config.json announced as 300 bytes wrote 1 GiB). So fakeviz does
+    not call it: ``revision`` is checked first (:func:`check_revision`, git's rules for a ref name); the ``HEAD``'s
+    ETag must be 40 or 64 hex digits, its commit 40, its location an http(s) URL; the ``GET`` is read as a stream
+    and cut past the size the ``HEAD`` announced or :data:`~fakeviz._engine.checkpoint.MAX_INDEX_BYTES`; and the
+    bytes are written into the hub cache, laid out as ``hf_hub_download`` lays it out (``blobs/<etag>``,
+    ``snapshots/<commit>/<file>``, ``refs/<revision>``), only when whole, each under a temporary name renamed into
+    place, so offline use reads them as it reads ``hf_hub_download``'s. Every request (the ``HEAD``, the ``GET``,
+    each header range) has a deadline of :data:`DEADLINE_S` (``FAKEVIZ_HUB_DEADLINE``) from its start, checked
+    after each chunk, with each read's timeout cut to what is left: a trickle ends within the deadline plus one
+    read. An index naming more than :data:`MAX_SHARDS` files is refused before any header is asked for, and its
+    file names are checked as text (:func:`~fakeviz._engine.checkpoint.index_shards`); they only ever name URLs.
+    Not covered: a ``HEAD`` whose headers themselves trickle (httpx times each read, and h11 caps headers at
+    16 KiB), and ``trust_remote_code=True``, where transformers downloads the repo's code with ``hf_hub_download``
+    (the repo's code then runs anyway).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
+import time
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,12 +57,27 @@ from .._core.errors import CheckpointError, HubError, UnknownModelError
 from .._engine import checkpoint as ck
 from ._catalog import suggest
 
-__all__ = ["HubConfig", "fetch_config", "is_hub_id", "read_hub_checkpoint", "remote_code"]
+__all__ = ["DEADLINE_S", "MAX_SHARDS", "HubConfig", "check_revision", "fetch_config", "is_hub_id",
+           "read_hub_checkpoint", "remote_code"]
 
 # huggingface_hub's REPO_ID_REGEX with the namespace required: owner/name, each [\w.-]{1,96}, no "--" or "..".
 _REPO_ID = re.compile(r"^[\w.-]{1,96}/[\w.-]{1,96}$")
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
 _WORKERS = 8
+#: The seconds one request to the hub may take, from its first byte asked to its last byte read (not per read):
+#: ``FAKEVIZ_HUB_DEADLINE`` sets it (Note: [a hub is a stranger]).
+DEADLINE_S = 60.0
+#: The most safetensors files an index may name: each costs two requests (the largest published checkpoints,
+#: such as DeepSeek-V3 and Llama-3.1-405B, have under 200).
+MAX_SHARDS = 10_000
+# What the hub sends as names (Note: [a hub is a stranger]): a file's ETag is its git blob sha1 (40 hex digits)
+# or, for an LFS file, its sha256 (64); a commit is a git sha1. hf_hub_download writes blobs/<etag> and
+# snapshots/<commit>/, so anything else could name a path outside the cache.
+_ETAG = re.compile(r"^(?:[0-9a-f]{40}|[0-9a-f]{64})$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# git check-ref-format's rules for a branch or tag name: no control characters, space, ~ ^ : ? * [ \ or "..",
+# no "@{", no component that starts with "." or ends with ".lock", no empty component.
+_REF_BAD = re.compile(r"[\x00-\x20\x7f~^:?*\[\\]|\.\.|@\{")
 
 
 def is_hub_id(name: Any) -> bool:
@@ -163,31 +201,137 @@ def _hub_errors() -> tuple[type[BaseException], ...]:
             he.FileMetadataError, httpx2.HTTPError, ConnectionError, TimeoutError)  # fmt: skip
 
 
+def check_revision(repo: str, revision: Any) -> None:
+    """Refuse a ``revision`` that is not a branch, tag or commit name (git's rules for a ref name), before any
+    request: ``huggingface_hub`` quotes it in URLs but writes ``refs/<revision>`` in the hub cache unchecked.
+
+    Raises:
+        HubError: ``revision`` is not a string, or not a name git would give a branch or tag.
+    """
+    if revision is None:
+        return
+    why = None
+    if not isinstance(revision, str):
+        why = f"a {type(revision).__name__}, not a branch, tag or commit name"
+    elif not revision or len(revision) > 255:
+        why = "not 1 to 255 characters long"
+    elif _REF_BAD.search(revision) or not revision.isprintable():
+        why = "holds '..', '@{', a space, a control character or one of ~ ^ : ? * [ \\, which no git ref has"
+    elif any(not part or part.startswith(".") or part.endswith((".lock", ".")) for part in revision.split("/")):
+        why = "has an empty part, or a part that starts with '.' or ends with '.' or '.lock', which no git ref has"
+    if why is not None:
+        shown = repr(revision) if isinstance(revision, str) else type(revision).__name__
+        raise HubError(f"revision={shown[:120]}: {why}\nGive a branch, tag or commit of {repo} as revision=, or "
+                       "leave it out for 'main'.", repo=repo, endpoint=_endpoint())  # fmt: skip
+
+
+def deadline_s() -> float:
+    """The seconds one hub request may take (``FAKEVIZ_HUB_DEADLINE``, read at each request; else
+    :data:`DEADLINE_S`).
+
+    Raises:
+        HubError: ``FAKEVIZ_HUB_DEADLINE`` is not a number of seconds in (0, 86400].
+    """
+    text = os.environ.get("FAKEVIZ_HUB_DEADLINE", "").strip()
+    if not text:
+        return DEADLINE_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 86400:
+        raise HubError(f"FAKEVIZ_HUB_DEADLINE={text[:40]!r}: not a number of seconds from 0 to 86400\nSet it to "
+                       f"the seconds one request to the hub may take (default {DEADLINE_S:g}), or unset it.")  # fmt: skip
+    return value
+
+
+class _Deadline:
+    """One request's deadline: :meth:`timeout` is the timeout of each read (the hub's own, within what is left),
+    :meth:`check` raises a :class:`HubError` once it has passed (Note: [a hub is a stranger])."""
+
+    def __init__(self, repo: str, asked: str | None, file: str) -> None:
+        self.seconds = deadline_s()
+        self.end = time.monotonic() + self.seconds
+        self.repo, self.asked, self.file = repo, asked, file
+
+    def timeout(self, per_read: float | None) -> float:
+        left = max(self.end - time.monotonic(), 0.01)
+        return min(per_read, left) if per_read else left
+
+    def check(self, got: int) -> None:
+        if time.monotonic() > self.end:
+            raise HubError(
+                f"{_name(self.repo, self.asked)}:{self.file}: {_endpoint()} took more than {self.seconds:g} s to "
+                f"send it ({got:,} bytes by then): refused\nCheck the network and HF_ENDPOINT; a slow mirror can be "
+                "given longer with FAKEVIZ_HUB_DEADLINE=<seconds>.",
+                repo=self.repo, endpoint=_endpoint(),
+            )  # fmt: skip
+
+
+def _check_meta(meta: Any, repo: str, asked: str | None, file: str) -> None:
+    """Refuse a ``HEAD`` answer whose names would become paths (ETag, commit) or whose file is elsewhere than an
+    http(s) URL, before ``huggingface_hub`` or fakeviz writes anything (Note: [a hub is a stranger])."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    if not isinstance(meta.etag, str) or not _ETAG.match(meta.etag):
+        problem = f"an ETag {_shown(meta.etag)}, not a file hash (40 or 64 hex digits)"
+    elif not isinstance(meta.commit_hash, str) or not _COMMIT.match(meta.commit_hash):
+        problem = f"a commit {_shown(meta.commit_hash)} (X-Repo-Commit), not 40 hex digits"
+    else:
+        where = urlsplit(str(meta.location))
+        if where.scheme not in ("http", "https") or not where.netloc:
+            problem = f"a redirect to {_shown(meta.location)}, not an http(s) URL"
+    if problem is not None:
+        raise HubError(
+            f"{_name(repo, asked)}:{file}: {_endpoint()} answered with {problem}: refused, as the hub cache would "
+            "name a file by it\nCheck HF_ENDPOINT: the hub sends hashes; a mirror that does not is not one to trust.",
+            repo=repo, endpoint=_endpoint(),
+        )  # fmt: skip
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:80] if value is not None else "missing"
+
+
 def _fetch_file(
     repo: str, revision: str | None, file: str, limit: int, weights: bool
 ) -> tuple[bytes, str | None, Path]:
-    """A small file of the repo (``config.json``, the index) through the hub cache: sized with one ``HEAD`` first
-    (refused over ``limit`` before any download), then read with a bounded read. Returns its bytes, the commit it
-    came from (None when read from the cache without asking the hub), and the cached path.
+    """A small file of the repo (``config.json``, the index) through the hub cache: one ``HEAD`` first (its
+    names checked, its size refused over ``limit``), then, unless the cache holds that commit's copy, one
+    ``GET`` read as a stream within ``limit`` bytes, the size the ``HEAD`` announced and the deadline, written
+    into the hub cache only once whole (Note: [a hub is a stranger]). Returns its bytes, the commit it came from
+    (None when read from the cache without asking the hub), and the cached path.
 
     Offline (``HF_HUB_OFFLINE``), or when the hub cannot be reached, the cache's copy is read if there is one, as
     ``hf_hub_download`` does; but the first request is made once (``get_hf_file_metadata``, no retries), where
     ``hf_hub_download`` retries a connection error five times with backoff (about 30 s) before it gives up.
     """
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub import errors as he
-    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
 
+    check_revision(repo, revision)
     where = f"{_name(repo, revision)}:{file}"
     try:
         if _offline():
             raise he.OfflineModeIsEnabled(f"HF_HUB_OFFLINE is set: {file} of {repo} is read from the cache only")
-        meta = get_hf_file_metadata(hf_hub_url(repo, file, revision=revision))
+        clock = _Deadline(repo, revision, file)
+        meta = get_hf_file_metadata(hf_hub_url(repo, file, revision=revision),
+                                    timeout=clock.timeout(constants.HF_HUB_ETAG_TIMEOUT))  # fmt: skip
+        clock.check(0)
+        _check_meta(meta, repo, revision, file)
         if meta.size is not None and meta.size > limit:
             raise CheckpointError(f"{where}: {meta.size:,} bytes, over the {limit // 2**20} MiB fakeviz reads "
                                   "from a config or index: not a model's file")  # fmt: skip
-        # at the revision asked, so that the cache records the commit it names (refs/main) for offline use
-        path, commit = Path(hf_hub_download(repo, file, revision=revision)), meta.commit_hash
-    except CheckpointError:
+        commit = meta.commit_hash
+        path = _snapshot(repo, commit, file)
+        if path.is_file():  # this commit's copy: no download (as hf_hub_download)
+            _store_ref(repo, revision, commit)
+        else:
+            data = _get(hf_hub_url(repo, file, revision=commit), limit, meta.size, clock, repo, revision, file)
+            path = _store(repo, revision, commit, meta.etag, file, data)
+            return data, commit, path
+    except (CheckpointError, HubError):
         raise
     except _hub_errors() as e:
         status = getattr(getattr(e, "response", None), "status_code", None)
@@ -204,6 +348,92 @@ def _fetch_file(
     if len(data) > limit:
         raise CheckpointError(f"{where}: over the {limit // 2**20} MiB fakeviz reads from a config or index")
     return data, commit, path
+
+
+def _get(url: str, limit: int, size: int | None, clock: _Deadline, repo: str, asked: str | None, file: str) -> bytes:
+    """The body at ``url`` (the file at the commit the ``HEAD`` named: the bytes are that commit's, and the token
+    does not follow a redirect off the hub), read as a stream and cut past ``limit`` bytes or past the ``size``
+    the ``HEAD`` announced, within the request's deadline; nothing is written here."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    where = f"{_name(repo, asked)}:{file}"
+    cap = limit if size is None else min(limit, size)
+    headers = {**build_hf_headers(), "Accept-Encoding": "identity"}
+    buf = bytearray()
+    with get_session().stream("GET", url, headers=headers,
+                              timeout=clock.timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT)) as r:  # fmt: skip
+        if r.status_code >= 400:
+            raise _http_error(r.status_code, r.headers, repo, asked, file, "a GET of the file")
+        for chunk in r.iter_bytes():
+            buf += chunk
+            clock.check(len(buf))
+            if len(buf) > cap:
+                break
+    if len(buf) > limit:
+        raise CheckpointError(f"{where}: more than the {limit // 2**20} MiB fakeviz reads from a config or index "
+                              "(the server's HEAD gave no size): not a model's file")  # fmt: skip
+    if size is not None and len(buf) != size:
+        raise CheckpointError(f"{where}: the server sent {'more' if len(buf) > size else 'fewer'} bytes than the "
+                              f"{size:,} its HEAD announced ({len(buf):,}{'+' if len(buf) > size else ''}): refused, "
+                              "nothing cached")  # fmt: skip
+    return bytes(buf)
+
+
+def _storage(repo: str) -> Path:
+    from huggingface_hub import constants
+    from huggingface_hub.file_download import repo_folder_name
+
+    return Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+
+
+def _snapshot(repo: str, commit: str, file: str) -> Path:
+    return _storage(repo) / "snapshots" / commit / file
+
+
+def _store(repo: str, revision: str | None, commit: str, etag: str, file: str, data: bytes) -> Path:
+    """``data`` written into the hub cache as ``hf_hub_download`` lays it out (``blobs/<etag>``,
+    ``snapshots/<commit>/<file>`` linking to it, ``refs/<revision>``), each file written whole under a name of
+    its own and renamed into place; the names are checked hashes and a checked revision."""
+    blob = _storage(repo) / "blobs" / etag
+    if not blob.is_file():
+        _atomic(blob, lambda tmp: tmp.write_bytes(data))
+    pointer = _snapshot(repo, commit, file)
+
+    def link(tmp: Path) -> None:
+        try:
+            tmp.symlink_to(os.path.relpath(blob, pointer.parent))
+        except OSError:  # no symlinks here (as huggingface_hub does then: a copy)
+            tmp.write_bytes(data)
+
+    _atomic(pointer, link)
+    _store_ref(repo, revision, commit)
+    return pointer
+
+
+def _store_ref(repo: str, revision: str | None, commit: str) -> None:
+    """``refs/<revision>`` -> ``commit``, so that the cache answers for the revision offline."""
+    rev = revision or "main"
+    if rev == commit:
+        return
+    ref = _storage(repo) / "refs" / rev
+    try:
+        if ref.is_file() and ref.read_text() == commit:
+            return
+        _atomic(ref, lambda tmp: tmp.write_text(commit))
+    except OSError:  # a read-only cache: the file was read; offline use then needs the commit
+        pass
+
+
+def _atomic(target: Path, write: Any) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.incomplete")
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
 
 
 def _cached(repo: str, revision: str | None, file: str) -> Path | None:
@@ -295,12 +525,15 @@ def read_hub_checkpoint(hub: HubConfig) -> ck.Checkpoint:
             f"fakeviz.models.build({repo!r}) for the config alone. {_local(repo, True)}",
             repo=repo, endpoint=_endpoint(), offline=True,
         )  # fmt: skip
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub import errors as he
-    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+
+    check_revision(repo, rev)
 
     def exists(name: str) -> bool:
         try:
-            get_hf_file_metadata(hf_hub_url(repo, name, revision=rev))
+            get_hf_file_metadata(hf_hub_url(repo, name, revision=rev), timeout=_Deadline(repo, rev, name).timeout(
+                constants.HF_HUB_ETAG_TIMEOUT))  # fmt: skip
         except he.RemoteEntryNotFoundError:
             return False
         except _hub_errors() as e:
@@ -314,6 +547,12 @@ def read_hub_checkpoint(hub: HubConfig) -> ck.Checkpoint:
         where = f"{_name(repo, hub.revision)}:{_INDEX}"
         weight_map = ck.parse_index(data, where)
         files = ck.index_shards(weight_map, where)
+        if len(files) > MAX_SHARDS:  # before any header is asked for: each costs two requests
+            raise CheckpointError(
+                f"{where}: names {len(files):,} safetensors files, more than the {MAX_SHARDS:,} fakeviz reads "
+                "headers of (two requests each; the largest published checkpoints have under 200)\nNot a model's "
+                "index: check the repo and HF_ENDPOINT."
+            )  # fmt: skip
     else:
         raise CheckpointError(
             f"{_name(repo, hub.revision)}: no {_SINGLE} or {_INDEX} in the repo, so no safetensors headers to read "
@@ -377,8 +616,10 @@ def _range(url: str, headers: dict[str, str], start: int, count: int, repo: str,
 
     where = f"{_name(repo, asked)}:{file}"
     want = {**headers, "Range": f"bytes={start}-{start + count - 1}", "Accept-Encoding": "identity"}
+    clock = _Deadline(repo, asked, file)
     try:
-        with get_session().stream("GET", url, headers=want, timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT) as r:
+        with get_session().stream("GET", url, headers=want,
+                                  timeout=clock.timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT)) as r:  # fmt: skip
             if r.status_code >= 400:
                 raise _http_error(r.status_code, r.headers, repo, asked, file)
             whole = r.status_code == 200  # Range ignored: the file from byte 0
@@ -394,6 +635,7 @@ def _range(url: str, headers: dict[str, str], start: int, count: int, repo: str,
             buf = bytearray()
             for chunk in r.iter_bytes():
                 buf += chunk
+                clock.check(len(buf))
                 if len(buf) >= skip + count:
                     break
     except (CheckpointError, HubError, UnknownModelError):
@@ -403,10 +645,10 @@ def _range(url: str, headers: dict[str, str], start: int, count: int, repo: str,
     return bytes(buf[skip : skip + count]), size
 
 
-def _http_error(status: int, headers: Any, repo: str, asked: str | None, file: str) -> Exception:
-    """The error of a failed range request, from its status and the hub's ``X-Error-Code`` (the body unread)."""
+def _http_error(status: int, headers: Any, repo: str, asked: str | None, file: str,
+                what: str = "a range of its header") -> Exception:  # fmt: skip
+    """The error of a failed GET, from its status and the hub's ``X-Error-Code`` (the body unread)."""
     code = headers.get("X-Error-Code", "")
     if code == "GatedRepo" or status in (401, 403):
         return _gated(repo, asked, file, status)
-    return CheckpointError(f"{_name(repo, asked)}:{file}: HTTP {status} ({code or 'no error code'}) for a range of "
-                           "its header")  # fmt: skip
+    return CheckpointError(f"{_name(repo, asked)}:{file}: HTTP {status} ({code or 'no error code'}) for {what}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hub_stub import GOOD_TOKEN, NO_ACCESS_TOKEN, HubStub
+from hub_stub import GOOD_TOKEN, NO_ACCESS_TOKEN, HubStub, point_at
 from sparse_safetensors import write_raw_safetensors, write_sparse_safetensors
 
 import fakeviz as fv
@@ -167,27 +167,9 @@ def stub(tmp_path_factory):
 
 @pytest.fixture
 def hub(stub, monkeypatch, tmp_path):
-    """``huggingface_hub`` pointed at the stand-in, with a cache and token store of this test's own.
-
-    ``huggingface_hub`` reads ``HF_ENDPOINT``, ``HF_HUB_CACHE`` and ``HF_HUB_OFFLINE`` into
-    ``huggingface_hub.constants`` when it is imported (the URL template too), so an in-process test sets those
-    constants; ``test_cli_report_of_a_hub_id`` sets the environment of a fresh process instead.
-    """
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "ENDPOINT", stub.url)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", stub.url + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "token"))
-    monkeypatch.setattr(constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "stored_tokens"))
-    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        monkeypatch.delenv(var, raising=False)
-    import transformers.dynamic_module_utils as dyn
-
-    monkeypatch.setattr(dyn, "HF_MODULES_CACHE", str(tmp_path / "modules"))
-    stub.log.clear()
+    """``huggingface_hub`` pointed at the stand-in, with a cache and token store of this test's own (``point_at``;
+    ``test_cli_report_of_a_hub_id`` sets the environment of a fresh process instead)."""
+    point_at(stub, monkeypatch, tmp_path / "hf")
     return stub
 
 
