@@ -200,22 +200,23 @@ class Trace(Record):
     def _ipython_display_(self) -> None:
         """In a notebook: the static summary, then the explorer (Note: [static fallback] in ``_views/explorer.py``).
 
-        Without ipywidgets, before the JS bundle is built, while recording or for an empty trace, the
-        text and static HTML alone.
+        While recording or for an empty trace, the text and static HTML alone. When the explorer cannot be
+        built here (its JavaScript bundle missing, a broken install, a bug), a short note names the error
+        and what to do, then the text and static HTML show as they would without a kernel.
         """
         from IPython.display import display
 
-        if not self.recording and len(self):
-            try:
-                from ._views.explorer import Explorer
-
-                widget = Explorer.from_trace(self)
-            except Exception:  # noqa: BLE001 - no widgets here: the text and HTML parts still show
-                widget = None
-            if widget is not None:
-                widget._ipython_display_()
-                return
-        display(self._repr_mimebundle_(), raw=True)
+        if self.recording or not len(self):
+            display(self._repr_mimebundle_(), raw=True)
+            return
+        try:
+            widget = self.explore()
+        except Exception as exc:  # noqa: BLE001 - shown below, with the summary, not raised from a display
+            display(_explorer_error(exc), raw=True)
+            html = _static_html(self, note="Static summary: the interactive explorer could not be shown (see above).")
+            display({"text/plain": repr(self), "text/html": html}, raw=True)
+            return
+        widget._ipython_display_()
 
     def panels(self, capacity: Any = None, **kwargs: Any) -> Any:
         """Linked plotly panels: layer tree icicle, memory bars, timeline and alias graph (``FigureWidget``s).
@@ -231,13 +232,13 @@ class Trace(Record):
         return _text.trace_repr(self)
 
     def _repr_html_(self) -> str:
-        from ._views.static import static_html
-
-        return static_html(self)
+        return _static_html(self)
 
     # ------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:
-        """Write the trace to ``path`` (``.fvz``, see :mod:`fakeviz._core.fvz`)."""
+        """Write the trace to ``path`` (``.fvz``, see :mod:`fakeviz._core.fvz`): a new path or a regular file,
+        replaced whole; a device, FIFO, socket or folder (or a symlink to one) raises
+        ``ArgumentError`` (a ``ValueError``)."""
         return _fvz.write(self, path)
 
     @classmethod
@@ -257,3 +258,24 @@ def load(path: str | Path | bytes) -> Trace:
     """Read a ``.fvz`` trace file written by :meth:`Trace.save`, or its bytes (:meth:`Trace.to_bytes`; never
     unpickles)."""
     return Trace.load(path)
+
+
+def _static_html(trace: Trace, **kwargs: Any) -> str:
+    from ._views.static import static_html
+
+    return static_html(trace, **kwargs)
+
+
+def _explorer_error(exc: BaseException) -> dict[str, str]:
+    """The note a notebook shows when the explorer of a trace cannot be built: what failed, what to do."""
+    from ._core.fmt import html_text
+
+    lines = str(exc).strip().splitlines()
+    what = f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
+    todo = "`trace.explore()` raises it with its full traceback."
+    text = f"fakeviz: the interactive explorer could not be shown ({what}). {todo}"
+    html = (
+        "<div class='fv-display-error' style='color:#b00020'><b>fakeviz: the interactive explorer could not be "
+        f"shown</b> ({html_text(what)}). {html_text(todo)}</div>"
+    )
+    return {"text/plain": text, "text/html": html}

@@ -43,14 +43,17 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import re
+import stat
+import uuid
 import zipfile
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from .errors import TraceFormatError
+from .errors import ArgumentError, TraceFormatError
 from .gpus import Capacity
 from .record import Record, column_dtype
 from .schema import ALL_COLS, OP_COLS, OUT_COLS, P_COLS, PHASES, ROLES, ST_COLS, STRING_TABLES, T_COLS
@@ -110,19 +113,54 @@ def _cut_all(value: Any) -> Any:
 
 
 def write(record: Record, path: str | Path) -> Path:
-    """Write ``record`` to ``path`` (atomically: a ``.tmp`` file renamed into place).
+    """Write ``record`` to ``path`` (atomically: a new temporary file beside it, renamed into place).
 
+    ``path`` must be a new path or a regular file (a symlink is replaced, never followed): a device, FIFO, socket
+    or folder, or a symlink to one, is refused before anything is written, and checked again just before the
+    rename (as root, a rename over ``/dev/full`` replaced the device with the trace). The temporary file is
+    created exclusively (``O_EXCL | O_NOFOLLOW``, a name of its own), so no file of that name is written through.
     A string longer than its table's limit is cut (marked with ``…``); a record whose header would pass the
     header limit is refused with :class:`TraceFormatError` before anything is written (see the module docstring).
+
+    Raises:
+        ArgumentError: ``path`` is not a regular file or a new path.
+        FileNotFoundError: its folder does not exist.
     """
     path = Path(path)
     text, cols = _header_text(record, path)
     if not path.parent.is_dir():
         raise FileNotFoundError(f"{path}: the folder {path.parent} does not exist; create it or save elsewhere")
-    tmp = path.with_name(path.name + ".tmp")
-    _archive(tmp, text, cols)
-    tmp.replace(path)
+    _check_target(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp, flags, 0o666)  # the umask applies, as to any new file
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _archive(f, text, cols)
+        _check_target(path)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+
+
+def _check_target(path: Path) -> None:
+    """Refuse to save onto anything but a regular file or a new path (a symlink: onto what it names)."""
+    try:
+        st = os.stat(path)  # through a symlink: what the user's name stands for
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new path, or a dangling symlink (replaced, its target never created)
+    if stat.S_ISREG(st.st_mode):
+        return
+    kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
+    link = " (through a symlink)" if path.is_symlink() else ""
+    raise ArgumentError("path", str(path), f"{kind}{link}, not a regular file: saving never replaces one",
+                        "Give the path of a .fvz file, new or one to replace.")  # fmt: skip
 
 
 def to_bytes(record: Record) -> bytes:
