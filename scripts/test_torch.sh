@@ -7,7 +7,9 @@
 #   bash scripts/test_torch.sh torch -k attention -x   # pytest arguments after the requirement
 #
 # In its own virtual environment (.venv-torch-<requirement>, git-ignored, kept between runs; pip's cache keeps the
-# wheels): installs the requirement, then fakeviz[test] with that torch kept; runs the demo (python -m fakeviz
+# wheels): installs the requirement, then fakeviz[test] with that torch kept (for the default, both from the package
+# index as a user's pip sees it: PIP_CONFIG_FILE=/dev/null sets aside this machine's pip configuration, whose local
+# indexes cap torch below the newest release); runs the demo (python -m fakeviz
 # demo, on fake cuda:0), then one pytest run of the tutorials' own checks (tests/notebook/test_tutorial_[0-9]*.py,
 # in this environment's kernel), tests/engine and tests/analysis, on pytest-xdist workers as scripts/test.sh does
 # (scripts/xdist.sh). .ci/run calls it after the main suite.
@@ -19,20 +21,23 @@ shift || true
 NAME="$(printf '%s' "$SPEC" | tr -c 'A-Za-z0-9._-' '-')"
 [ "$SPEC" = torch ] && NAME=newest
 VENV=".venv-torch-$NAME"
+# the default tests what `pip install torch` gives users: no pip configuration file (os.devnull: pip reads none)
+PIP=("$VENV/bin/python" -m pip)
+[ "$SPEC" = torch ] && PIP=(env PIP_CONFIG_FILE=/dev/null "${PIP[@]}")
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 
 start=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "${PIP[@]}" install -q --upgrade pip
 fi
 # --upgrade: an unpinned requirement follows the index (a new torch release is picked up on the next run)
-"$VENV/bin/python" -m pip install -q --upgrade "$SPEC"
-# the distribution's version (2.14.1 for the default wheel, whose torch.__version__ says 2.14.1+cu130): what pip pins
+"${PIP[@]}" install -q --upgrade "$SPEC"
+# the distribution's version (2.15.0 for the default wheel, whose torch.__version__ says 2.15.0+cu132): what pip pins
 TORCH="$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')"
 STAMP="$VENV/.fakeviz-installed"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$(cat "$STAMP")" != "$TORCH" ]; then
-  "$VENV/bin/python" -m pip install -q -e ".[test]" "torch==$TORCH"
+  "${PIP[@]}" install -q -e ".[test]" "torch==$TORCH"
   printf '%s' "$TORCH" > "$STAMP"
 fi
 echo "test_torch: $SPEC -> torch $TORCH in $VENV (setup $(( $(date +%s) - start )) s)"

@@ -40,11 +40,14 @@ the one it was built for (:func:`layout_signature`). Without a compiler, or with
 :func:`status` says which one is in use and why.
 
 Note: [the C core's torch contract]
-The core calls FakeTensorMode's private methods positionally and reads fields of its dispatch-cache
-entries (:data:`TORCH_CONTRACT`). Before the core is loaded those are checked against the torch in use
-(:func:`contract_problems`): a torch that renamed or re-ordered any of them records with the Python
-implementation, which looks the same internals up by name and falls back to torch's own paths, and one
-:class:`FakeVizWarning` says what changed (``status()`` too).
+The recorder overrides and calls private methods of FakeTensorMode and reads fields of its dispatch-cache
+entries; :data:`TORCH_CONTRACT` lists each with the parameters (fields) fakeviz was written for, the one table
+of them. The Python recorder binds each to the signature the installed torch has (Note: [private torch
+signatures] in ``recorder/signatures.py``: adapted by name, or stepped aside to torch's own path with one
+warning). The C core calls ``__torch_dispatch__`` positionally (:data:`CORE_NEEDS`): a torch that changed it
+records with the Python implementation, and one :class:`~fakeviz._engine.torch_compat.TorchInternalsWarning`
+says what changed (``status()`` too). The C core's two dispatch-cache hooks are installed only where torch
+kept their signature; elsewhere the Python recorder's adapted hooks serve and the C core records the rest.
 """
 
 from __future__ import annotations
@@ -66,8 +69,8 @@ from .._core import schema as _schema
 from . import native_contract as _contract
 from .cuda_shim import cache_dir
 
-__all__ = ["TORCH_CONTRACT", "check_contract", "column_macro", "contract_problems", "core", "layout_signature",
-           "schema_header", "status"]  # fmt: skip
+__all__ = ["CORE_NEEDS", "TORCH_CONTRACT", "check_contract", "column_macro", "contract_problems", "core",
+           "layout_signature", "schema_header", "status", "torch_parameters"]  # fmt: skip
 
 _CSRC = Path(__file__).with_name("csrc")
 _SRC = _CSRC / "fvcore.c"  # the one file compiled; it includes the parts
@@ -78,45 +81,64 @@ _state: dict[str, object] = {}
 
 HEADER = "fv_schema.h"
 
-#: What the C core relies on in ``torch._subclasses.fake_tensor`` (Note: [the C core's torch contract]):
-#: ``FakeTensorMode`` methods by their parameters (called positionally), and dataclasses by their fields.
+#: What the recorder relies on in ``torch._subclasses.fake_tensor`` (Note: [the C core's torch contract]):
+#: ``FakeTensorMode`` methods (and module functions) by the parameters fakeviz was written for, dataclasses by
+#: their fields. ``recorder/signatures.py`` binds the methods to what torch has; a field that moved turns the
+#: light cache-hit outputs off (Note: [light cache-hit outputs]).
 TORCH_CONTRACT: dict[str, tuple[str, ...]] = {
+    # the dispatch protocol, called positionally by the C core and by the recording mode
     "FakeTensorMode.__torch_dispatch__": ("self", "func", "types", "args", "kwargs"),
+    # overridden by the recording mode (recorder/modes.py), torch's own called from the override
     "FakeTensorMode._dispatch_impl": ("self", "func", "types", "args", "kwargs"),
+    "FakeTensorMode._validate_cache_key": ("self", "func", "args", "kwargs"),
     "FakeTensorMode._cache_key": ("self", "state", "func", "args", "kwargs"),
     "FakeTensorMode._output_from_cache_entry": ("self", "state", "entry", "key", "func", "args"),
     "FakeTensorMode._make_cache_entry": ("self", "state", "key", "func", "args", "kwargs", "output"),
+    "FakeTensorMode.validate_and_convert_non_fake_tensors": ("self", "func", "converter", "flat_args", "args_spec"),
+    "FakeTensorMode.may_turn_const": ("self", "t"),
+    # called only: the dispatch cache with values hidden (values.py), the fallback-kernel probe (recorder/modes.py)
+    "FakeTensorMode._cached_dispatch_impl": ("self", "func", "types", "args", "kwargs"),
+    "run_fallback_kernel": ("fake_mode", "func", "flat_args", "args_spec", "orig_not_implemented_exception"),
+    # read by the light cache-hit outputs (recorder/fastpath.py)
     "_DispatchCacheValidEntry": ("output_infos", "is_output_tuple"),
     "_DispatchCacheEntryOutputInfo": ("inplace_idx", "metadata", "view_idx", "constant_value"),
 }
 
+#: The entries of :data:`TORCH_CONTRACT` the C core cannot record without (it calls them positionally).
+CORE_NEEDS: tuple[str, ...] = ("FakeTensorMode.__torch_dispatch__",)
 
-def contract_problems(contract: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    """How the installed torch differs from :data:`TORCH_CONTRACT` (empty when it keeps it)."""
+
+def torch_parameters(path: str) -> tuple[str, ...] | None:
+    """The parameters (a dataclass's fields) that ``torch._subclasses.fake_tensor.<path>`` has in the installed
+    torch, ``self`` included; None where torch has no such name, ``()`` where it has no signature to read."""
     import dataclasses
     import inspect
 
     import torch._subclasses.fake_tensor as ft
 
+    obj: object = ft
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    if dataclasses.is_dataclass(obj):
+        return tuple(f.name for f in dataclasses.fields(obj))
+    try:
+        return tuple(inspect.signature(obj).parameters)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ()
+
+
+def contract_problems(contract: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    """How the installed torch differs from ``contract`` (by default all of :data:`TORCH_CONTRACT`; empty when it
+    keeps it)."""
     problems = []
     for path, expected in (TORCH_CONTRACT if contract is None else contract).items():
-        obj: object = ft
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if obj is None:
+        got = torch_parameters(path)
+        if got is None:
             problems.append(f"{path} is missing")
-            continue
-        if dataclasses.is_dataclass(obj):
-            got = tuple(f.name for f in dataclasses.fields(obj))
-        else:
-            try:
-                got = tuple(inspect.signature(obj).parameters)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                got = ()
-        if got != expected:
-            problems.append(f"{path}({', '.join(got)}) where the core expects ({', '.join(expected)})")
+        elif got != expected:
+            problems.append(f"{path}({', '.join(got)}) where fakeviz expects ({', '.join(expected)})")
     return problems
 
 
@@ -240,17 +262,17 @@ def _compile(target: Path, headers: dict[str, str]) -> None:
 
 
 def _load() -> ModuleType:
-    problems = contract_problems()
+    problems = contract_problems({path: TORCH_CONTRACT[path] for path in CORE_NEEDS})
     if problems:
         import warnings
 
         import torch
 
-        from .._core.errors import FakeVizWarning
+        from .torch_compat import TorchInternalsWarning
 
         why = (f"torch {torch.__version__} changed FakeTensorMode internals the C recorder core calls: "
                + "; ".join(problems) + " (the Python recorder records instead: same trace, slower)")  # fmt: skip
-        warnings.warn(f"fakeviz: {why}", FakeVizWarning, stacklevel=2)
+        warnings.warn(f"fakeviz: {why}", TorchInternalsWarning, stacklevel=2)
         raise RuntimeError(why)
     headers = _headers()
     path = _library_path("".join(headers.values()))

@@ -38,13 +38,14 @@ from typing import Any
 
 import torch
 
-from .._core.errors import FakeVizError
+from .._core.errors import FakeVizError, FakeVizWarning
 
 __all__ = [
     "GUARDS",
     "MIN_TORCH",
     "TORCH_VERSION",
     "Guard",
+    "TorchInternalsWarning",
     "TorchVersionError",
     "fa3_sdp_enabled",
     "lookup",
@@ -74,6 +75,12 @@ TORCH_VERSION: tuple[int, int] = _version(torch.__version__)
 
 class TorchVersionError(FakeVizError):
     """A fakeviz feature needs something the installed torch does not have (a newer torch)."""
+
+
+class TorchInternalsWarning(FakeVizWarning):
+    """The installed torch changed a FakeTensorMode internal fakeviz overrides or calls, and fakeviz takes torch's
+    own path there: the same records, slower (Note: [private torch signatures]; Note: [the C core's torch
+    contract]). Said once per process."""
 
 
 @dataclass(frozen=True)

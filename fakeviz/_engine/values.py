@@ -204,17 +204,19 @@ def forget_cached_constructors() -> None:
 class Values:
     """What one fake mode knows of tensor values: see Note: [values under fake tensors].
 
-    ``impl`` is FakeTensorMode's own ``_dispatch_impl`` (unbound), run for every op; ``recorder`` (set by the
+    ``impl`` is FakeTensorMode's own ``_dispatch_impl`` (unbound), run for every op, and ``cached`` its
+    ``_cached_dispatch_impl`` (``impl`` where the mode uses no dispatch cache), both called as
+    ``(mode, func, types, args, kwargs)`` (Note: [private torch signatures]); ``recorder`` (set by the
     recording that uses the mode, None otherwise) is told each assumption (``note_assumption(func, text)``)
     and is the provenance :func:`bounds` reads (its ``b``, ``tid_base``, ``tid_limit``).
     """
 
-    def __init__(self, mode: Any, impl: Callable[..., Any]) -> None:
+    def __init__(self, mode: Any, impl: Callable[..., Any], cached: Callable[..., Any] | None = None) -> None:
         self.mode = mode
         self.impl = impl
         # with the values hidden, an op's fake rule can come from FakeTensorMode's dispatch cache (its metadata
         # is the key): about 20 us instead of a full dispatch
-        self.cached = getattr(type(mode), "_cached_dispatch_impl", impl)
+        self.cached = impl if cached is None else cached
         self.recorder: Any = None
         self.local = threading.local()
         self.seen: set[tuple[Any, ...]] = set()  # in-place random ops the fake rule ran for (_inplace_seen)

@@ -23,10 +23,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode, _DispatchCacheKey
 from .. import values as _values
 from .common import _DETACH, _Tensor, float_blind
 
-# FakeTensorMode's own methods, called where the fast path does not apply (and handed to the C core)
+# FakeTensorMode's own methods, called where the fast path does not apply (and handed to the C core). The two
+# private ones are called with the parameters of native.TORCH_CONTRACT: ``modes.adapt`` rebinds them to callers
+# for the signature torch has (Note: [private torch signatures])
 _fake_dispatch = FakeTensorMode.__torch_dispatch__
-_fake_output_from_entry = getattr(FakeTensorMode, "_output_from_cache_entry", None)  # private: may be renamed
-_fake_make_entry = getattr(FakeTensorMode, "_make_cache_entry", None)
+_fake_output_from_entry: Any = getattr(FakeTensorMode, "_output_from_cache_entry", None)
+_fake_make_entry: Any = getattr(FakeTensorMode, "_make_cache_entry", None)
 _is_exporting = torch.compiler.is_exporting
 
 
@@ -126,19 +128,33 @@ def _fast_output_from_entry(mode: Any, state: Any, entry: Any, key: Any, func: A
     Note: [light cache-hit outputs]
     On a dispatch-cache hit FakeTensorMode makes each output through ``in_kernel_invocation_manager`` (a
     generator context manager), ``torch.empty_strided`` on meta and ``FakeTensor.__new__``: about 40 % of the
-    time of a recorded backward. This does the same steps with the context manager inlined and the output
-    wrapped by :func:`_wrap_fake` (Note: [light FakeTensor wrap]): an in-place op returns its argument, a
-    constant entry its value, a view is set onto its input's storage. An entry with symbolic sizes, another
-    layout or an unexpected dispatch state, or a run inside ``torch.export`` (whose fake-tensor leak tracker
-    hooks the constructor) takes torch's own method.
+    time of a recorded backward. :func:`light_outputs` does the same steps with the context manager inlined and
+    the output wrapped by :func:`_wrap_fake` (Note: [light FakeTensor wrap]): an in-place op returns its
+    argument, a constant entry its value, a view (an entry with a ``view_idx``: torch >= 2.15 also caches
+    ``_unsafe_view`` so) is set onto its input's storage. An entry with symbolic sizes, another layout or an
+    unexpected dispatch state, a run inside ``torch.export`` (whose fake-tensor leak tracker hooks the
+    constructor), or a torch whose cache entries have other fields than ``native.TORCH_CONTRACT`` says
+    (``_ENTRY_FIELDS``) takes torch's own method.
     """
+    out = light_outputs(mode, entry, args)
+    return _fake_output_from_entry(mode, state, entry, key, func, args) if out is _NOT_LIGHT else out
+
+
+_NOT_LIGHT = object()
+_ENTRY_FIELDS = True  # whether torch's cache entries have the fields light_outputs reads (modes.adapt sets it)
+
+
+def light_outputs(mode: Any, entry: Any, args: Any) -> Any:
+    """The outputs of cache ``entry`` for op arguments ``args`` (Note: [light cache-hit outputs]), or
+    ``_NOT_LIGHT`` where torch's own ``_output_from_cache_entry`` must make them."""
     if (
         not _LIGHT_OUTPUTS
+        or not _ENTRY_FIELDS
         or mode.shape_env is not None
         or _is_exporting()
         or _meta_in_tls() != mode.in_kernel_invocation
     ):
-        return _fake_output_from_entry(mode, state, entry, key, func, args)
+        return _NOT_LIGHT
     outs = []
     for info in entry.output_infos:
         md = info.metadata
@@ -147,7 +163,7 @@ def _fast_output_from_entry(mode: Any, state: Any, entry: Any, key: Any, func: A
             continue
         if md is None:
             if info.view_idx is not None:
-                return _fake_output_from_entry(mode, state, entry, key, func, args)
+                return _NOT_LIGHT
             outs.append(info.constant_value)  # None, or a non-tensor output
             continue
         if (
@@ -155,11 +171,10 @@ def _fast_output_from_entry(mode: Any, state: Any, entry: Any, key: Any, func: A
             or type(md.storage_offset) is not int
             or not all(type(v) is int for v in (*md.shape, *md.stride))
         ):
-            return _fake_output_from_entry(mode, state, entry, key, func, args)
-        view = isinstance(func, torch._ops.OpOverload) and func.is_view
-        if view and info.view_idx is None:
-            return _fake_output_from_entry(mode, state, entry, key, func, args)
-        base = args[info.view_idx] if view else None
+            return _NOT_LIGHT
+        # torch sets view_idx exactly for the ops whose output it makes a view of its input (every torch.is_view
+        # op; since 2.15 _unsafe_view too), and makes the output so on a hit
+        base = args[info.view_idx] if info.view_idx is not None else None
         outs.append(_wrap_fake(mode, _in_kernel(mode, _meta_output, md, base), md.device))
     return tuple(outs) if entry.is_output_tuple else outs[0]
 

@@ -32,12 +32,15 @@ from torch.utils._device import _device_constructors
 from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import native as _native
 from .. import patches as _patches
 from .. import torchao_patches as _torchao_patches
 from .. import value_args as _value_args
 from .. import values as _values
+from . import fastpath as _fastpath
+from . import signatures as _signatures
 from .common import _DETACH, _get_ident, _Tensor
-from .fastpath import _fake_detach, _fake_dispatch, _fake_make_entry, _fast_key, _fast_output_from_entry
+from .fastpath import _fake_detach, _fake_dispatch, _fast_key, _fast_output_from_entry
 from .state import _State
 
 
@@ -52,6 +55,10 @@ def _install_fallback_probe() -> None:
     original = ft.run_fallback_kernel
     if getattr(original, "_fakeviz_probe", False):
         return
+    if (_native.torch_parameters("run_fallback_kernel") or ())[:2] != ("fake_mode", "func"):
+        _STEPPED_ASIDE.append((_native.contract_problems({"run_fallback_kernel": _native.TORCH_CONTRACT[
+            "run_fallback_kernel"]})[0], "the fidelity report does not list the ops that ran a fallback kernel"))
+        return
 
     def run_fallback_kernel(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
         st = getattr(fake_mode, "_fv_state", None)
@@ -60,9 +67,13 @@ def _install_fallback_probe() -> None:
         return original(fake_mode, func, *args, **kwargs)
 
     run_fallback_kernel._fakeviz_probe = True  # type: ignore[attr-defined]
+    run_fallback_kernel.__wrapped__ = original  # type: ignore[attr-defined]  # torch's signature (native.torch_parameters)
     _patches.push(ft, "run_fallback_kernel", run_fallback_kernel, entry="fallback-probe")  # for the process
 
 
+#: (what moved, what stepping aside costs) for each override that stepped aside to torch's own path (Note: [private
+#: torch signatures]); said in one warning
+_STEPPED_ASIDE: list[tuple[str, str]] = []
 _install_fallback_probe()
 
 
@@ -94,9 +105,15 @@ class _FakeRecordingMode(FakeTensorMode):
     _fv_state: _State | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if _REFUSED:
+            from ..torch_compat import TorchVersionError
+
+            raise TorchVersionError(_REFUSED)
         super().__init__(*args, **kwargs)
+        if not _CACHE:  # Note: [private torch signatures]: the cache's validation stepped aside, so no cache
+            self.cache_enabled = False
         # Note: [values under fake tensors]: the values of small tensors, random draws in step, assumptions
-        self._fv_values = _values.Values(self, _fake_dispatch_impl)
+        self._fv_values = _values.Values(self, _fake_dispatch_impl, _fake_cached_impl if _CACHE else None)
         _values.forget_cached_constructors()
 
     def _dispatch_impl(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
@@ -122,7 +139,7 @@ class _FakeRecordingMode(FakeTensorMode):
         return key if key is not None else _fake_cache_key(self, state, func, args, kwargs)
 
     def validate_and_convert_non_fake_tensors(self, func: Any, converter: Any, flat_args: Any, args_spec: Any) -> Any:
-        validated, fakes = super().validate_and_convert_non_fake_tensors(func, converter, flat_args, args_spec)
+        validated, fakes = _fake_validate_convert(self, func, converter, flat_args, args_spec)
         st = self._fv_state
         if st is not None and st.active:  # Note: [converted tensors]
             for a, v in zip(flat_args, validated):
@@ -169,7 +186,7 @@ class _FakeRecordingMode(FakeTensorMode):
         return _fast_output_from_entry(self, state, entry, key, func, args)
 
     def _make_cache_entry(self, state: Any, key: Any, func: Any, args: Any, kwargs: Any, output: Any) -> Any:
-        entry = _fake_make_entry(self, state, key, func, args, kwargs, output)
+        entry = _fastpath._fake_make_entry(self, state, key, func, args, kwargs, output)
         self._fv_entry(func, entry)
         return entry
 
@@ -190,7 +207,8 @@ _OWN_HOOKS = {name: _FakeRecordingMode.__dict__[name] for name in _HOOKS}
 def _install_core_hooks(mode: _FakeRecordingMode, state: _State) -> None:
     """Note: [recorder core in C]: while ``state`` records, the mode's per-dispatch hooks are
     the core's C methods, bound to the mode instance (a hook replaced on the class, by a
-    subclass or a test, is left to the class)."""
+    subclass, a test or an adapter to torch's signature: Note: [private torch signatures], is left to the
+    class)."""
     _remove_core_hooks(mode)
     core = state.core
     if core is None:
@@ -207,9 +225,92 @@ def _remove_core_hooks(mode: _FakeRecordingMode) -> None:
         mode.__dict__.pop(name, None)
 
 
-_fake_dispatch_impl = FakeTensorMode._dispatch_impl
-_fake_validate_key = FakeTensorMode._validate_cache_key
-_fake_cache_key = FakeTensorMode._cache_key
+# Note: [private torch signatures]: the overrides of _FakeRecordingMode as written, by name: (the parameters each
+# reads, what stepping aside to torch's own method costs; None: fakeviz cannot record without it), and torch's own
+# methods fakeviz calls, bound by adapt() to the signature torch has
+_OVERRIDES: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "_dispatch_impl": (("func", "args", "kwargs"), None),
+    "_validate_cache_key": (("func", "kwargs"), "FakeTensorMode's dispatch cache is off in fakeviz's sessions"),
+    "_cache_key": (("func", "args", "kwargs"), "torch's own dispatch-cache keys (Note: [fast dispatch-cache key])"),
+    "_output_from_cache_entry": (("entry", "func", "args"),
+                                 "no recorded op cache on dispatch-cache hits, torch's own cache-hit outputs"),
+    "_make_cache_entry": (("func",), "no recorded op cache on dispatch-cache misses"),
+    "validate_and_convert_non_fake_tensors": (("flat_args",),
+                                              "Note: [converted tensors]: a view of a real tensor's copy is a new "
+                                              "storage"),
+    "may_turn_const": (("t",), "torch.tensor(data) keeps the values of one element, not VALUE_LIMIT"),
+}  # fmt: skip
+_WRITTEN = {name: _FakeRecordingMode.__dict__[name] for name in _OVERRIDES}
+_CALLED = ("_dispatch_impl", "_validate_cache_key", "_cache_key", "_output_from_cache_entry", "_make_cache_entry",
+           "validate_and_convert_non_fake_tensors", "_cached_dispatch_impl")  # fmt: skip
+_CACHE = True  # whether fakeviz's fake modes use FakeTensorMode's dispatch cache
+_REFUSED = ""  # why fakeviz cannot record on this torch (a fake mode raises TorchVersionError), "" where it can
+_fake_dispatch_impl: Any = None
+_fake_validate_key: Any = None
+_fake_cache_key: Any = None
+_fake_validate_convert: Any = None
+_fake_cached_impl: Any = None
+
+
+def adapt() -> list[tuple[str, str]]:
+    """Bind the recording mode's overrides and the torch methods fakeviz calls to the signatures of the installed
+    torch (Note: [private torch signatures]); warn once (:class:`TorchInternalsWarning`) where an override stepped
+    aside. Returns (what moved, what it costs) for each that stepped aside. Run at import; tests run it again
+    after moving a signature in their own scope."""
+    global _CACHE, _REFUSED, _fake_dispatch_impl, _fake_validate_key, _fake_cache_key, _fake_validate_convert
+    global _fake_cached_impl
+    import torch as _torch
+
+    from ..torch_compat import TorchInternalsWarning
+
+    callers: dict[str, Any] = {}
+    stepped = list(_STEPPED_ASIDE)
+    for name in _CALLED:
+        callers[name], _ = _signatures.outgoing(f"FakeTensorMode.{name}")
+    _REFUSED = ""
+    for name, (reads, cost) in _OVERRIDES.items():
+        path = f"FakeTensorMode.{name}"
+        hook, moved = _signatures.incoming(path, _WRITTEN[name], reads)
+        if hook is not None and name in callers and callers[name] is None:
+            hook = None  # the override calls torch's own, which cannot be called with what fakeviz has
+        if hook is None:
+            if cost is None:
+                _REFUSED = (f"torch {_torch.__version__} changed FakeTensorMode internals fakeviz's fake sessions "
+                            f"cannot work without: {moved} (Note: [private torch signatures]); install a torch "
+                            "fakeviz supports (docs/torch_versions.md)")  # fmt: skip
+            else:
+                stepped.append((moved, cost))
+            if name in _FakeRecordingMode.__dict__:
+                delattr(_FakeRecordingMode, name)
+        else:
+            setattr(_FakeRecordingMode, name, hook)
+    _CACHE = "_validate_cache_key" in _FakeRecordingMode.__dict__
+    _fake_dispatch_impl = callers["_dispatch_impl"]
+    _fake_validate_key = callers["_validate_cache_key"]
+    _fake_cache_key = callers["_cache_key"]
+    _fake_validate_convert = callers["validate_and_convert_non_fake_tensors"]
+    _fake_cached_impl = callers["_cached_dispatch_impl"]
+    _fastpath._fake_output_from_entry = callers["_output_from_cache_entry"]
+    _fastpath._fake_make_entry = callers["_make_cache_entry"]
+    entries = ("_DispatchCacheValidEntry", "_DispatchCacheEntryOutputInfo")
+    _fastpath._ENTRY_FIELDS = all(
+        set(_native.TORCH_CONTRACT[p]) <= set(_native.torch_parameters(p) or ()) for p in entries
+    )
+    if not _fastpath._ENTRY_FIELDS:
+        stepped.append(("; ".join(_native.contract_problems({p: _native.TORCH_CONTRACT[p] for p in entries})),
+                        "torch's own cache-hit outputs (Note: [light cache-hit outputs])"))  # fmt: skip
+    if stepped:
+        warnings.warn(
+            f"fakeviz: torch {_torch.__version__} changed FakeTensorMode internals fakeviz overrides; fakeviz uses "
+            "torch's own path there (the same records, slower): "
+            + "; ".join(f"{moved} ({cost})" for moved, cost in stepped),
+            TorchInternalsWarning,
+            stacklevel=2,
+        )
+    return stepped
+
+
+adapt()
 
 
 def _fake_dispatch_fast(mode: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:

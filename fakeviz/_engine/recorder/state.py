@@ -19,6 +19,7 @@ from ..._core.schema import ROLE_SAVED
 from .. import native as _native
 from .. import patches as _patches
 from ..kv_cache import KVCacheMixin
+from . import fastpath as _fastpath
 from .autograd import AutogradMixin
 from .common import (
     _DETACH,
@@ -37,7 +38,6 @@ from .fastpath import (
     _DETACH_OP,
     _DisableTorchDispatch,
     _fake_dispatch,
-    _fake_make_entry,
     _fast_output_from_entry,
     _meta_in_tls,
     _PreserveDispatchKeyGuard,
@@ -103,7 +103,7 @@ class _State(OpsMixin, StoragesMixin, AutogradMixin, ModulesMixin, KVCacheMixin)
             detach=_DETACH, lift_fresh=_LIFT_FRESH, unsafe_view=_UNSAFE_VIEW, param_new_code=_PARAM_NEW,
             graph_task_id=_graph_task_id, current_node=_current_node, get_sequence_nr=_get_sequence_nr,
             fake_dispatch=_fake_dispatch, output_from_cache_entry=_fast_output_from_entry,
-            make_cache_entry=_fake_make_entry, wrap_fake=_wrap_fake,
+            make_cache_entry=_fastpath._fake_make_entry, wrap_fake=_wrap_fake,
             meta_in_tls=_meta_in_tls, set_meta_in_tls=_set_meta_in_tls, disable_torch_dispatch=_DisableTorchDispatch,
             preserve_dispatch_keys=_PreserveDispatchKeyGuard, detach_op=_DETACH_OP,
             make_subclass=_Tensor._make_subclass, fake_config=_FakeTensorConfig,
