@@ -205,16 +205,21 @@ def _guarded(file: str, line: int) -> bool:
             tree = ast.parse(fh.read(), file)
     except (OSError, SyntaxError, ValueError):
         return True
+
+    def is_main(test: ast.expr, op: type[ast.cmpop]) -> bool:  # `__name__ == "__main__"` (op Eq), either way round
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) and op is ast.Eq:
+            return any(is_main(v, op) for v in test.values)  # `... and __name__ == "__main__"`: only in __main__
+        if not isinstance(test, ast.Compare) or len(test.ops) != 1 or not isinstance(test.ops[0], op):
+            return False
+        sides = [test.left, *test.comparators]
+        return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+            isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+        )
+
     for node in ast.walk(tree):
-        if not isinstance(node, ast.If) or not isinstance(node.test, ast.Compare) or len(node.test.ops) != 1:
+        if not isinstance(node, ast.If):
             continue
-        sides = [node.test.left, *node.test.comparators]
-        names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
-        mains = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
-        if not (names and mains):
-            continue
-        op = node.test.ops[0]
-        body = node.body if isinstance(op, ast.Eq) else node.orelse if isinstance(op, ast.NotEq) else []
+        body = node.body if is_main(node.test, ast.Eq) else node.orelse if is_main(node.test, ast.NotEq) else []
         if body and body[0].lineno <= line <= (body[-1].end_lineno or body[-1].lineno):
             return True
     return False
