@@ -79,8 +79,8 @@ class TorchVersionError(FakeVizError):
 
 class TorchInternalsWarning(FakeVizWarning):
     """The installed torch changed a FakeTensorMode internal fakeviz overrides or calls, and fakeviz takes torch's
-    own path there: the same records, slower (Note: [private torch signatures]; Note: [the C core's torch
-    contract]). Said once per process."""
+    own path there: slower, and less exact where the warning says so (Note: [private torch signatures]; Note: [the
+    C core's torch contract]). Said once per process."""
 
 
 @dataclass(frozen=True)

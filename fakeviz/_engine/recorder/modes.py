@@ -56,8 +56,12 @@ def _install_fallback_probe() -> None:
     if getattr(original, "_fakeviz_probe", False):
         return
     if (_native.torch_parameters("run_fallback_kernel") or ())[:2] != ("fake_mode", "func"):
-        _STEPPED_ASIDE.append((_native.contract_problems({"run_fallback_kernel": _native.TORCH_CONTRACT[
-            "run_fallback_kernel"]})[0], "the fidelity report does not list the ops that ran a fallback kernel"))
+        _STEPPED_ASIDE.append(
+            (
+                _native.contract_problems({"run_fallback_kernel": _native.TORCH_CONTRACT["run_fallback_kernel"]})[0],
+                "the fidelity report does not list the ops that ran a fallback kernel",
+            )
+        )
         return
 
     def run_fallback_kernel(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
@@ -236,9 +240,10 @@ _OVERRIDES: dict[str, tuple[tuple[str, ...], str | None]] = {
                                  "no recorded op cache on dispatch-cache hits, torch's own cache-hit outputs"),
     "_make_cache_entry": (("func",), "no recorded op cache on dispatch-cache misses"),
     "validate_and_convert_non_fake_tensors": (("flat_args",),
-                                              "Note: [converted tensors]: a view of a real tensor's copy is a new "
-                                              "storage"),
-    "may_turn_const": (("t",), "torch.tensor(data) keeps the values of one element, not VALUE_LIMIT"),
+                                              "less exact: a view of a real tensor used in a record counts as a new "
+                                              "storage, Note: [converted tensors]"),
+    "may_turn_const": (("t",), "less exact: torch.tensor(data) keeps the values of one element, not VALUE_LIMIT; "
+                               "Note: [values under fake tensors]"),
 }  # fmt: skip
 _WRITTEN = {name: _FakeRecordingMode.__dict__[name] for name in _OVERRIDES}
 _CALLED = ("_dispatch_impl", "_validate_cache_key", "_cache_key", "_output_from_cache_entry", "_make_cache_entry",
@@ -301,8 +306,8 @@ def adapt() -> list[tuple[str, str]]:
                         "torch's own cache-hit outputs (Note: [light cache-hit outputs])"))  # fmt: skip
     if stepped:
         warnings.warn(
-            f"fakeviz: torch {_torch.__version__} changed FakeTensorMode internals fakeviz overrides; fakeviz uses "
-            "torch's own path there (the same records, slower): "
+            f"fakeviz: torch {_torch.__version__} changed FakeTensorMode internals fakeviz overrides; fakeviz takes "
+            "torch's own path there (slower; less exact only where said): "
             + "; ".join(f"{moved} ({cost})" for moved, cost in stepped),
             TorchInternalsWarning,
             stacklevel=2,

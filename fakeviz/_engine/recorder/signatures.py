@@ -84,7 +84,9 @@ def incoming(path: str, ours: Callable[..., Any], reads: Collection[str]) -> tup
         return ours(*(got.get(n) for n in expected))
 
     adapter.__name__ = adapter.__qualname__ = getattr(ours, "__name__", "adapter")
-    adapter.__doc__ = f"{getattr(ours, '__doc__', None) or ''}\n\n(adapted to {moved}: Note: [private torch signatures])"
+    adapter.__doc__ = (
+        f"{getattr(ours, '__doc__', None) or ''}\n\n(adapted to {moved}: Note: [private torch signatures])"
+    )
     return adapter, moved
 
 
