@@ -43,7 +43,9 @@ def summary_div(static_id: str = "") -> str:
     )
 
 
-def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static_id: str = "") -> str:
+def static_html(
+    trace: Record, capacity: Any = None, *, modules: int = 8, static_id: str = "", note: str | None = None
+) -> str:
     """The static summary of ``trace`` as one ``<div>`` (see the module docstring).
 
     Args:
@@ -51,6 +53,7 @@ def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static
         capacity: bytes, ``"80GB"`` or a GPU name (default the record's own ``meta["capacity"]``).
         modules: how many of the largest modules (by parameters, then activations) to list.
         static_id: written as ``data-fv-static`` so a live widget can hide this summary (the explorer does).
+        note: the line under the summary (default: how to see the interactive explorer).
     """
     cap = capacity_of(trace.meta, capacity)
     counts = ", ".join(f"{k} {v:,}" for k, v in phase_counts(trace).items() if v)
@@ -75,10 +78,13 @@ def static_html(trace: Record, capacity: Any = None, *, modules: int = 8, static
     if weights:
         parts.append(f"<div class='fv-weights'><b>weights</b>: {html_text(weights)}</div>")
     parts.append(_modules_html(trace, modules))
-    parts.append(
-        "<div style='opacity:.7;font-size:12px'>Static summary. Run the cell with a kernel for the interactive "
-        "explorer; <code>trace.to_html(path)</code> writes the full explorer to one file.</div></div>"
+    note_html = (
+        html_text(note)
+        if note is not None
+        else "Static summary. Run the cell with a kernel for the interactive explorer; "
+        "<code>trace.to_html(path)</code> writes the full explorer to one file."
     )
+    parts.append(f"<div style='opacity:.7;font-size:12px'>{note_html}</div></div>")
     return "".join(parts)
 
 

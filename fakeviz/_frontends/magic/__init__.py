@@ -25,7 +25,7 @@ from ..._engine.arguments import default_dtype, fake_device
 from ..._engine.recorder import FakeSession
 from ..._engine.session import check_device, is_fake
 from ..._trace import Trace
-from .cells import CellNames, Progress
+from .cells import CellNames, CompiledAs, Progress, cell_number
 from .errors import FakeCellError, check_names, short_error
 
 __all__ = ["FakeCellError", "FakeMagics", "load_ipython_extension", "unload_ipython_extension"]
@@ -170,7 +170,8 @@ class FakeMagics(Magics):
             device=device, dtype=dtype, fake=not args.real, session=session, progress=progress,
             attention=attention or "auto", gpu=gpu_name if gpu_name and gpu_capability(gpu_name) else None,
         )  # fmt: skip
-        label = f"Cell In[{self.shell.execution_count}]"
+        number = cell_number(self.shell)  # the prompt's [N], on IPython 8 and 9
+        label = f"Cell In[{number}]"
         rec.trace.meta.update({"cell": cell[:2000], "label": label, "session": args.session if session else None,
                                "attention": attention, **({"real_inputs": warnings} if warnings else {})})  # fmt: skip
         if capacity is not None:
@@ -180,7 +181,7 @@ class FakeMagics(Magics):
         before = False  # a SyntaxError: the cell did not run
         hidden = _HiddenTracebacks(self.shell)
         try:
-            with hidden, rec as trace:
+            with hidden, CompiledAs(self.shell, number), rec as trace:
                 if session is not None:
                     self._active[args.session] = trace
                 try:

@@ -4,6 +4,11 @@ The recorder writes user lines as ``file:line in function``, where the file of a
 the shell compiled it as (``<ipython-input-3-…>`` in IPython, ``/tmp/ipykernel_…/….py`` in ipykernel).
 IPython keeps which cell each such file is (``shell.compile._filename_map``); :class:`CellNames` turns
 those lines into the names IPython's own tracebacks use.
+
+A cell magic's body is compiled by a second ``run_cell``, which numbers it with ``shell.execution_count``:
+the prompt's number on IPython 8, one more on IPython 9 (it counts a cell before running it), so the body
+would be named after the next cell. :func:`cell_number` reads the number the running cell has and
+:class:`CompiledAs` compiles the body under it, on both.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 from ..._core.fmt import html_text
 from ..._core.record import Record
 
-__all__ = ["CellNames", "Progress"]
+__all__ = ["CellNames", "CompiledAs", "Progress", "cell_number"]
 
 # meta lists of rows holding user lines (as text) somewhere in the row
 _META_ROWS = ("assumptions",)
@@ -64,6 +69,50 @@ class CellNames:
             if isinstance(rows, list):
                 rec.meta[key] = [[self(x) if isinstance(x, str) else x for x in row] for row in rows]
         rec.clear_memo()
+
+
+def cell_number(shell: Any) -> int:
+    """The number IPython gave the cell running now (its prompt ``[N]``), on IPython 8 and 9.
+
+    The shell hands the running cell's result to its display hook; its ``execution_count`` is the number
+    the cell was compiled with. Outside a cell (a magic called from a script) it is the shell's count.
+    """
+    running = getattr(getattr(shell, "displayhook", None), "exec_result", None)
+    number = getattr(running, "execution_count", None)
+    return int(number if number is not None else shell.execution_count)
+
+
+class CompiledAs:
+    """While a cell magic runs its body (``shell.run_cell``), the body is compiled as the cell ``number``:
+    its file is that cell's in IPython's ``compile._filename_map``, so IPython's tracebacks and
+    :class:`CellNames` name it ``Cell In[number]``. The shell's count is left alone (the display hook
+    numbers ``Out[N]`` by it); the compiler's ``cache`` is wrapped on the instance and restored on exit."""
+
+    def __init__(self, shell: Any, number: int) -> None:
+        self.compiler = getattr(shell, "compile", None)
+        self.number = number
+        self.saved: Any = None
+
+    def __enter__(self) -> None:
+        comp = self.compiler
+        if comp is None or not callable(getattr(comp, "cache", None)):
+            return
+        self.saved = comp.__dict__.get("cache")
+        cache, number = comp.cache, self.number
+
+        def cache_as_cell(transformed_code: str, _number: int = 0, raw_code: str | None = None) -> Any:
+            return cache(transformed_code, number, raw_code=raw_code)
+
+        comp.cache = cache_as_cell
+
+    def __exit__(self, *exc: Any) -> None:
+        comp = self.compiler
+        if comp is None:
+            return
+        if self.saved is None:
+            comp.__dict__.pop("cache", None)
+        else:
+            comp.cache = self.saved
 
 
 class Progress:
