@@ -5,6 +5,7 @@
 #   bash scripts/test_torch.sh                 # newest default torch
 #   bash scripts/test_torch.sh torch==2.11.0   # any other requirement
 #   bash scripts/test_torch.sh torch -k attention -x   # pytest arguments after the requirement
+#   bash scripts/test_torch.sh torch -x tests/engine/test_torch_contract.py   # test paths: these instead of the set
 #
 # In its own virtual environment (.venv-torch-<requirement>, git-ignored, kept between runs; pip's cache keeps the
 # wheels): installs the requirement, then fakeviz[test] with that torch kept (for the default, both from the package
@@ -52,7 +53,12 @@ echo "test_torch: demo on torch $TORCH took $(( $(date +%s) - start )) s"
 # peak RSS (Linux keeps ru_maxrss across exec), and tutorial 02 checks its own peak (seen: 1.73 GiB after
 # tests/engine, under 1.5 alone). Under xdist tests/conftest.py runs the tutorials first on each worker (Note: [the
 # suite under xdist]); serially (-n 0) they run first because they are named first.
+# A test path among the pytest arguments (a file or folder that exists, with or without ::test) runs instead of
+# that set.
+TESTS=(tests/notebook/test_tutorial_[0-9]*.py tests/engine tests/analysis)
+for arg in "$@"; do
+  [[ "$arg" != -* && -e "${arg%%::*}" ]] && TESTS=() && break
+done
 source scripts/xdist.sh
 xdist_args "$VENV/bin/python" "$@"
-FAKEVIZ_NB_KERNEL=dev exec "$VENV/bin/python" -m pytest ${XDIST[@]+"${XDIST[@]}"} \
-  tests/notebook/test_tutorial_[0-9]*.py tests/engine tests/analysis "$@"
+FAKEVIZ_NB_KERNEL=dev exec "$VENV/bin/python" -m pytest ${XDIST[@]+"${XDIST[@]}"} ${TESTS[@]+"${TESTS[@]}"} "$@"
