@@ -46,6 +46,8 @@ headroom first.
 from __future__ import annotations
 
 import inspect
+import math
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -175,6 +177,8 @@ class _Search:
     per_rank: int  # the data-parallel rank's sequences per step
     schedule: str | None = None
     descend: bool = False
+    order: int = 0  # which to search first among equal bounds (Note: [bounds in fit]): the dp twins first
+    stages: list[list[str]] | None = None  # a pipeline's parts per stage (fit_layouts.stage_parts)
     k: int = 0
     lo: int = -1
     hi: int = 0
@@ -182,16 +186,42 @@ class _Search:
     down: int | None = None
     first: bool = True
     best: dict[int, Any] = field(default_factory=dict)  # knob index -> (micro-batch index, plan)
+    dropped: set[int] = field(default_factory=set)  # knobs whose row a bound ended before it was the grid's answer
+    pruned: str = ""  # why the rest of the search was not recorded
 
     def __post_init__(self) -> None:
         self.hi = len(self.cands)
 
-    def next_probe(self) -> int | None:
+    @property
+    def lay(self) -> dict[str, int]:
+        return self.layout or {}
+
+    def next_probe(self, lower: Any = None, beat: tuple[float, str] | None = None) -> int | None:
+        """The next micro-batch index to record (None: done). ``lower(i)``: a lower bound on the global step at
+        candidate ``i`` (Note: [bounds in fit]); ``beat``: the fastest fitting configuration so far (seconds, words):
+        a knob none of whose candidates can beat it is not started, and the search ends there."""
         while self.k < len(self.knobs):
+            if self.first and self.hi == len(self.cands) and self.lo == self.floor and lower and beat:
+                rest = range(self.floor + 1, len(self.cands))
+                low = min((lower(i) for i in rest), default=math.inf)
+                if low > beat[0]:  # every later knob's candidates are among these (Note: [the budget search])
+                    what = "every configuration" if self.k == 0 else f"checkpointing={_label(self.knobs[self.k][0])}" + (
+                        f" offload={self.knobs[self.k][1]}" if self.knobs[self.k][1] else "") + " and later knobs"
+                    self.pruned = f"{what} not recorded: at least {low:.3g} s per global step, slower than {beat[1]}"
+                    self.k = len(self.knobs)
+                    return None
             if self.hi - self.lo > 1:
                 return self.hi - 1 if self.first else (self.lo + self.hi) // 2
             if self.descend and self.lo > self.floor:
                 nxt = self.lo - 1 if self.down is None else self.down
+                if nxt > self.floor and lower and self.k in self.best:
+                    low, row = lower(nxt), self.global_s(*self.best[self.k])
+                    if low >= row:  # no smaller micro-batch can beat the row: the descent ends, the row is exact
+                        nxt = self.floor
+                    elif beat and low > beat[0]:  # the row's answer is unknown but slower than beat: dominated
+                        nxt = self.floor
+                        if row > beat[0]:
+                            self.dropped.add(self.k)
                 if nxt > self.floor:
                     self.down = nxt
                     return nxt
@@ -343,13 +373,21 @@ def fit(
             out.append(_Search(lay, cands, [(c, None) for c in kinds], per, sched, descend=timed))
         return out
 
-    searches = [s for lay in layouts for s in searches_for(lay, parallel is not None)]
+    def shaped(found: list[_Search]) -> list[_Search]:
+        for s in found:
+            s.order = _order(s, n)
+            if _pp(s.layout) > 1:
+                s.stages = fit_layouts.stage_parts(model, _pp(s.layout))
+        return found
+
+    searches = shaped([s for lay in layouts for s in searches_for(lay, parallel is not None)])
     if not searches:
         raise ArgumentError("batch", batch, "no layout of these GPUs can split it", "; ".join(skipped))
     base = {"seq": seq, "train": train, "dtype": dtype, "optimizer": optimizer, "batch": batch}
+    bounds = _Bounds(n, batch, steps.gpu_kind(caps)[0], model)
     with executors.runner(model, executor) as run:
         shared, local = {"model": model, "gpus": caps}, _local(model, caps, {})
-        _search(searches, base, run, local, shared, tried, n, progress)
+        _search(searches, base, run, local, shared, tried, n, progress, bounds)
         pruned: list[Any] = []
         if parallel is None:  # cp after its dp twins (Note: [fit's parallel layouts])
             by_layout = {repr(s.layout): s for s in searches}
@@ -359,41 +397,157 @@ def fit(
                 return s is not None and 0 in s.best and s.best[0][0] == len(s.cands) - 1
 
             cp, pruned = fit_layouts.cp_layouts(model, n, seq, dtype, train, axes, twin_fits)
-            more = [s for lay in cp for s in searches_for(lay, False)]
-            _search(more, base, run, local, shared, tried, n, progress)
+            more = shaped([s for lay in cp for s in searches_for(lay, False)])
+            _search(more, base, run, local, shared, tried, n, progress, bounds)
             searches += more
         where = run.where
     if progress:
         print(file=sys.stderr)
     out = _table(searches, tried, skipped, caps, batch, seq, where)
-    out.attrs["pruned"] = [why for _, why in pruned]
+    out.attrs["pruned"] = [why for _, why in pruned] + [f"{_name(s.layout, n)}{' ' + s.schedule if _pp(s.layout) > 1 else ''}: "
+                                                        f"{s.pruned}" for s in searches if s.pruned]  # fmt: skip
+    out.attrs["pruned"] += [f"{_name(s.layout, n)} checkpointing={_label(s.knobs[k][0])}: its fastest micro-batch is slower "
+                            f"than {bounds.beat[1] if bounds.beat else '-'} (Note: [bounds in fit])"
+                            for s in searches for k in sorted(s.dropped)]  # fmt: skip
     out.attrs["configurations"] = sum(len(s.cands) * len(s.knobs) for s in searches) + sum(
         len(s.cands) * len(s.knobs) for lay, _ in pruned for s in searches_for(lay, False)
     )
     return out
 
 
-def _search(searches: list[_Search], base: dict[str, Any], run: Any, local: Any, shared: dict[str, Any],
-            tried: list[dict[str, Any]], n: int, progress: bool) -> None:  # fmt: skip
-    """Round after round, every search's next probe at once (on the executor), until none has one."""
-    while True:
-        probes = [(s, i) for s in searches if (i := s.next_probe()) is not None]
-        if not probes:
+def _twin(s: _Search, n: int) -> dict[str, int] | None:
+    """The dp twin whose recordings bound ``s`` (Note: [bounds in fit]): ``{"dp_shard": n / tp, "tp": tp}``; None for a
+    device map or ep."""
+    if s.layout is None or s.lay.get("ep", 1) > 1:
+        return None
+    tp = s.lay.get("tp", 1)
+    return fit_layouts._lay(dp_shard=n // tp, tp=tp)
+
+
+class _Bounds:
+    """What the recordings so far prove (Note: [bounds in fit]): the fastest fitting configuration, the math per
+    sequence of each tp's dp twin, and which micro-batches failed per layout and knob."""
+
+    def __init__(self, n: int, batch: int, gpu: str | None, model: Any) -> None:
+        self.n, self.batch, self.gpu, self.model = n, batch, gpu, model
+        self.beat: tuple[float, str] | None = None  # (global step seconds, the configuration in words)
+        self.work: dict[int, dict[int, fit_layouts.Work]] = {}  # tp -> the twin's micro-batch -> its math
+        self.gemm: float | None = None  # GEMM seconds per sequence of the whole model (a tp 1 recording)
+        self.fails: dict[tuple[str, str], int] = {}  # (layout, knob) -> the smallest micro-batch that failed
+
+    def add(self, s: _Search, i: int, fits: bool, p: Any) -> None:
+        knob = repr(s.knobs[s.k])
+        if not fits and not isinstance(p, executors.Failed):
+            key = (_key(s.layout), knob)
+            self.fails[key] = min(self.fails.get(key, s.cands[i]), s.cands[i])
+        if self.gpu is None or isinstance(p, executors.Failed):
             return
+        g = s.global_s(i, p)
+        if fits and g == g and (self.beat is None or g < self.beat[0]):
+            self.beat = (g, f"{_name(s.layout, self.n)} micro-batch {s.cands[i]} checkpointing="
+                            f"{_label(s.knobs[s.k][0])}" + (f" offload={s.knobs[s.k][1]}" if s.knobs[s.k][1] else "")
+                            + f" ({g:.3g} s), which fits")  # fmt: skip
+        if s.knobs[s.k] != (False, None) or s.layout is None or _key(s.layout) != _key(_twin(s, self.n)):
+            return
+        w = fit_layouts.work(next(iter(p.traces.values())), self.gpu, s.cands[i])
+        if w is not None:
+            self.work.setdefault(s.lay.get("tp", 1), {})[s.cands[i]] = w
+            if s.lay.get("tp", 1) == 1:
+                self.gemm = max(self.gemm or 0.0, w.gemm)
+
+    def lower(self, s: _Search, i: int) -> float:
+        """A lower bound on the global step of ``s`` at candidate ``i``, any knob (0: none known)."""
+        if self.gpu is None or s.lay.get("ep", 1) > 1:
+            return 0.0
+        pp, cp, m = s.lay.get("pp", 1), s.lay.get("cp", 1), s.cands[i]
+        bubble = 1.0 / (1.0 - fit_layouts.bubble(pp, s.steps(i))) if pp > 1 else 1.0
+        out = 0.0
+        if self.gemm is not None:
+            out = self.gemm * self.batch / (1 if s.layout is None else self.n) * bubble
+        if s.layout is None:
+            return out
+        for m_r, w in self.work.get(s.lay.get("tp", 1), {}).items():
+            if m / cp > m_r:
+                continue
+            if pp > 1:
+                stages = s.stages or []
+                low = max((sum(w.parts.get(part, 0.0) for part in stage) for stage in stages), default=0.0)
+                out = max(out, s.per_rank * low * bubble)
+            else:
+                out = max(out, s.per_rank / cp * (w.total - (w.attention if cp > 1 else 0.0)))
+        return out
+
+    def known_fail(self, s: _Search, i: int) -> str:
+        """Why ``s`` cannot fit at candidate ``i`` with its knob without recording it (Note: [bounds in fit]), or ""."""
+        twin = _twin(s, self.n)
+        if twin is None or _key(twin) == _key(s.layout) or s.lay.get("pp", 1) > 1:
+            return ""
+        cp = s.lay.get("cp", 1)
+        if cp == 1 and s.lay.get("dp_replicate", 1) == 1:
+            return ""
+        failed = self.fails.get((_key(twin), repr(s.knobs[s.k])))
+        if failed is None or s.cands[i] < failed * cp:
+            return ""
+        return (f"does not fit: its dp twin {_name(twin, self.n)} does not at micro-batch {failed}, and it holds at least as "
+                f"much{' at micro-batch ' + str(failed * cp) if cp > 1 else ''}")  # fmt: skip
+
+
+def _key(layout: dict[str, int] | None) -> str:
+    return repr(None if layout is None else sorted(layout.items()))
+
+
+def _order(s: _Search, n: int) -> int:
+    """Which search first among equal bounds: the dp twins (their recordings bound the others), HSDP, pp, cp, ep,
+    then the device map (it records twice per point)."""
+    if s.layout is None:
+        return 9
+    lay = s.lay
+    rank = 0 if _key(s.layout) == _key(_twin(s, n)) else 1 if lay.get("dp_replicate", 1) > 1 else 2 if lay.get("pp", 1) > 1 else \
+        3 if lay.get("cp", 1) > 1 else 4
+    return rank * 10 + int(math.log2(max(1, lay.get("tp", 1))))
+
+
+def _search(searches: list[_Search], base: dict[str, Any], run: Any, local: Any, shared: dict[str, Any],
+            tried: list[dict[str, Any]], n: int, progress: bool, bounds: _Bounds) -> None:  # fmt: skip
+    """Round after round, until no search has a probe: the searches whose best remaining configuration has the lowest
+    bound first (Note: [bounds in fit]), as many per round as the executor runs at once; a point that a dp twin's
+    failure proves does not fit is marked without a recording."""
+    width = max(1, os.cpu_count() or 1) if run.remote else 1
+    while True:
+        ready = []
+        for s in searches:
+            lower = (lambda i, s=s: bounds.lower(s, i)) if bounds.gpu else None
+            while (i := s.next_probe(lower, bounds.beat)) is not None and (why := bounds.known_fail(s, i)):
+                s.record(i, False, None)
+                tried.append(_tried(s, i, n, False, None, why))
+            if i is None:
+                continue
+            low = min(bounds.lower(s, j) for j in {i, *range(max(s.lo, s.floor) + 1, s.hi)})
+            ready.append((low, s.order, id(s), s, i))
+        if not ready:
+            return
+        probes = [(s, i) for *_, s, i in sorted(ready, key=lambda r: r[:3])[:width]]
         points = [{**base, "layout": s.layout, "micro_batch": s.cands[i], "checkpointing": s.knobs[s.k][0],
                    "offload": s.knobs[s.k][1], "schedule": s.schedule} for s, i in probes]  # fmt: skip
         results = run.run(points, local=local, remote=_remote, shared=shared)
-        for (s, i), pt, r in zip(probes, points, results):
+        for (s, i), r in zip(probes, results):
             r = _unpacked(r)
             failed = isinstance(r, executors.Failed)
             ok = not failed and bool(r.fits)
+            bounds.add(s, i, ok, r)
             s.record(i, ok, r)
-            tried.append({"layout": _name(s.layout, n), "schedule": s.schedule,
-                          "checkpointing": _label(pt["checkpointing"]), "offload": pt["offload"],
-                          "micro_batch": pt["micro_batch"], "fits": ok, "max peak": _peak(r),
-                          "recordings": _recordings(r), "error": r.error if failed else ""})  # fmt: skip
+            tried.append(_tried(s, i, n, ok, r, r.error if failed else ""))
         if progress:
-            print(f"\rfit: {len(tried)} configurations recorded", end="", file=sys.stderr, flush=True)
+            print(f"\rfit: {sum(t['recordings'] > 0 for t in tried)} configurations recorded", end="", file=sys.stderr,
+                  flush=True)  # fmt: skip
+
+
+def _tried(s: _Search, i: int, n: int, ok: bool, r: Any, error: str) -> dict[str, Any]:
+    g = s.global_s(i, r) if r is not None and not isinstance(r, executors.Failed) else float("nan")
+    return {"layout": _name(s.layout, n), "schedule": s.schedule, "checkpointing": _label(s.knobs[s.k][0]),
+            "offload": s.knobs[s.k][1], "micro_batch": s.cands[i], "fits": ok,
+            "max peak": _peak(r) if r is not None else 0, "global_step_s": g,
+            "recordings": _recordings(r) if r is not None else 0, "error": error}  # fmt: skip
 
 
 def _recordings(r: Any) -> int:
@@ -421,6 +575,8 @@ def _table(searches: list[_Search], tried: list[dict[str, Any]], skipped: list[s
         lay = s.layout or {}
         pp = _pp(s.layout)
         for k, (i, p) in sorted(s.best.items()):
+            if k in s.dropped:
+                continue
             m = s.steps(i)
             peak = _peak(p)
             sp = p.step_s

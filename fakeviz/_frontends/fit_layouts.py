@@ -48,16 +48,58 @@ the saved activations are the rank's whole batch however it is split, and the pe
 only by one microbatch's working set (and by the allocator's rounding of more, smaller blocks). Its bisection
 takes that peak as non-decreasing in the micro-batch, an assumption ``df.attrs["assumptions"]`` states where a
 GPipe row is in the table.
+
+Note: [bounds in fit]
+A configuration that cannot be faster than one that fits is never recorded: fit prunes it with a lower bound on its
+global step, taken from configurations already recorded (:class:`Work`). Three facts of the time model (Note: [time
+model] in :mod:`fakeviz._analysis.timing`) make the bounds hold:
+
+1. a step takes at least the sum of its compute-stream ops' times: the stream runs them one after another
+   (``gpu_i = max(gpu_{i-1}, host_i) + est_i``), collectives and FSDP2's copy-ins aside;
+2. an op's time, ``max(FLOPs / (peak x c), bytes / (bw x m)) + launch``, per sequence does not grow with the
+   micro-batch: its FLOPs and bytes are affine in the micro-batch with nonnegative intercepts (the weights are read
+   once per op, the activations scale), so at micro-batch ``m <= m_R`` the ops of ``per`` sequences take at least
+   ``per / m_R`` times those of one recorded micro-step at ``m_R`` (the GEMMs' leading dimensions are the weights'
+   sizes, never the token count, so the misalignment factor does not change with it);
+3. the model's math (:data:`MATH`: GEMMs, attention, elementwise and reduction kernels of the forward and backward)
+   is the same ops, in the same dtype (the recipe has no mixed-precision policy), on a rank of every layout with the
+   same ``tp`` at the same micro-batch: FSDP2 and HSDP add only copies, casts and collectives, a pipeline stage runs
+   its own modules' share (:func:`.pipeline.split_stages`), ``cp`` runs the token-wise ops (all but attention) of
+   ``m`` sequences of ``seq / C`` tokens as a dp rank does those of ``m / C`` sequences; checkpointing adds a
+   recomputed forward and offload adds copies, so every knob runs at least the math of none.
+
+So, from a recording ``R`` of the dp twin ``{"dp_shard": n / T, "tp": T}`` without knobs at micro-batch ``m_R``
+(``w``: its math's seconds per sequence, ``per``: a layout's sequences per data-parallel rank), every configuration of
+the same ``T`` at a micro-batch ``m`` with ``m / C <= m_R`` takes at least: ``per x w`` (the twin, HSDP); ``per / C x
+w`` of the token-wise ops (cp); ``max over stages of per x w(stage) x (M + P - 1) / M`` (pp: the stages split the
+math, the bubble of Note: [the pipeline bubble in fit] on top). And from any recording of a whole model on one rank
+(the dp twin with ``T = 1``), with ``g`` its GEMMs' FLOPs per sequence at their dtype's peak and the best fraction
+(:data:`fakeviz._analysis.timing.ACHIEVED`): every layout without ``ep`` takes at least ``batch x g / n`` (the busiest
+rank runs at least the mean of every GEMM of the batch, split or not; a pipeline's bubble on top), a device map
+``batch x g`` (its GPUs run one after another). Expert parallel layouts get no bound (their routing changes the
+expert GEMMs). Without a GPU kind there is no time and nothing is pruned by it.
+
+Memory: a configuration whose every tensor is at least as large as one that does not fit does not fit either (the
+argument of Note: [the budget search]): HSDP ``dp_replicate x dp_shard`` holds what its twin ``dp_shard`` holds with
+larger shards, and cp at micro-batch ``m`` what its twin holds at ``m / C`` plus the ring's keys and values; such
+points are marked as not fitting in ``attrs["tried"]`` with why, not recorded.
+
+What is pruned is dominated: it fits no better (the configuration it loses to fits) and is no faster. Its rows are
+not in the table; ``attrs["pruned"]`` names each with its bound and the configuration it loses to.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .._core.errors import ArgumentError
 
-__all__ = ["AXES", "SCHEDULES", "bubble", "check_axes", "check_schedules", "cp_layouts", "dp", "layouts", "name"]
+__all__ = ["AXES", "MATH", "SCHEDULES", "Work", "bubble", "check_axes", "check_schedules", "cp_layouts", "dp",
+           "layouts", "name", "stage_parts", "work"]  # fmt: skip
 
 #: the axes :func:`fakeviz.fit` combines (``"device_map"``: accelerate-style placement over the GPUs)
 AXES = ("device_map", "dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
@@ -215,3 +257,68 @@ def _is_module(model: Any) -> bool:
     import torch
 
     return isinstance(model, torch.nn.Module)
+
+
+# ----------------------------------------------------------------------------------------------- bounds
+#: the kernel classes of a model's own math (Note: [bounds in fit]): every layout runs them; FSDP2's copies, casts and
+#: collectives are "copy", "foreach" and "collective"
+MATH = ("gemm", "grouped_gemm", "attention", "attention_backward", "conv", "elementwise", "reduction")
+
+
+@dataclass(frozen=True)
+class Work:
+    """One recorded rank's math per sequence of its micro-batch (Note: [bounds in fit]): GPU seconds of its forward
+    and backward :data:`MATH` ops on the compute stream, in all (``total``), of attention (``attention``), by part
+    (``parts``: ``"model.embed_tokens"``, ``"model.layers.3"``, ``"model.norm"``, ``"lm_head"``; a model's own ops
+    outside them in none), and its GEMMs' FLOPs at their dtype's peak and the best GEMM fraction (``gemm``)."""
+
+    micro_batch: int
+    total: float
+    attention: float
+    gemm: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+def _part(module: str) -> str:
+    tail = module.partition(".")[2]  # below the root module
+    bits = tail.split(".")
+    return ".".join(bits[:3]) if tail.startswith("model.layers.") else ".".join(bits[:2]) if bits[0] == "model" else bits[0]
+
+
+def work(trace: Any, gpu: str, micro_batch: int) -> Work | None:
+    """The :class:`Work` of one recorded rank's step on ``gpu`` (None: the record stopped at an error)."""
+    from .._analysis import timing
+    from .._core.schema import PHASES
+    from .steps import step_start
+
+    if trace.error:
+        return None
+    start = step_start(trace)
+    f = timing.features(trace).tail(start)
+    est, _ = timing.estimate(f, gpu)
+    on_comm = f.on_comm if len(f.on_comm) == len(est) else np.zeros(len(est), bool)
+    phase = np.asarray(trace.col("phase"))[start:]
+    fb = np.isin(phase, [PHASES.index("forward"), PHASES.index("backward")])
+    math_ops = fb & ~on_comm & np.isin(f.cls, [timing.CLASSES.index(c) for c in MATH])
+    attn = math_ops & np.isin(f.cls, [timing.CLASSES.index(c) for c in ("attention", "attention_backward")])
+    gemm = fb & (f.cls == timing.CLASSES.index("gemm"))
+    spec = timing.gpu_spec(gpu)
+    flop_s = np.maximum(f.flops, 0).astype(np.float64) / (timing._peaks(spec, f.dtype, False) * timing.ACHIEVED["gemm"].compute)
+    modules = trace.strings("modules")
+    codes = np.asarray(trace.col("module"))[start:]
+    by_code = np.bincount(codes[math_ops & (codes >= 0)], weights=est[math_ops & (codes >= 0)], minlength=len(modules))
+    parts: dict[str, float] = {}
+    for code in np.flatnonzero(by_code):
+        key = _part(modules[code])
+        parts[key] = parts.get(key, 0.0) + float(by_code[code])
+    m = float(micro_batch)
+    return Work(micro_batch, float(est[math_ops].sum()) / m, float(est[attn].sum()) / m,
+                float(flop_s[gemm].sum()) / m, {k: v / m for k, v in parts.items()})  # fmt: skip
+
+
+def stage_parts(model: Any, pp: int) -> list[list[str]]:
+    """The parts (:class:`Work`) each of ``pp`` stages runs: torchtitan's even split (:func:`.pipeline.split_stages`)."""
+    from .. import models
+    from .pipeline import split_stages
+
+    return split_stages(int(models.config(model).num_hidden_layers), pp)
