@@ -421,7 +421,7 @@ def _twin(s: _Search, n: int) -> dict[str, int] | None:
     if s.layout is None or s.lay.get("ep", 1) > 1:
         return None
     tp = s.lay.get("tp", 1)
-    return fit_layouts._lay(dp_shard=n // tp, tp=tp)
+    return fit_layouts.lay(dp_shard=n // tp, tp=tp)
 
 
 class _Bounds:

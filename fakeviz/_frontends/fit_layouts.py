@@ -167,7 +167,8 @@ def _layers_per_stage_ok(layers: int, pp: int) -> bool:
     return all(any(m.startswith("model.layers.") for m in s) for s in split_stages(layers, pp))
 
 
-def _lay(**degrees: int) -> dict[str, int]:
+def lay(**degrees: int) -> dict[str, int]:
+    """A layout as ``parallel=`` takes it: the degrees above 1 (``{"dp_shard": 1}`` when none is)."""
     return {k: v for k, v in degrees.items() if v > 1} or {"dp_shard": 1}
 
 
@@ -207,7 +208,7 @@ def layouts(model: Any, n: int, given: Any, axes: tuple[str, ...]) -> list[dict[
                 continue
             if shard > 1 and "dp_shard" not in axes:
                 continue
-            out.append(_lay(dp_replicate=rep, dp_shard=shard, tp=tp))
+            out.append(lay(dp_replicate=rep, dp_shard=shard, tp=tp))
     if "pp" in axes:
         layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
         for pp in (p for p in _divisors(n) if _layers_per_stage_ok(layers, p)):
@@ -244,7 +245,7 @@ def cp_layouts(model: Any, n: int, seq: int, dtype: Any, train: bool, axes: tupl
             lay = {k: v for k, v in (("dp_shard", shard // cp), ("cp", cp), ("tp", tp)) if v > 1}
             if not _ok(check_cp, cfg, cp, seq=seq, dtype=dt, train=train, new_tokens=0):
                 continue
-            twin = _lay(dp_shard=shard, tp=tp)
+            twin = lay(dp_shard=shard, tp=tp)
             if twin_fits(twin):
                 pruned.append((lay, f"{name(lay, n)}: its dp twin {name(twin, n)} fits its largest micro-batch with the "
                               "cheapest knob (cp holds as many tokens per rank, plus the ring's keys and values)"))  # fmt: skip
@@ -303,7 +304,7 @@ def work(trace: Any, gpu: str, micro_batch: int) -> Work | None:
     attn = math_ops & np.isin(f.cls, [timing.CLASSES.index(c) for c in ("attention", "attention_backward")])
     gemm = fb & (f.cls == timing.CLASSES.index("gemm"))
     spec = timing.gpu_spec(gpu)
-    flop_s = np.maximum(f.flops, 0).astype(np.float64) / (timing._peaks(spec, f.dtype, False) * timing.ACHIEVED["gemm"].compute)
+    flop_s = np.maximum(f.flops, 0).astype(np.float64) / (timing.peak_flops(spec, f.dtype, False) * timing.ACHIEVED["gemm"].compute)
     modules = trace.strings("modules")
     codes = np.asarray(trace.col("module"))[start:]
     by_code = np.bincount(codes[math_ops & (codes >= 0)], weights=est[math_ops & (codes >= 0)], minlength=len(modules))
