@@ -533,7 +533,7 @@ def estimate(
             comp[seq] /= ATTENTION_CAUSAL_TIME
     mem = np.array([table[c].memory for c in CLASSES])[f.cls]
     launch = np.array([table[c].launch_s for c in CLASSES])[f.cls]
-    peak = _peaks(spec, f.dtype, tf32)
+    peak = peak_flops(spec, f.dtype, tf32)
     flops = np.maximum(f.flops, 0).astype(np.float64)
     t_c = flops / (peak * comp)
     t_m = (f.bytes_in + f.bytes_out).astype(np.float64) / (spec.hbm_bytes_per_s * mem)
@@ -546,7 +546,8 @@ def estimate(
     return est if n else np.zeros(0), bound
 
 
-def _peaks(spec: GPUSpec, dtypes: list[str], tf32: bool) -> np.ndarray:
+def peak_flops(spec: GPUSpec, dtypes: list[str], tf32: bool) -> np.ndarray:
+    """Each op's dtype's peak FLOP/s on ``spec`` (``tf32``: float32 matmuls on TF32 tensor cores)."""
     table = {d: spec.peak_flops(d or "torch.float32", tf32=tf32) for d in set(dtypes)}
     return np.array([table[d] for d in dtypes], np.float64) if dtypes else np.zeros(0)
 
