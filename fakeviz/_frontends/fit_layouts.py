@@ -181,11 +181,11 @@ def layouts(model: Any, n: int, given: Any, axes: tuple[str, ...]) -> list[dict[
 
     if given is not None:
         out: list[dict[str, int] | None] = []
-        for lay in given if isinstance(given, (list, tuple)) else [given]:
-            if lay in (None, "balanced"):
+        for g in given if isinstance(given, (list, tuple)) else [given]:
+            if g in (None, "balanced"):
                 out.append(None)
                 continue
-            full = with_ep_defaults(lay) if isinstance(lay, dict) else lay
+            full = with_ep_defaults(g) if isinstance(g, dict) else g
             if not isinstance(full, dict) or math.prod(v for k, v in full.items() if k != "ep") != n:
                 raise ArgumentError("parallel", given, f"each layout's degrees (ep aside) multiply to the GPU count ({n})",
                                     f"Give e.g. parallel=[{{'dp_shard': {n}}}], or None to try every layout.")  # fmt: skip
@@ -219,9 +219,9 @@ def layouts(model: Any, n: int, given: Any, axes: tuple[str, ...]) -> list[dict[
                 out.append({"pp": pp, **{k: v for k, v in (("dp_shard", shard), ("tp", tp)) if v > 1}})
     if "ep" in axes and "dp_shard" in axes:
         for ep in _divisors(n)[1:]:
-            lay = {"dp_shard": n, "ep": ep}
-            if _ok(check_ep, cfg, lay):
-                out.append(lay)
+            ep_lay = {"dp_shard": n, "ep": ep}
+            if _ok(check_ep, cfg, ep_lay):
+                out.append(ep_lay)
     return out
 
 
@@ -242,15 +242,15 @@ def cp_layouts(model: Any, n: int, seq: int, dtype: Any, train: bool, axes: tupl
     for tp in tps:
         shard = n // tp
         for cp in _divisors(shard)[1:]:
-            lay = {k: v for k, v in (("dp_shard", shard // cp), ("cp", cp), ("tp", tp)) if v > 1}
+            cp_lay = {k: v for k, v in (("dp_shard", shard // cp), ("cp", cp), ("tp", tp)) if v > 1}
             if not _ok(check_cp, cfg, cp, seq=seq, dtype=dt, train=train, new_tokens=0):
                 continue
             twin = lay(dp_shard=shard, tp=tp)
             if twin_fits(twin):
-                pruned.append((lay, f"{name(lay, n)}: its dp twin {name(twin, n)} fits its largest micro-batch with the "
+                pruned.append((cp_lay, f"{name(cp_lay, n)}: its dp twin {name(twin, n)} fits its largest micro-batch with the "
                               "cheapest knob (cp holds as many tokens per rank, plus the ring's keys and values)"))  # fmt: skip
                 continue
-            out.append(lay)
+            out.append(cp_lay)
     return out, pruned
 
 
