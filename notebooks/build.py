@@ -24,7 +24,6 @@ Usage (from anywhere; ``NN`` picks tutorials by number, none means all twelve)::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -122,9 +121,6 @@ def execute(nb: nbf.NotebookNode) -> nbf.NotebookNode:
     """``nb`` run in a ``python3`` kernel with ``notebooks/`` as its working folder, then tidied."""
     from nbclient import NotebookClient
 
-    # stored outputs are made one point after another (the tests re-execute them so: Note: [no pools in the
-    # suite] in tests/conftest.py); a pool's recordings and source lines depend on the machine's load
-    os.environ.setdefault("FAKEVIZ_EXECUTOR", "serial")
     NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
     return tidy(nb)
 
