@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .._core.errors import ArgumentError
+from .._core.notices import quiet_import_notices
 from . import _prequantized, _quant
 from ._build import as_dtype, building, config, instantiate, spec_of
 from ._catalog import CatalogEntry, catalog, entries, resolve
@@ -72,6 +73,12 @@ def build(
             without access, or remote code without ``trust_remote_code=True``.
         CheckpointError: a folder without ``config.json``, or a config transformers does not know.
     """
+    with quiet_import_notices():  # Note: [import notices]: transformers' first model imports torchao's quantizers
+        return _build(name_or_path_or_config, dtype, device, quantization, revision, trust_remote_code, config_overrides)
+
+
+def _build(name_or_path_or_config: Any, dtype: Any, device: Any, quantization: Any, revision: str | None,
+           trust_remote_code: bool, config_overrides: dict[str, Any]) -> Any:  # fmt: skip
     spec = spec_of(name_or_path_or_config, config_overrides, revision=revision, trust_remote_code=trust_remote_code)
     q = None if quantization is None else _quant.resolve(quantization)
     with building(device), _quant.deferring(q) as deferred:  # Note: [quantizing a built model]

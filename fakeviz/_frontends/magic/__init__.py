@@ -21,6 +21,7 @@ from traitlets import Bool, Float, Unicode
 from ..._api import record
 from ..._core.errors import ArgumentError
 from ..._core.gpus import Capacity, gpu_capability
+from ..._core.notices import quiet_import_notices
 from ..._engine.arguments import default_dtype, fake_device
 from ..._engine.recorder import FakeSession
 from ..._engine.session import check_device, is_fake
@@ -110,6 +111,7 @@ class FakeMagics(Magics):
     )
     @argument("--symbolic", action="store_true", help="data-dependent output sizes become symbols")
     @argument("--tb", action="store_true", help="on an error, show the full traceback (torch internals included)")
+    @argument("--verbose", action="store_true", help="keep optional libraries' import-time notices (torchao, ...)")
     @no_var_expand
     @cell_magic
     def fake(self, line: str, cell: str) -> None:
@@ -181,7 +183,8 @@ class FakeMagics(Magics):
         before = False  # a SyntaxError: the cell did not run
         hidden = _HiddenTracebacks(self.shell)
         try:
-            with hidden, CompiledAs(self.shell, number), rec as trace:
+            # Note: [import notices]: torchao's and pytree's notices when the cell first builds a model
+            with hidden, CompiledAs(self.shell, number), quiet_import_notices(args.verbose), rec as trace:
                 if session is not None:
                     self._active[args.session] = trace
                 try:
