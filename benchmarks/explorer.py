@@ -280,7 +280,7 @@ def _jupyterlab(name: str, layers: int | None, seq: int, n_layers: int, workdir:
             page.goto(server.url("lab/tree/explorer.ipynb"))
             wait_kernel_idle(page)
             run_all_cells(page)
-            wait_cells_done(page, timeout=1_200_000)
+            wait_cells_done(page, limit=1_200_000)
             page.wait_for_function("window.__fvFirstPaint != null", timeout=120_000, polling=50)
             out_at, node_at, paint_at = page.evaluate(
                 "[window.__fvOutputAt, window.__fvFirstNode, window.__fvFirstPaint]"

@@ -302,9 +302,42 @@ def jupyter_server(root: Path, **kwargs: Any) -> Iterator[JupyterServer]:
 
 
 # --------------------------------------------------------------- notebook driving
+# what the notebook page shows, for a wait that gives up: each code cell's prompt and first line, the kernel's
+# status, and any dialog over the page
+_NOTEBOOK_STATE = """() => ({
+    cells: [...document.querySelectorAll('.jp-CodeCell')].map((c) => [
+        (c.querySelector('.jp-InputPrompt') || {}).textContent || '',
+        ((c.querySelector('.jp-InputArea-editor') || {}).textContent || '').split('\\n')[0].slice(0, 60)]),
+    kernel: (document.querySelector('.jp-Notebook-ExecutionIndicator') || {dataset: {}}).dataset.status || 'no indicator',
+    dialog: ((document.querySelector('.jp-Dialog') || {}).innerText || '').replace(/\\s+/g, ' ').slice(0, 200),
+})"""
+
+
+def notebook_state(page: Any) -> dict[str, Any]:
+    """The notebook page's cells (prompt, first line), the kernel's status and any dialog's text."""
+    try:
+        return page.evaluate(_NOTEBOOK_STATE)
+    except Exception as exc:  # noqa: BLE001 - the page itself is gone: say so
+        return {"unreadable": f"{type(exc).__name__}: {exc}"}
+
+
+def _describe(state: dict[str, Any]) -> str:
+    if "unreadable" in state:
+        return f"the page could not be read ({state['unreadable']})"
+    cells = "; ".join(f"{p.strip() or '[ ]'} {line!r}" for p, line in state["cells"]) or "no code cell"
+    dialog = f"; a dialog: {state['dialog']!r}" if state["dialog"] else ""
+    return f"kernel {state['kernel']}; cells: {cells}{dialog}"
+
+
 def wait_kernel_idle(page: Any, timeout: float = 120_000) -> None:
-    """Wait until the notebook's kernel has started and is idle (JupyterLab 4 and Notebook 7)."""
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=timeout, state="attached")
+    """Wait until the notebook's kernel has started and is idle (JupyterLab 4 and Notebook 7); one that does not
+    within ``timeout`` ms fails with what the page showed."""
+    try:
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=timeout, state="attached")
+    except Exception as exc:  # playwright's TimeoutError
+        raise AssertionError(
+            f"the kernel was not idle within {timeout / 1000:.0f} s: {_describe(notebook_state(page))}"
+        ) from exc
 
 
 _STARTED = """() => [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')]
@@ -361,17 +394,29 @@ def run_all_cells(page: Any, tries: int = 3) -> None:
                 raise
 
 
-def wait_cells_done(page: Any, timeout: float = 300_000) -> None:
-    """Wait until no code cell is queued or running (prompt ``[*]``) and the kernel is idle."""
-    page.wait_for_function(
-        """() => {
-            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')];
-            const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
-            return prompts.length > 0 && prompts.every((p) => /\\[\\d+\\]/.test(p.textContent))
-                && (!ind || ind.dataset.status === 'idle');
-        }""",
-        timeout=timeout,
-    )
+def wait_cells_done(page: Any, stall: float = 300_000, limit: float = 900_000) -> None:
+    """Wait until no code cell is queued or running (prompt ``[*]``) and the kernel is idle.
+
+    Bounded by progress, not by a guess of the machine's speed: the wait fails when no cell has finished for
+    ``stall`` ms (a loaded two-core machine runs each cell slower, not forever) or after ``limit`` ms in all, and
+    says what it saw: each cell's prompt and first line, the kernel's status, any dialog."""
+    start = last = time.monotonic()
+    done_before = -1
+    while True:
+        state = notebook_state(page)
+        if "unreadable" not in state:
+            prompts = [p for p, _ in state["cells"]]
+            done = sum(bool(re.search(r"\[\d+\]", p)) for p in prompts)
+            if prompts and done == len(prompts) and state["kernel"] in ("idle", "no indicator"):
+                return
+            if done != done_before:
+                done_before, last = done, time.monotonic()
+        now = time.monotonic()
+        if now - last > stall / 1000 or now - start > limit / 1000:
+            why = f"no cell finished for {stall / 1000:.0f} s" if now - last > stall / 1000 else (
+                f"still running after {limit / 1000:.0f} s")
+            raise AssertionError(f"the notebook's cells did not finish ({why}): {_describe(state)}")
+        time.sleep(0.5)
 
 
 FIRST_PAINT_PROBE = """
