@@ -164,10 +164,13 @@ class Trace(Record):
         """
         return _timing.op_times(self, gpu, tf32=tf32, host_scale=host_scale, **links)
 
-    def step_time(self, gpu: Any = "H100", *, tf32: bool = False, host_scale: float = 1.0, **links: Any) -> Any:
+    def step_time(self, gpu: Any = "H100", *, start: int | None = None, tf32: bool = False, host_scale: float = 1.0,
+                  **links: Any) -> Any:  # fmt: skip
         """The estimated time of this record's step on ``gpu``: a :class:`fakeviz._analysis.timing.StepTime`
-        (``step_s``, GPU, host and communication seconds, time per kernel class and phase, ``bound``)."""
-        return _timing.step_time(self, gpu, tf32=tf32, host_scale=host_scale, **links)
+        (``step_s``, GPU, host and communication seconds, time per kernel class and phase, ``bound``, and
+        ``timed``: which step). The step is one training step, never the set-up before it, and of several the last
+        (Note: [one step] in :mod:`fakeviz._analysis.timing`); ``start=0`` times the whole record."""
+        return _timing.step_time(self, gpu, start=start, tf32=tf32, host_scale=host_scale, **links)
 
     def fidelity(self) -> dict[str, Any]:
         """How each op was faked and what limited fidelity: see :func:`fakeviz._analysis.fidelity.fidelity_report`."""

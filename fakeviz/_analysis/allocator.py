@@ -263,6 +263,12 @@ class AllocatorRun:
         out.extend(e[1:] for e in extra[k:])
         return out
 
+    @cached_property
+    def segments_freed(self) -> int:
+        """Segments returned to CUDA under memory pressure (``release_cached_blocks`` before a retry; only with
+        ``capacity``): 0 when the run never had to free its cached blocks."""
+        return sum(1 for e in self._extra if e[1] == SEGMENT_FREE)
+
     def summary(self) -> dict[str, Any]:
         """Peaks and segment count as a small JSON-able dict."""
         return {

@@ -192,8 +192,9 @@ def balanced_map(names: list[str], costs: dict[str, float], capacities: list[int
 def peaks_table(record: Record, capacities: dict[str, int]) -> pd.DataFrame:
     """One row per device of ``capacities``: the bytes by kind at that device's peak (``weights``: parameters
     and buffers, ``gradients``, ``optimizer``, ``kv_cache``, ``activations``, ``temporaries``, ``other``:
-    inputs and the rest), ``peak`` (the caching allocator's reserved bytes at peak on cuda, the figure the
-    verdict judges), ``capacity``, ``headroom`` and ``fits``."""
+    inputs and the rest), ``peak`` (the caching allocator's reserved bytes at peak on cuda, without a limit),
+    ``judged`` (the bytes the verdict judged: Note: [the verdict] in :mod:`fakeviz._analysis.verdict`),
+    ``capacity``, ``headroom`` (``capacity - judged``), ``fits`` and ``verdict`` (the device's verdict text)."""
     from .verdict import verdict
 
     v = verdict(record, capacities) if capacities else {"devices": {}}
@@ -206,6 +207,7 @@ def peaks_table(record: Record, capacities: dict[str, int]) -> pd.DataFrame:
         bc = p.by_category if p is not None else {}
         vd = v["devices"].get(dev)
         peak = int(vd["peak"]) if vd else int(p.bytes) if p is not None else 0
+        judged = int(vd["judged"]) if vd else peak
         rows.append({
             "device": dev,
             "weights": int(bc.get("Parameter", 0) + bc.get("Buffer", 0)),
@@ -216,9 +218,11 @@ def peaks_table(record: Record, capacities: dict[str, int]) -> pd.DataFrame:
             "temporaries": int(bc.get("Temporary", 0)),
             "other": int(bc.get("Input", 0) + bc.get("Other", 0)),
             "peak": peak,
+            "judged": judged,
             "capacity": int(cap),
-            "headroom": int(cap) - peak,
+            "headroom": int(cap) - judged,
             "fits": bool(vd["fits"]) if vd else True,
+            "verdict": vd["text"] if vd else "",
         })  # fmt: skip
     return pd.DataFrame(rows)
 

@@ -36,8 +36,8 @@ from .collectives import KINDS as _COLLECTIVE_KINDS
 from .collectives import NAMESPACES as _COLLECTIVE_NAMESPACES
 
 __all__ = [
-    "ACHIEVED", "CLASSES", "Achieved", "OpFeatures", "StepTime", "estimate", "features", "op_class", "op_times",
-    "critical_path", "step_time",
+    "ACHIEVED", "CLASSES", "MATRIX_CLASSES", "Achieved", "OpFeatures", "StepTime", "critical_path", "estimate",
+    "features", "matmul_peak", "op_class", "op_times", "step_start", "step_time", "training_steps",
 ]  # fmt: skip
 
 CLASSES = (
@@ -559,13 +559,103 @@ def host_times(f: OpFeatures, host_scale: float = 1.0, table: dict[str, Achieved
     return np.array([table[c].host_s for c in CLASSES])[f.cls] * host_scale
 
 
+# Note: [one step]
+# "step" is one training step (forward, backward, optimizer: several microbatches' forwards and backwards before one
+# optimizer step are one step), or, without a backward, the run after its set-up (a forward, or a whole
+# ``generate`` call, prefill and every decode step: what one "step" of a plan of ``new_tokens`` is). Set-up is
+# never in it: ops of the ``init`` phase (a model built inside the recording, ``to_empty``, the optimizer state
+# made by a first step outside the timed one) and the inputs made before the first forward. Of a record of N
+# training steps the last is timed (the steady state: the first step makes the optimizer state), and
+# ``StepTime.timed`` says which and the ops it spans. Every figure called "step" (``step_s``, the CLI's
+# "step ... on H100", the explorer's "estimated step") is this one.
+
+# the kernel classes whose FLOPs MFU counts: the tensor-core work the dense peak is the peak of (Note: [model FLOPs]
+# in fakeviz._frontends.steps)
+MATRIX_CLASSES = ("gemm", "grouped_gemm", "attention", "attention_backward", "conv")
+
+
+def step_start(rec: Record) -> int:
+    """The first op of the step a record holds (Note: [one step]): what comes before is set-up (inputs, a model's
+    sharding and ``to_empty``, an optimizer state made by a first step) or, for several training steps, the
+    earlier steps.
+
+    A training step (the record has a backward) starts at the first forward op after the last optimizer op before
+    its last backward op (so several microbatches' forwards and backwards are one step, and of ``--steps 2`` the
+    second, steady-state one is the step); anything else at its first forward op, else its first op after set-up.
+    """
+    phase = np.asarray(rec.col("phase"))
+    fwd, bwd, opt, init = (PHASES.index(p) for p in ("forward", "backward", "optimizer", "init"))
+    back = np.flatnonzero(phase == bwd)
+    after = 0
+    if len(back):
+        before = np.flatnonzero(phase[: back[-1]] == opt)
+        after = int(before[-1]) + 1 if len(before) else 0
+    fw = np.flatnonzero(phase[after:] == fwd)
+    if len(fw):
+        return after + int(fw[0])
+    rest = np.flatnonzero(phase[after:] != init)
+    return after + int(rest[0]) if len(rest) else 0
+
+
+def training_steps(rec: Record) -> int:
+    """How many training steps the record holds: runs of ops that hold a backward, each closed by an optimizer step
+    (or by the end of the record); 0 without a backward."""
+    phase = np.asarray(rec.col("phase"))
+    bwd, opt = PHASES.index("backward"), PHASES.index("optimizer")
+    is_opt = phase == opt
+    # an optimizer step ends where an optimizer op is followed by a non-optimizer op (or the record ends)
+    ends = np.flatnonzero(is_opt & ~np.append(is_opt[1:], False))
+    bounds = [0, *(ends + 1).tolist()]
+    if bounds[-1] < len(phase):
+        bounds.append(len(phase))
+    return sum(1 for a, b in zip(bounds, bounds[1:]) if (phase[a:b] == bwd).any())
+
+
+def _timed_text(rec: Record, start: int) -> str:
+    """Which step :func:`step_time` timed, in words: ``"the last of 2 training steps (ops 8,643 to 16,411)"``."""
+    n = len(rec)
+    span = f"ops {start:,} to {n - 1:,}" if n else "no ops"
+    first = step_start(rec)
+    if start != first:
+        return f"{span}, as asked (the step starts at op {first:,})"
+    trained = training_steps(rec)
+    if trained > 1:
+        return f"the last of {trained} training steps ({span})"
+    if trained == 1:
+        return f"the training step ({span}{', after the set-up' if start else ''})"
+    return f"the run without its set-up ({span})" if start else f"the whole run ({span})"
+
+
+def matmul_peak(rec: Record, gpu: GPUSpec | str, start: int = 0, *, tf32: bool = False) -> tuple[float, str]:
+    """``(peak FLOP/s, dtype)``: the dense peak MFU divides by (Note: [model FLOPs] in fakeviz._frontends.steps):
+    of the dtype the matrix ops from ``start`` on ran in (a GEMM's first input's), and when they ran in several,
+    the FLOP-weighted one, ``sum(flops) / sum(flops / peak)`` (the time the step's matrix FLOPs take at peak), with
+    ``dtype`` saying the mix (``"torch.bfloat16 98%, torch.float32 2%"``). ``(0.0, "")`` when no matrix op ran."""
+    spec = gpu_spec(gpu)
+    f = features(rec).tail(start)
+    matrix = np.flatnonzero(np.isin(f.cls, [CLASSES.index(c) for c in MATRIX_CLASSES]) & (f.flops > 0))
+    by: dict[str, float] = {}
+    for i in matrix.tolist():
+        d = f.dtype[i] or "torch.float32"
+        by[d] = by.get(d, 0.0) + float(f.flops[i])
+    total = sum(by.values())
+    if not total:
+        return 0.0, ""
+    at_peak = sum(v / spec.peak_flops(d, tf32=tf32) for d, v in by.items())
+    order = sorted(by, key=lambda d: -by[d])
+    dtype = order[0] if len(order) == 1 else ", ".join(f"{d} {by[d] / total:.0%}" for d in order)
+    return total / at_peak, dtype
+
+
 @dataclass
 class StepTime:
-    """A step's estimated time and where it goes.
+    """A step's estimated time and where it goes (Note: [one step]).
 
     ``step_s``: the critical path (host issuing, GPU stream, collectives); ``gpu_s``: sum of op estimates on the
     compute stream; ``host_s``: sum of issuing times; ``comm_s``: sum of collective times; ``exposed_comm_s``:
-    how long the compute stream waited for collectives; ``by_class``/``by_phase``: GPU seconds.
+    how long the compute stream waited for collectives; ``by_class``/``by_phase``: GPU seconds; ``start``: the
+    first op timed; ``timed``: which step that is, in words (``"the last of 2 training steps (ops 8,643 to
+    16,411)"``).
     """
 
     step_s: float
@@ -577,6 +667,8 @@ class StepTime:
     gpu: str
     by_class: dict[str, float]
     by_phase: dict[str, float]
+    start: int = 0
+    timed: str = ""
 
     @property
     def bound(self) -> str:
@@ -698,11 +790,14 @@ def op_times(rec: Record, gpu: GPUSpec | str, *, tf32: bool = False, host_scale:
 
 
 def step_time(
-    rec: Record, gpu: GPUSpec | str, *, start: int = 0, tf32: bool = False, host_scale: float = 1.0, **links: Any
-) -> StepTime:
-    """The estimated time of the recorded step on ``gpu`` (see :class:`StepTime`); ``start``: of the ops from there on
-    (a plan's step without its set-up, ``fakeviz._frontends.steps.step_start``)."""
+    rec: Record, gpu: GPUSpec | str, *, start: int | None = None, tf32: bool = False, host_scale: float = 1.0, **links: Any
+) -> StepTime:  # fmt: skip
+    """The estimated time of the recorded step on ``gpu`` (see :class:`StepTime`): of the ops from ``start`` on,
+    by default the step's (:func:`step_start`, Note: [one step]: without the set-up, the last of several training
+    steps); ``start=0`` times the whole record."""
     spec = gpu_spec(gpu)
+    if start is None:
+        start = step_start(rec)
     f = features(rec).tail(start)
     est, _ = estimate(f, spec, tf32=tf32)
     host = host_times(f, host_scale)
@@ -715,5 +810,6 @@ def step_time(
     return StepTime(
         step_s=step, gpu_s=float(est.sum()), host_s=float(host.sum()), comm_s=float(coll.sum()),
         exposed_comm_s=exposed, flops=int(np.maximum(f.flops, 0).sum()), gpu=spec.name,
-        by_class=by_class, by_phase=by_phase,
+        by_class=by_class, by_phase=by_phase, start=int(start),
+        timed=_timed_text(rec, start),
     )  # fmt: skip

@@ -1,4 +1,17 @@
-"""Does it fit? Per accelerator, the peak against a capacity, through the caching-allocator model."""
+"""Does it fit? Per accelerator, the peak against a capacity, through the caching-allocator model.
+
+Note: [the verdict]
+One rule decides "fits" for every surface (``Trace.verdict``, ``Plan.fits``, ``Simulation.fits``, the command
+line, the text summaries, the explorer, the HTML report). On a cuda device the caching-allocator model
+(:mod:`fakeviz._analysis.allocator`) replays the run with the device's capacity as its limit. When a new
+segment would pass the limit, it does what PyTorch's ``CUDACachingAllocator`` does before raising
+``OutOfMemoryError``: it frees its cached blocks (the free whole segments it keeps for reuse) and tries again.
+The device fits when every request is served. The bytes judged (``judged``) are that replay's reserved bytes
+at peak: "reserved at peak" itself (Note: [reserved at peak]) when that is within the capacity, and less
+when the run needs the cache freed to stay within it. Every surface prints them with :func:`judged_text`:
+"cuda:0 peaks at 79.3 GiB reserved of 79.6 GiB after freeing cached blocks (81.8 GiB without a limit)". On
+other accelerators (no caching allocator modelled) the bytes judged are the tensors' at peak ("of tensors").
+"""
 
 from __future__ import annotations
 
@@ -13,19 +26,20 @@ from .._core.record import Record
 from .._core.schema import PHASES
 from .memory import allocator_run, live_bytes, peak_bytes
 
-__all__ = ["verdict"]
+__all__ = ["judged_text", "verdict"]
 
 
 def verdict(trace: Record, capacity: str | int | float | Capacity | dict[str, Any]) -> dict[str, Any]:
     """Does every accelerator fit ``capacity`` (bytes, "80GB" or a GPU name, or a dict of one per device:
     ``{"cuda:0": "80GB", "cuda:1": "40GiB"}``, the devices it leaves out taking the smallest)?
 
-    On cuda devices the caching-allocator model (``fakeviz._analysis.allocator``) is run
-    with that capacity: the device fits when the model never runs out of memory
-    (it frees cached segments first, as PyTorch does). ``peak`` is "reserved at peak", the one
-    figure every view shows (Note: [reserved at peak] in ``fakeviz._analysis.memory``: the model
-    without a limit, whatever the capacity); ``allocated`` and ``raw`` are the allocated and raw
-    tensor-byte peaks. Other non-host devices are judged on raw bytes (``peak == raw``).
+    The rule is Note: [the verdict]. ``judged`` is the bytes it judged: on cuda the reserved peak of the
+    caching-allocator model run with the capacity as its limit (``freed``: it had to free cached blocks to
+    stay within it), and ``headroom`` is ``capacity - judged``. ``peak`` is "reserved at peak", the figure
+    every chart shows (Note: [reserved at peak] in ``fakeviz._analysis.memory``: the model without a limit,
+    whatever the capacity; ``judged == peak`` unless ``freed``); ``allocated`` and ``raw`` are the allocated
+    and raw tensor-byte peaks. Other non-host devices are judged on raw bytes (``judged == peak == raw``).
+    ``text`` per device is :func:`judged_text` with the capacity: what every view says of that device.
 
     When a device does not fit, ``first_oom`` says where the run would fail: the first op the
     model cannot serve (``seq``, ``op``, ``module``, ``line``, ``phase``), the bytes of tensors
@@ -37,8 +51,9 @@ def verdict(trace: Record, capacity: str | int | float | Capacity | dict[str, An
     A record stopped by an error (``record.error``) is incomplete: it never fits, and the text says
     where it stopped and what the recorded part peaked at.
 
-    Returns ``{"fits": bool, "incomplete": bool, "capacity": bytes (the smallest), "devices": {dev: {"peak",
-    "allocated", "raw", "headroom", "fits", "oom_seq", "first_oom", "capacity"}}, "text"}``.
+    Returns ``{"fits": bool, "incomplete": bool, "capacity": bytes (the smallest), "devices": {dev: {"judged",
+    "freed", "peak", "allocated", "raw", "headroom", "fits", "oom_seq", "first_oom", "capacity", "text"}},
+    "text"}``.
     """
     if isinstance(capacity, dict):
         per_device = {str(d): Capacity.parse(c).bytes for d, c in capacity.items()}
@@ -59,6 +74,9 @@ def verdict(trace: Record, capacity: str | int | float | Capacity | dict[str, An
             whole = allocator_run(trace, dev)  # Note: [reserved at peak]
             peak, allocated = int(whole.peak_reserved), int(whole.peak_allocated)
             run = allocator_run(trace, dev, dev_cap)
+            judged = int(run.peak_reserved)
+            # release_cached_blocks ran: the limit made the model free cached segments (Note: [the verdict])
+            freed = run.segments_freed > 0
             # Note: [out of memory before the first op]: storages that existed before the recording started
             # (weights built outside it, storages carried in from an earlier cell) are placed before op 0; the
             # model reports running out there as seq -1, so `fits` is decided on the count, not the seq
@@ -72,6 +90,7 @@ def verdict(trace: Record, capacity: str | int | float | Capacity | dict[str, An
                 )
         else:
             peak, allocated, fits, oom = raw, raw, raw <= dev_cap, -1
+            judged, freed = raw, False
             if not fits:
                 curve = live[dev]
                 oom = int(np.argmax(curve > dev_cap))
@@ -80,20 +99,20 @@ def verdict(trace: Record, capacity: str | int | float | Capacity | dict[str, An
         if first_oom is not None:
             first_oom["where"] = _where(first_oom)
         devices[dev] = {
-            "peak": peak, "allocated": allocated, "raw": raw, "headroom": dev_cap - peak, "fits": fits, "oom_seq": oom,
-            "first_oom": first_oom, "capacity": dev_cap,
+            "judged": judged, "freed": freed and judged < peak, "peak": peak, "allocated": allocated, "raw": raw,
+            "headroom": dev_cap - judged, "fits": fits, "oom_seq": oom, "first_oom": first_oom, "capacity": dev_cap,
+            "cuda": uses_caching_allocator(dev),
         }  # fmt: skip
+        devices[dev]["text"] = judged_text(dev, devices[dev])
     fits = all(d["fits"] for d in devices.values())
     stopped = _stopped_at(trace)
     if not devices:
         text = "no accelerator memory was used"
     elif fits:
-        worst = min(devices.items(), key=lambda kv: kv[1]["headroom"])
-        text = f"fits: {worst[0]} peaks at {format_bytes(worst[1]['peak'])} of {format_bytes(worst[1]['capacity'])}"
-        if worst[1]["headroom"] < 0:  # over the capacity without a limit: fits by emptying the cache
-            text += " reserved, by freeing cached blocks as it goes"
+        worst = min(devices.values(), key=lambda v: v["headroom"])
+        text = f"fits: {worst['text']}"
     else:
-        over = [_over_text(d, v) for d, v in devices.items() if not v["fits"]]
+        over = [_over_text(v) for v in devices.values() if not v["fits"]]
         sizes = sorted({v["capacity"] for v in devices.values()})
         of = " / ".join(format_bytes(c) for c in sizes)
         text = f"does not fit {of}: " + "; ".join(over)
@@ -135,16 +154,49 @@ def _before_first_op(trace: Record, dev: str, *, request: int, free: int) -> dic
     }  # fmt: skip
 
 
-def _over_text(dev: str, v: dict[str, Any]) -> str:
-    """``cuda:0 needs 90 GiB reserved at peak (over by 10 GiB); first fails at op 12 aten.mm ...``."""
-    if v["headroom"] < 0:
-        head = f"{dev} needs {format_bytes(v['peak'])} reserved at peak (over by {format_bytes(-v['headroom'])})"
-    else:  # the peak fits, the segments do not: the cache cannot hold a large enough free block
-        head = f"{dev} runs out by fragmentation ({format_bytes(v['peak'])} reserved at peak)"
+def judged_text(dev: str, v: dict[str, Any]) -> str:
+    """What a device's verdict judged, in the words every view uses (Note: [the verdict]): ``v`` is one of
+    :func:`verdict`'s ``devices``. ``"cuda:0 peaks at 60.2 GiB reserved of 79.6 GiB"``, ``"cuda:0 peaks at
+    79.3 GiB reserved of 79.6 GiB after freeing cached blocks (81.8 GiB without a limit)"``, ``"cuda:0 peaks at
+    90.1 GiB reserved of 79.6 GiB after freeing cached blocks (95.0 GiB without a limit), over by 10.5 GiB"``;
+    elsewhere ``"xpu:0 peaks at 30.0 GiB of tensors of 32.0 GiB"``."""
+    what = "reserved" if v.get("cuda", True) else "of tensors"
+    judged, cap, peak = _distinct(v["judged"], v["capacity"], v["peak"])
+    text = f"{dev} peaks at {judged} {what} of {cap}"
+    if v["freed"]:
+        text += f" after freeing cached blocks ({peak} without a limit)"
+    if not v["fits"]:
+        over = v["judged"] - v["capacity"]
+        text += f", over by {format_bytes(over)}" if over > 0 else ""
+        if v.get("cuda", True) and v["allocated"] <= v["capacity"]:  # the tensors' blocks would fit: the
+            # segments do not, as the cache cannot hold a large enough free block
+            text += f" (by fragmentation: its tensors' blocks peak at {format_bytes(v['allocated'])})"
+    return text
+
+
+def _distinct(*sizes: int) -> list[str]:
+    """``sizes`` as :func:`format_bytes` writes them, with more decimals where two different sizes would read
+    the same ("1.0 GiB of 1.0 GiB" reads as a tie; "0.99 GiB of 1.02 GiB" does not)."""
+    for digits in (1, 2, 3):
+        texts = [_bytes(n, digits) for n in sizes]
+        if all(texts[i] != texts[j] for i in range(len(sizes)) for j in range(i) if sizes[i] != sizes[j]):
+            return texts
+    return texts
+
+
+def _bytes(n: int, digits: int) -> str:
+    if digits == 1 or abs(n) < 1024:
+        return format_bytes(n)
+    text = format_bytes(n)  # its unit, with more decimals
+    unit = text.split()[-1]
+    scale = 1024 ** ("B", "KiB", "MiB", "GiB", "TiB", "PiB").index(unit)
+    return f"{n / scale:.{digits}f} {unit}"
+
+
+def _over_text(v: dict[str, Any]) -> str:
+    """``cuda:0 peaks at 90 GiB reserved of 80 GiB, over by 10 GiB; first fails at op 12 aten.mm ...``."""
     o = v.get("first_oom")
-    if not o:
-        return head
-    return f"{head}; {o['where']}"
+    return f"{v['text']}; {o['where']}" if o else v["text"]
 
 
 def _where(o: dict[str, Any]) -> str:

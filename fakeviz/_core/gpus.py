@@ -19,9 +19,9 @@ from .errors import ArgumentError
 from .fmt import format_bytes
 
 __all__ = [
-    "ALIASES", "CAPABILITY", "DEVICE_NAMES", "GPUS", "MULTIPROCESSORS", "PUBLISHED_GB", "ROCM_ARCH", "SM_LIMITS",
-    "Capacity", "capacity_of", "gpu_capability", "gpu_name", "parse_capacity", "parse_gpus", "read_gpus",
-    "split_gpus",
+    "ALIASES", "CAPABILITY", "DEVICE_NAMES", "GPUS", "MAX_GPUS", "MAX_RANKS", "MULTIPROCESSORS", "PUBLISHED_GB",
+    "ROCM_ARCH", "SM_LIMITS", "Capacity", "capacity_of", "check_count", "gpu_capability", "gpu_name",
+    "parse_capacity", "parse_gpus", "read_gpus", "split_gpus",
 ]  # fmt: skip
 
 _MIB = 2**20
@@ -198,23 +198,35 @@ def gpu_capability(name: str) -> tuple[int, int] | None:
     return CAPABILITY.get(gpu) if gpu else None
 
 
-#: The most GPUs a machine spec may name (fake cuda devices are cuda:0 .. cuda:63).
+# Note: [GPU counts]
+# Two limits, each defined here once and read by every entry point. A *machine* has at most MAX_GPUS GPUs: the fake
+# cuda devices are cuda:0 .. cuda:63, and a record, a device map and the command line's run use one device per GPU.
+# A *job* (``plan(parallel=...)``, ``simulate(step, world_size)``, ``gpus=`` given with ``parallel=``) has at most
+# MAX_RANKS ranks: rank r runs on cuda:{r % gpus_per_node}, so a job of many machines needs no more devices than
+# one machine has. ``gpus="128xH100", parallel={"dp_shard": 128}`` and ``gpus="H100", parallel={"dp_shard": 128}``
+# are the same job and both work; ``gpus="128xH100"`` without ``parallel=`` is a device map over 128 devices and
+# is refused with the way to write it as a job.
+
+#: The most GPUs of one fake machine (fake cuda devices are cuda:0 .. cuda:63).
 MAX_GPUS = 64
+#: The most ranks of a parallel job (Note: [GPU counts]).
+MAX_RANKS = 65536
 
 _GIVE = "Give a GPU count with its kind ('8xH100', '2x80GB'), a GPU or size ('H100', '80GB'), or a list (['80GB', '40GiB'])."
 
 
-def read_gpus(spec: Any, *, written: str | None = None) -> tuple[int, list[Capacity] | None]:
+def read_gpus(spec: Any, *, written: str | None = None, job: bool = False) -> tuple[int, list[Capacity] | None]:
     """The one reading of ``gpus=`` (and ``--gpus``): how many GPUs, and each one's :class:`Capacity` when named.
 
     An integer (or a string of digits) is a GPU **count**, never bytes: ``8`` and ``"8"`` -> ``(8, None)``;
     ``"8xH100"`` -> ``(8, [H100] * 8)``; ``"H100"`` / ``"80GB"`` / a :class:`Capacity` -> one GPU; a list of
     names, sizes and such specs -> their GPUs in device order. ``written`` is how the caller wrote the argument,
-    for the error (default ``gpus=<value>``).
+    for the error (default ``gpus=<value>``). ``job``: the GPUs of a parallel job, up to :data:`MAX_RANKS`; else of
+    one machine, up to :data:`MAX_GPUS` (Note: [GPU counts]).
 
     Raises:
-        ArgumentError: (a ``ValueError``) not a count or a GPU, a count outside 1..64, a fraction, an unknown GPU
-            or size, an empty list, or a count without a kind inside a list.
+        ArgumentError: (a ``ValueError``) not a count or a GPU, a count outside 1..64 (1..65,536 for a job), a
+            fraction, an unknown GPU or size, an empty list, or a count without a kind inside a list.
     """
 
     def refuse(problem: str, advice: str = _GIVE) -> ArgumentError:
@@ -225,7 +237,7 @@ def read_gpus(spec: Any, *, written: str | None = None) -> tuple[int, list[Capac
     if isinstance(spec, bool) or spec is None:
         raise refuse("not a GPU count or a GPU")
     if isinstance(spec, int):
-        return _count(spec, refuse), None
+        return check_count(spec, refuse, job=job), None
     if isinstance(spec, float):
         raise refuse(
             "a number of GPUs is a whole number (and gpus= never takes bytes)",
@@ -239,23 +251,22 @@ def read_gpus(spec: Any, *, written: str | None = None) -> tuple[int, list[Capac
                     f"{item!r} in the list: each item is a GPU or a size ('H100', '80GB'), or a count with its kind",
                     "Write ['2xH100', 'A100 40GB'] or ['80GB', '40GiB'].",
                 )
-            n, caps = read_gpus(item, written=written or f"gpus={spec!r}")
+            n, caps = read_gpus(item, written=written or f"gpus={spec!r}", job=job)
             if caps is None:
                 raise refuse(f"{item!r} in the list is a count without a kind", f"Write '{n}xH100'.")
             out.extend(caps)
         if not out:
             raise refuse("an empty list names no GPU")
-        if len(out) > MAX_GPUS:
-            raise refuse(f"{len(out)} GPUs; a fake machine has between 1 and {MAX_GPUS} GPUs", "Name at most 64.")
+        check_count(len(out), refuse, job=job)
         return len(out), out
     if not isinstance(spec, str):
         raise refuse(f"a {type(spec).__name__} is not a GPU count or a GPU")
     text = spec.strip()
-    if text.isdigit() and gpu_name(text) is None:  # "8" is a count; "4090" is the RTX 4090 (counts stop at 64)
-        return _count(int(text), refuse), None
+    if text.isdigit() and gpu_name(text) is None:  # "8" is a count; "4090" is the RTX 4090
+        return check_count(int(text), refuse, job=job), None
     m = re.fullmatch(r"(-?[0-9]+)\s*[xX*]\s*(\S.*)", text)
     n, what = (int(m.group(1)), m.group(2).strip()) if m else (1, text)
-    _count(n, refuse)
+    check_count(n, refuse, job=job, kind=what)
     if gpu_name(what) is None and re.fullmatch(r"[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?", what):  # never bytes
         raise refuse(f"{what!r} is neither a whole count nor a size with its unit", _GIVE)
     if what.startswith("-"):
@@ -267,10 +278,19 @@ def read_gpus(spec: Any, *, written: str | None = None) -> tuple[int, list[Capac
     return n, [cap] * n
 
 
-def _count(n: int, refuse: Any) -> int:
-    if not 1 <= n <= MAX_GPUS:
+def check_count(n: int, refuse: Any, *, job: bool = False, kind: str = "H100") -> int:
+    """``n`` GPUs within the limit (Note: [GPU counts]): of one machine (1..:data:`MAX_GPUS`), or with ``job`` of a
+    parallel job (1..:data:`MAX_RANKS`); ``refuse(problem, advice)`` makes the error."""
+    if job and not 1 <= n <= MAX_RANKS:
+        raise refuse(f"{n} GPUs; a parallel job has between 1 and {MAX_RANKS:,} ranks", "Give e.g. 512.")
+    if not job and not 1 <= n <= MAX_GPUS:
         name = gpu_name(str(n))  # gpus=4090 as a number: a count; the GPU is the string
         advice = f"For one {name}, write '{n}' as a string (or '1x{n}')." if name else "Give e.g. '8xH100'."
+        if MAX_GPUS < n <= MAX_RANKS and not name:  # a job of several machines: the GPUs as a parallel plan's ranks
+            advice = (
+                f"For a job of {n} GPUs, give the parallel layout with them: gpus='{n}x{kind}', "
+                f"parallel={{'dp_shard': {n}}} (or gpus='{kind}', the degrees multiplying to {n})."
+            )
         raise refuse(f"{n} GPUs; a fake machine has between 1 and {MAX_GPUS} GPUs", advice)
     return n
 
@@ -290,7 +310,7 @@ def split_gpus(text: str, *, written: str | None = None) -> tuple[int, str]:
     return n, str(spec).strip()
 
 
-def parse_gpus(spec: Any, *, written: str | None = None) -> list[Capacity]:
+def parse_gpus(spec: Any, *, written: str | None = None, job: bool = False) -> list[Capacity]:
     """One :class:`Capacity` per GPU of a machine: ``"4xH100"``, ``"H100"``, ``"2x80GB"``, or a list of names,
     sizes and such specs (``["80GB", "40GiB"]``, ``["2xH100", "A100 40GB"]``), in device order (:func:`read_gpus`).
 
@@ -300,7 +320,7 @@ def parse_gpus(spec: Any, *, written: str | None = None) -> list[Capacity]:
     Raises:
         ArgumentError: (a ``ValueError``) as :func:`read_gpus`, and a count without a kind.
     """
-    n, caps = read_gpus(spec, written=written)
+    n, caps = read_gpus(spec, written=written, job=job)
     if caps is None:
         raise ArgumentError(
             "gpus", spec, f"{n} GPUs of which kind? A plan needs each GPU's memory",

@@ -230,19 +230,26 @@ def _check(args: argparse.Namespace) -> None:
         fake_device(args.device, written=f"--device {args.device!r}")
     except ArgumentError as exc:
         raise UsageError(f"{exc.written}: {exc.problem} (use cuda:N, cpu or meta)") from exc
+    source = Path(args.model) if isinstance(getattr(args, "model", None), str) else None
     for flag in ("html", "json", "save"):  # before any work: a run of minutes must not end in "no such folder"
         path = getattr(args, flag)
         if path is not None:
-            _check_output(f"--{flag}", path)
+            _check_output(f"--{flag}", path, source)
 
 
-def _check_output(flag: str, path: Path) -> None:
-    """``path`` can be written: its folder exists and it is not a folder itself (else a one-line UsageError)."""
+def _check_output(flag: str, path: Path, source: Path | None = None) -> None:
+    """``path`` can be written: its folder exists, it is not a folder itself, not the file being read
+    (``source``), and for ``--save`` a regular file or a new path (else a one-line UsageError)."""
     folder = path.parent
     if not folder.is_dir():
         raise UsageError(f"{flag} {str(path)!r}: no folder {str(folder)!r} to write it in")
     if path.is_dir():
         raise UsageError(f"{flag} {str(path)!r}: a folder; give a file name")
+    if source is not None and source.is_file() and path.exists() and os.path.samefile(path, source):
+        raise UsageError(f"{flag} {str(path)!r}: the file being read; give another file name")
+    if flag == "--save" and path.exists() and not path.is_file():
+        raise UsageError(f"{flag} {str(path)!r}: not a regular file (a device, FIFO or socket); saving never "
+                         "replaces one: give a file name")  # fmt: skip
 
 
 def _first_line(exc: BaseException) -> str:
@@ -347,8 +354,6 @@ def _report_model(args: argparse.Namespace) -> int:
     with machine:
         model = _build(models, args, overrides)
         models.check_seq(model, args.seq, args.generate or 0)  # refused before recording, never shortened
-        # the compute dtype (MFU's peak): a quantized model's unquantized weights, before QLoRA casts them to fp32
-        compute = str(next((p.dtype for p in model.parameters() if p.dtype.is_floating_point), "")) or None
         runner = _adapt(model, args)  # LoRA (QLoRA) before the recording, as a script sets it up before training
     info.update(_describe(model))
     info.update(
@@ -378,7 +383,7 @@ def _report_model(args: argparse.Namespace) -> int:
         raise error if error is not None else RuntimeError("nothing was recorded")
     trace.meta["capacity"] = capacity
     trace.meta["capacity_spec"] = f"{n_gpus}x{capacity}" if n_gpus > 1 else capacity
-    info["speed"] = _speed(trace, args, capacity, on_cuda, compute if args.quant else None).as_dict()
+    info["speed"] = _speed(trace, args, capacity, on_cuda).as_dict()
     data = report_data(trace, info)
     print(report_table(data))
     if error is not None:
@@ -389,9 +394,10 @@ def _report_model(args: argparse.Namespace) -> int:
     return 1 if error is not None else 0
 
 
-def _speed(trace: Any, args: argparse.Namespace, capacity: Any, on_cuda: bool, dtype: str | None = None) -> Any:
+def _speed(trace: Any, args: argparse.Namespace, capacity: Any, on_cuda: bool) -> Any:
     """How long the recorded run's step takes on the GPU given (``--gpus``, default H100): the last step of
-    ``--train`` (the steady state), the whole generation of ``--generate``, the forward (:func:`.steps.speed`)."""
+    ``--train`` (the steady state), the whole generation of ``--generate``, the forward (:func:`.steps.speed`;
+    Note: [one step] in :mod:`fakeviz._analysis.timing`)."""
     from .._core.gpus import Capacity
     from . import steps as _steps
 
@@ -404,7 +410,7 @@ def _speed(trace: Any, args: argparse.Namespace, capacity: Any, on_cuda: bool, d
     elif not on_cuda:
         note = f"the run is on {args.device}, and the time model covers GPUs (run on --device cuda:0)"
     tokens = args.batch * (args.generate or args.seq)
-    return _steps.speed([(trace, 1)], gpu=None if note else kind, gpus=1, tokens=tokens, note=note, dtype=dtype)
+    return _steps.speed([(trace, 1)], gpu=None if note else kind, gpus=1, tokens=tokens, note=note)
 
 
 def _build(models: Any, args: argparse.Namespace, overrides: dict[str, Any]) -> Any:
@@ -497,6 +503,8 @@ def report_data(trace: Any, info: dict[str, Any]) -> dict[str, Any]:
         vd = v["devices"].get(dev, {})
         devices[dev] = {
             "peak": int(vd.get("peak", pk.bytes)),  # reserved at peak on cuda (the allocator model), else tensors
+            "judged": vd.get("judged"),  # what the verdict judged (Note: [the verdict]); None: not judged (cpu)
+            "freed": vd.get("freed"),
             "tensors": int(pk.bytes),
             "allocated": pk.allocated,
             "reserved": pk.reserved,
@@ -563,30 +571,19 @@ def report_table(data: dict[str, Any]) -> str:
         for r in rows:
             lines.append("  " + "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths))))
     lines.append("")
-    v, cap_text = data["verdict"], format_bytes(data["verdict"]["capacity"])
-    if v["incomplete"]:
-        lines.append(f"verdict: {v['text']}")
-    elif not devs or all(d["fits"] is None for d in devs.values()):
-        lines.append(f"verdict: {v['text']}")
-    elif v["fits"]:
-        worst = max((d for d in devs.values() if d["fits"] is not None), key=lambda d: d["peak"])
-        lines.append(f"verdict: FITS {cap_text} per device (peak {format_bytes(worst['peak'])})")
-    else:
-        lines.append(f"verdict: DOES NOT FIT {cap_text} per device")
+    v = data["verdict"]
+    lines.append(f"verdict: {v['text']}")  # the verdict's one text, with the bytes it judged (Note: [the verdict])
     if data.get("paged_bytes"):
         lines.append(f"  {format_bytes(data['paged_bytes'])} of the optimizer state is paged (CUDA unified memory): "
                      "counted on the GPU; the driver moves pages to host memory when the GPU runs out")  # fmt: skip
     sp = data.get("speed")
     if sp is not None:
         lines.append(_speed_line(data, sp))
-    for dev, d in devs.items():
-        if d["fits"] is False:
-            over = d["peak"] - v["capacity"]
-            lines.append(f"  {dev} needs {format_bytes(d['peak'])} at peak"
-                         + (f", over by {format_bytes(over)}" if over > 0 else ", but runs out by fragmentation"))  # fmt: skip
+    for d in devs.values():
         o = d.get("first_oom")
-        if o:
-            lines.append(f"  {o['where']} (asking {format_bytes(o['request'])})")
+        if o:  # the verdict's text names where; the request that failed is said here
+            asks, free = format_bytes(o["request"]), format_bytes(o["free"])
+            lines.append(f"  the request that fails asks {asks} with {free} free")
     if data.get("error"):
         e = data["error"]
         lines.append(f"  the run stopped at {e.get('op')}: {e.get('type')} (the figures are up to there)")
@@ -594,21 +591,14 @@ def report_table(data: dict[str, Any]) -> str:
 
 
 def _speed_line(data: dict[str, Any], sp: dict[str, Any]) -> str:
-    """``time: step 1.23 s on H100 (...), 6.7 K tokens/s, MFU 41.2% (bound by gpu)`` or why there is none."""
+    """``time: step 565 ms on H100, 7.2 K tokens/s, MFU 37.7% (gpu bound); timed: the last of 2 training steps
+    (ops 8,643 to 16,411)`` or why there is none (Note: [one step] in :mod:`fakeviz._analysis.timing`)."""
     from .._views.text import speed_text
 
     text = speed_text(sp["step_s"], sp["tokens_per_s"], sp["mfu"], gpus=sp["gpus"], gpu=sp["gpu"], note=sp["note"])
     if sp["step_s"] is None:
         return f"time: {text}"
-    run = str(data.get("run") or "")
-    which = (
-        "its last step"
-        if run.startswith("train")
-        else "the whole generation"
-        if run.startswith("generate")
-        else "the forward"
-    )
-    extra = f" (estimated for {which}; {sp['bound']} bound)"
+    extra = f" ({sp['bound']} bound); timed: {sp['timed']}"
     if data.get("gpus", 1) > 1:
         extra += f"; the run is one GPU's, not {data['gpus']} GPUs together"
     return f"time: {text}{extra}"
@@ -694,6 +684,13 @@ def demo(args: argparse.Namespace) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{n_params / 1e9:.1f} B parameters, recorded in {dt:.1f} s")
     print(summary(trace))
+    if named and args.device.startswith("cuda"):
+        # the step as the report and the HTML page time it: fwd+bwd, never the model's build (Note: [one step])
+        from .._core.gpus import Capacity
+        from . import steps as _steps
+
+        sp = _steps.speed([(trace, 1)], gpu=Capacity.parse(args.gpu).gpu, gpus=1, tokens=args.batch * args.seq)
+        print(_speed_line({"gpus": 1}, sp.as_dict()))
     out_path = Path(args.output)
     trace.save(out_path)
     html_path = out_path.with_suffix(".html")

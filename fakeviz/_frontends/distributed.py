@@ -41,8 +41,7 @@ import torch
 from .._analysis import placement as _placement
 from .._analysis.collectives import ranks_text as _ranks_text
 from .._core.errors import ArgumentError, FakeVizError, SimulationError
-from .._core.fmt import format_bytes
-from .._core.gpus import Capacity, parse_gpus
+from .._core.gpus import Capacity, check_count, parse_gpus
 from .._engine.distributed import Mailbox as _Mailbox
 from . import offload, steps
 
@@ -73,7 +72,8 @@ class Simulation:
     """
 
     def __init__(self, *, world_size: int, mesh_shape: tuple[int, ...], mesh_dim_names: tuple[str, ...] | None,
-                 device: str, gpu: Capacity, gpus_per_node: int, ranks: list[int]) -> None:  # fmt: skip
+                 device: str, gpu: Capacity, gpus_per_node: int, ranks: list[int],
+                 tokens: int | None = None) -> None:  # fmt: skip
         self.world_size = world_size
         self.mesh_shape = mesh_shape
         self.mesh_dim_names = mesh_dim_names
@@ -85,6 +85,7 @@ class Simulation:
         self.stand_ins: dict[int, int] = {}
         self.error: SimulationError | None = None
         self.settings: dict[str, Any] = {}
+        self.tokens = tokens  # simulate(tokens=): the tokens one step of the whole job processes
         self.mailbox = _Mailbox()  # the values ranks send each other (Note: [values between simulated ranks])
 
     # ------------------------------------------------------------------------------------------ reading
@@ -155,9 +156,10 @@ class Simulation:
     @functools.cached_property
     def peaks(self) -> pd.DataFrame:
         """One row per recorded rank: rank, device, the bytes by kind at its peak (weights, gradients, optimizer,
-        kv_cache, activations, temporaries, other), peak (the caching allocator's, as the verdict judges),
-        capacity, headroom, fits (False for a rank whose step failed), class, recorded (False: a stand-in, its row
-        its recorded rank's on its own device)."""
+        kv_cache, activations, temporaries, other), peak (the caching allocator's reserved bytes at peak), judged
+        (the bytes the verdict judged, Note: [the verdict]), capacity, headroom (capacity - judged), fits (False for
+        a rank whose step failed), verdict (its text), class, recorded (False: a stand-in, its row its recorded
+        rank's on its own device)."""
         frames = {}
         for run in self._runs():
             t = offload.with_host_row(_placement.peaks_table(run.trace, run.capacities), run.trace, self.settings)
@@ -170,10 +172,14 @@ class Simulation:
         for r, s in self.stand_ins.items():
             t = frames[s].copy()
             t["rank"], t["recorded"] = r, False
-            t.loc[t.device != "cpu", "device"] = self.device_of(r)  # its host row stays the host's (Note: [offload])
+            gpu_row = t.device != "cpu"
+            # its verdict names its own device (the text starts with the recorded rank's: judged_text)
+            t.loc[gpu_row, "verdict"] = [self.device_of(r) + v[len(d):] if v.startswith(d) else v
+                                         for d, v in zip(t.device[gpu_row], t.verdict[gpu_row])]  # fmt: skip
+            t.loc[gpu_row, "device"] = self.device_of(r)  # its host row stays the host's (Note: [offload])
             frames[r] = t
         if not frames:
-            return pd.DataFrame(columns=["rank", "device", "peak", "capacity", "headroom", "fits"])
+            return pd.DataFrame(columns=["rank", "device", "peak", "judged", "capacity", "headroom", "fits", "verdict"])
         return pd.concat([frames[r] for r in sorted(frames)], ignore_index=True)
 
     @property
@@ -208,15 +214,16 @@ class Simulation:
         """How long a step takes on this GPU kind (:class:`~fakeviz._frontends.steps.Speed`): the slowest recorded
         rank's step (each rank's collectives timed by the time model, NVLink within ``gpus_per_node``), the model
         FLOPs of every rank (a stand-in counts as its recorded rank; ranks neither recorded nor stood in for count
-        as the mean of those that were), tokens over all data-parallel replicas for ``fv.plan(parallel=...)``
-        (None for a step of your own: fakeviz does not know its batch)."""
+        as the mean of those that were), tokens over all data-parallel replicas for ``fv.plan(parallel=...)``, and
+        for a step of your own the ``tokens=`` given to :func:`simulate` (None without: fakeviz cannot tell
+        which of your step's inputs are tokens)."""
         gpu, note = steps.gpu_kind([self.gpu], written="gpu")
         count = {r: 1 for r in self.ranks}
         for s in self.stand_ins.values():
             count[s] = count.get(s, 0) + 1
         scale = self.world_size / max(1, len(self.covered))
         s = self.settings
-        tokens = None
+        tokens = self.tokens
         tp, replicated = 1, ()
         if {"batch", "seq", "parallel"} <= set(s):
             par = s["parallel"]
@@ -252,14 +259,15 @@ class Simulation:
         n = len(self.ranks)
         k = len(self.classes)
         gpu_peaks = offload.gpu_rows(self.peaks)
-        worst = gpu_peaks.loc[gpu_peaks.peak.idxmax()] if n else None
+        # the rank closest to (or furthest over) its capacity, in the verdict's words (Note: [the verdict])
+        worst = gpu_peaks.loc[gpu_peaks.headroom.astype(float).idxmin()] if n else None
         state = "fits" if self.fits else ("incomplete" if not self.complete else "does not fit")
         head = f"{state}: {n} of {self.world_size} ranks recorded"
         if self.stand_ins:
             head += f" ({len(self.stand_ins)} more found identical to one of them)"
         head += f", {k} class{'es' if k != 1 else ''}"
         if worst is not None:
-            head += f"; highest peak rank {int(worst['rank'])} {format_bytes(int(worst['peak']))} of {self.gpu.label}"
+            head += f"; rank {int(worst['rank'])}: {worst['verdict']}"
         if self.error is not None:
             head += f"; rank {self.error.rank} failed"
         return f"{head}; {self.speed.text()}" if n else head
@@ -295,6 +303,7 @@ def simulate(
     gpu: Any = None,
     ranks: str | Sequence[int] = "all",
     gpus_per_node: int = 8,
+    tokens: int | None = None,
 ) -> Simulation:
     """Run ``step(rank, mesh)`` once per rank under fake tensors in torch.distributed's fake process group.
 
@@ -309,6 +318,9 @@ def simulate(
         gpu: each rank's GPU, a name or size (``"H100"``, ``"80GB"``); default H100.
         ranks: ``"all"``, or the ranks to record (``[0, 63]``: the others are not run).
         gpus_per_node: ranks per node; rank ``r`` runs on ``cuda:{r % gpus_per_node}``.
+        tokens: the tokens one step processes over the whole job (every data-parallel replica's ``batch x seq``):
+            gives ``tokens_per_s``. fakeviz does not guess it from your step's inputs (which are tokens, and how
+            many replicas read different ones, is your code's to say); without it ``tokens_per_s`` is None.
 
     Returns:
         A :class:`Simulation`. Raises :class:`~fakeviz.SimulationError` (its ``simulation`` holds the ranks
@@ -343,12 +355,19 @@ def simulate_recipe(
     """
     args = _SIMULATE.bind(step, world_size, **options)
     args.apply_defaults()
-    mesh_shape, mesh_dim_names, device, gpu, ranks, gpus_per_node = (
-        args.arguments[k] for k in ("mesh_shape", "mesh_dim_names", "device", "gpu", "ranks", "gpus_per_node")
+    mesh_shape, mesh_dim_names, device, gpu, ranks, gpus_per_node, tokens = (
+        args.arguments[k] for k in ("mesh_shape", "mesh_dim_names", "device", "gpu", "ranks", "gpus_per_node", "tokens")
     )
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+        raise ArgumentError("tokens", tokens, "the tokens one step processes is a whole number of at least 1",
+                            "Give the step's batch x seq over every data-parallel replica, e.g. tokens=8 * 4096.")  # fmt: skip
     dist = _distributed()
-    if world_size < 1:
-        raise ValueError(f"world_size={world_size}: must be at least 1")
+    # the job's ranks and one machine's GPUs: the limits plan's gpus= and parallel= have (Note: [GPU counts])
+    check_count(world_size, lambda problem, advice: ArgumentError("world_size", world_size, problem, advice), job=True)
+    if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int):
+        raise ArgumentError("gpus_per_node", gpus_per_node, "not a whole number of GPUs", "Give e.g. gpus_per_node=8.")
+    check_count(gpus_per_node, lambda problem, advice: ArgumentError("gpus_per_node", gpus_per_node, problem,
+                                                                     "Give e.g. gpus_per_node=8."))  # fmt: skip
     shape = tuple(int(x) for x in (mesh_shape or (world_size,)))
     n = 1
     for x in shape:
@@ -393,7 +412,7 @@ def simulate_recipe(
         )
     per_node = max(1, min(gpus_per_node, world_size))
     sim = Simulation(world_size=world_size, mesh_shape=shape, mesh_dim_names=names, device=device, gpu=cap[0],
-                     gpus_per_node=per_node, ranks=todo)  # fmt: skip
+                     gpus_per_node=per_node, ranks=todo, tokens=tokens)  # fmt: skip
     seen: dict[Any, int] = {}
     for i, r in enumerate(todo):
         if auto and i == 1:

@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._core.gpus import parse_gpus
+from .._core.errors import ArgumentError
+from .._core.gpus import check_count, parse_gpus
 from .._engine import torch_compat
 from . import context_expert, offload
 
@@ -74,7 +75,9 @@ def parse_parallel(parallel: dict[str, int], gpus: Any) -> tuple[tuple[int, ...]
         sizes[k] = v
     dims = [(a, sizes[a]) for a in AXES if sizes.get(a, 1) > 1] or [("dp_shard", 1)]
     world = math.prod(n for _, n in dims)
-    caps = parse_gpus(gpus)
+    # one limit for both ways of writing the job (Note: [GPU counts] in fakeviz._core.gpus)
+    check_count(world, lambda problem, advice: ArgumentError("parallel", parallel, problem, advice), job=True)
+    caps = parse_gpus(gpus, job=True)
     if len({c.bytes for c in caps}) != 1 or len({c.gpu for c in caps}) != 1:
         raise ValueError(f"gpus={gpus!r}: a parallel plan runs every rank on one GPU kind")
     if len(caps) not in (1, world):

@@ -374,7 +374,7 @@ class Plan:
         if not note and self.offloaded:
             note = f"the map offloads {len(self.offloaded)} modules to cpu/disk, and the time model covers GPUs only"
         return steps.speed([(self.trace, 1)], gpu=gpu, gpus=len(self.gpus), tokens=steps.tokens_per_step(self.settings),
-                           note=note, dtype=self.settings.get("dtype"))  # fmt: skip
+                           note=note)  # fmt: skip
 
     @property
     def step_s(self) -> float | None:
@@ -390,7 +390,7 @@ class Plan:
     @property
     def mfu(self) -> float | None:
         """Model FLOPs utilization: 3 x the forward's FLOPs for training (the forward's for inference) over
-        ``step_s x GPUs x`` the GPU's dense peak in the model's dtype; recomputation not counted."""
+        ``step_s x GPUs x`` the GPU's dense peak in the dtype the matrix ops ran in; recomputation not counted."""
         return self.speed.mfu
 
     @property

@@ -111,9 +111,31 @@ class Serving:
         return self.layout.max_context(max(self.available_kv, 0), self.context_limit)
 
     @property
+    def verdict(self) -> dict[str, Any]:
+        """Does vLLM start, in the verdict's shape and words (Note: [the verdict] in :mod:`fakeviz._analysis.verdict`):
+        the bytes judged are allocated bytes, as vLLM's memory profile counts them (``weights + profile_peak`` and
+        the KV cache of one request of ``max_model_len``), against the bytes vLLM may use (``requested``:
+        ``capacity x gpu_memory_utilization``). It fits when they are within it, which is vLLM starting (its check
+        ``request_bytes <= available_kv``). ``{"fits", "judged", "capacity", "headroom", "request_kv", "text"}``."""
+        request = self.layout.request_bytes()
+        judged = self.weights + self.profile_peak + request
+        fits = judged <= self.requested and self.available_kv > 0
+        s = self.settings
+        tokens = f"{s['max_model_len']:,}-token"
+        text = (f"cuda:0 needs {format_bytes(judged)} allocated ({format_bytes(self.weights)} weights + "
+                f"{format_bytes(self.profile_peak)} profile peak + {format_bytes(request)} KV cache of one {tokens} "
+                f"request) of {format_bytes(self.requested)} requested ({s['gpu_memory_utilization']} of "
+                f"{format_bytes(self.gpu.bytes)})")  # fmt: skip
+        if judged > self.requested:
+            text += f", over by {format_bytes(judged - self.requested)}"
+        return {"fits": fits, "judged": judged, "capacity": self.requested, "headroom": self.requested - judged,
+                "request_kv": request, "text": f"{'fits' if fits else 'does not fit'}: {text}"}  # fmt: skip
+
+    @property
     def fits(self) -> bool:
-        """Whether vLLM starts: something is left for the KV cache and one request of ``max_model_len`` fits."""
-        return self.error is None
+        """Whether vLLM starts: something is left for the KV cache and one request of ``max_model_len`` fits
+        (:attr:`verdict`, which says the bytes it judged)."""
+        return bool(self.verdict["fits"])
 
     @property
     def error(self) -> str | None:
@@ -147,6 +169,7 @@ class Serving:
                 f"{format_bytes(self.requested)} requested - {format_bytes(self.weights)} weights - "
                 f"{format_bytes(self.profile_peak)} profile peak ({s['max_num_batched_tokens']:,} tokens as "
                 f"{s['profile_shape']}) = {format_bytes(self.available_kv)} for the KV cache")  # fmt: skip
+        head += f"\n{self.verdict['text']}"  # the bytes judged (Note: [the verdict])
         if not self.fits:
             return f"{head}\ndoes not start: {self.error}"
         return (f"{head}\n{self.kv_blocks:,} blocks of {self.layout.block_size} tokens "
@@ -173,6 +196,7 @@ class Serving:
             "kv_blocks": self.kv_blocks, "kv_tokens": self.kv_tokens, "max_concurrency": self.max_concurrency,
             "max_context": self.max_context, "kv_groups": len(self.layout.groups),
             "layer_kinds": sorted({g.spec.kind for g in self.layout.groups}), "fits": self.fits, "error": self.error,
+            "judged": self.verdict["judged"], "verdict": self.verdict["text"],
         }  # fmt: skip
 
     def explore(self, **kw: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._analysis.timing import MATRIX_CLASSES, matmul_peak, step_start
 from .._core.schema import PHASES
 
 __all__ = [
@@ -470,8 +471,11 @@ def run(model: torch.nn.Module, *, batch: int, seq: int, train: bool, new_tokens
 # whole on every rank (modules whose parameters are replicated across ``tp``: the head in fakeviz's recipe) count
 # once per group in the model FLOPs (each rank's copy / tp) and on every rank in HFU. Attention counts its full,
 # unmasked product (torch's formula; torchtitan's 12·L·H·Q·T counts the same).
-# ``mfu = model FLOPs / (step_s x GPUs x the GPU's dense peak in the model's dtype)`` (fakeviz._core.gpu_specs,
-# float32 without TF32), the step being the slowest rank's; ``hfu`` the same with the hardware FLOPs.
+# ``mfu = model FLOPs / (step_s x GPUs x the GPU's dense peak in the dtype the matrix ops ran in)``
+# (fakeviz._core.gpu_specs, float32 without TF32): the dtype of each GEMM's inputs as recorded, so a float32 model
+# under FSDP2's ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)`` or autocast is divided by the bf16 peak, and a
+# step whose matrix ops ran in several dtypes by their FLOP-weighted peak (``timing.matmul_peak``); the step is the
+# slowest rank's (Note: [one step] in fakeviz._analysis.timing); ``hfu`` the same with the hardware FLOPs.
 
 
 @dataclass(frozen=True)
@@ -480,7 +484,8 @@ class Speed:
 
     ``step`` the slowest rank's :class:`~fakeviz._analysis.timing.StepTime` (None: no estimate, ``note`` says
     why); ``tokens`` per step over all GPUs (None: unknown); ``model_flops`` and ``flops`` per step over all GPUs
-    (Note: [model FLOPs]); ``peak_flops`` one GPU's dense peak in ``dtype``.
+    (Note: [model FLOPs]); ``peak_flops`` one GPU's dense peak in ``dtype``, the dtype the step's matrix ops ran in
+    (``"torch.bfloat16"``; several: ``"torch.bfloat16 98%, torch.float32 2%"`` by FLOPs, and the FLOP-weighted peak).
     """
 
     gpu: str | None
@@ -530,6 +535,7 @@ class Speed:
             "flops": self.flops, "peak_flops": self.peak_flops, "bound": st.bound if st is not None else None,
             "gpu_s": st.gpu_s if st is not None else None, "host_s": st.host_s if st is not None else None,
             "exposed_comm_s": st.exposed_comm_s if st is not None else None, "note": self.note,
+            "timed": st.timed if st is not None else None,
         }  # fmt: skip
 
 
@@ -553,42 +559,16 @@ def gpu_kind(caps: list[Any], *, written: str = "gpus") -> tuple[str | None, str
     return next(iter(kinds)), ""
 
 
-def step_start(trace: Any) -> int:
-    """The first op of the step a record holds: what comes before is set-up (inputs, a model's sharding and
-    ``to_empty``, :func:`init_state`'s optimizer step) or, for several training steps, the earlier steps.
-
-    A training step (the record has a backward) starts at the first forward op after the last optimizer op before
-    its last backward op (so several microbatches' forwards and backwards are one step, and of ``--steps 2`` the
-    second, steady-state one is the step); anything else at its first forward op, else its first op after set-up.
-    """
-    phase = np.asarray(trace.col("phase"))
-    fwd, bwd, opt, init = (PHASES.index(p) for p in ("forward", "backward", "optimizer", "init"))
-    back = np.flatnonzero(phase == bwd)
-    after = 0
-    if len(back):
-        before = np.flatnonzero(phase[: back[-1]] == opt)
-        after = int(before[-1]) + 1 if len(before) else 0
-    fw = np.flatnonzero(phase[after:] == fwd)
-    if len(fw):
-        return after + int(fw[0])
-    rest = np.flatnonzero(phase[after:] != init)
-    return after + int(rest[0]) if len(rest) else 0
-
-
 # the OpFeatures fields that hold op indices (shifted by a window; one before it waits for nothing in the window)
 _INDEX_FIELDS = ("waits_on", "coll_after")
 
 
 def window_time(trace: Any, gpu: Any, start: int = 0, *, tf32: bool = False, host_scale: float = 1.0,
                 **links: Any) -> Any:  # fmt: skip
-    """:func:`fakeviz._analysis.timing.step_time` of the ops from ``start`` on (``start=0``: the same figures)."""
+    """:func:`fakeviz._analysis.timing.step_time` of the ops from ``start`` on (``start=0``: the whole record)."""
     from .._analysis import timing
 
     return timing.step_time(trace, gpu, start=start, tf32=tf32, host_scale=host_scale, **links)
-
-
-# the kernel classes whose FLOPs MFU counts: the tensor-core work the dense peak is the peak of (Note: [model FLOPs])
-MATRIX_CLASSES = ("gemm", "grouped_gemm", "attention", "attention_backward", "conv")
 
 
 def step_flops(trace: Any, start: int = 0, *, replicated: Any = (), tp: int = 1) -> tuple[float, float]:
@@ -625,16 +605,16 @@ def model_dtype(trace: Any) -> str:
 
 
 def speed(runs: list[tuple[Any, float]], *, gpu: str | None, gpus: int, tokens: int | None, note: str = "",
-          replicated: Any = (), tp: int = 1, times: list[Any] | None = None, dtype: str | None = None,
-          **links: Any) -> Speed:  # fmt: skip
+          replicated: Any = (), tp: int = 1, times: list[Any] | None = None, **links: Any) -> Speed:  # fmt: skip
     """The :class:`Speed` of a job of ``gpus`` GPUs that runs ``runs`` (``(trace, how many times the job runs it)``:
     a plan's one record of the whole model, or each recorded rank with the ranks it stands for): the slowest run's
-    step (``times``: their :func:`window_time` if already made), the FLOPs summed. ``dtype``: the compute dtype whose
-    peak MFU divides by (default :func:`model_dtype`; a quantized model's is its compute dtype, not its storage's)."""
+    step (``times``: their :func:`window_time` if already made), the FLOPs summed. MFU divides by the peak of the
+    dtype the first run's matrix ops ran in (:func:`fakeviz._analysis.timing.matmul_peak`; a quantized model's
+    dequantized matmuls run in its compute dtype); a step without matrix ops by its parameters' dtype's."""
     from .._core.gpu_specs import gpu_spec
 
     first = runs[0][0] if runs else None
-    dtype = dtype or (model_dtype(first) if first is not None else "torch.float32")
+    dtype = model_dtype(first) if first is not None else "torch.float32"
     failed = next((t for t, _ in runs if t.error), None)
     if failed is not None and not note:
         note = f"the step stopped at {failed.error.get('op')} ({failed.error.get('type')}): no time for part of a step"
@@ -648,4 +628,7 @@ def speed(runs: list[tuple[Any, float]], *, gpu: str | None, gpus: int, tokens: 
     if times is None:
         times = [window_time(t, gpu, step_start(t), **links) for t, _ in runs]
     slowest = max(times, key=lambda st: st.step_s)
-    return Speed(gpu, gpus, tokens, slowest, model, hw, gpu_spec(gpu).peak_flops(dtype), dtype)
+    peak, ran_in = matmul_peak(first, gpu, step_start(first))
+    if not peak:  # no matrix op: MFU is 0 of the parameters' dtype's peak
+        peak, ran_in = gpu_spec(gpu).peak_flops(dtype), dtype
+    return Speed(gpu, gpus, tokens, slowest, model, hw, peak, ran_in)

@@ -49,8 +49,8 @@ class BarsData:
     column per :data:`~fakeviz.CATEGORIES`), ``total`` (= the :func:`~fakeviz._analysis.memory.peaks` bytes),
     ``seq``, ``phase``, ``op``, ``module``, ``user_line``, ``allocated`` and
     ``reserved`` (caching-allocator model peaks, cuda only, else NaN),
-    ``judged`` (what the verdict compares with the capacity: the reserved peak
-    on cuda, raw bytes elsewhere; NaN on cpu), ``headroom`` and ``fits``.
+    ``judged`` (the bytes the verdict judged, Note: [the verdict] in :mod:`fakeviz._analysis.verdict`: the
+    reserved peak under the capacity on cuda, raw bytes elsewhere; NaN on cpu), ``headroom`` and ``fits``.
     ``title`` is plain text (the verdict when a capacity is given).
     """
 
@@ -89,7 +89,7 @@ def bars_data(trace: Record, capacity: str | int | float | None = None) -> BarsD
             allocated_seq=pk.allocated_seq if pk.allocated_seq is not None else -1,
             reserved=float(pk.reserved) if pk.reserved is not None else np.nan,
             reserved_seq=pk.reserved_seq if pk.reserved_seq is not None else -1,
-            judged=float(judged["peak"]) if judged else np.nan,
+            judged=float(judged["judged"]) if judged else np.nan,
             headroom=float(judged["headroom"]) if judged else np.nan,
             fits=bool(judged["fits"]) if judged else None,
         )  # fmt: skip

@@ -252,7 +252,9 @@ def time_gpu(trace: Record, gpu: Any = None, capacity: Any = None) -> GPUSpec:
 def time_pack(trace: Record, gpu: GPUSpec | str) -> bytes:
     """Every op's estimated time on ``gpu`` (:meth:`fakeviz.Trace.time`) as the ``time`` pack (module docstring).
 
-    ``meta``: the GPU's name, the step's time and what bounds it (:class:`~fakeviz._analysis.timing.StepTime`),
+    ``meta``: the GPU's name, the step's time, which step that is (``timed``, ``step_start``: Note: [one step] in
+    :mod:`fakeviz._analysis.timing`: never the set-up, the last of several training steps) and what bounds it
+    (:class:`~fakeviz._analysis.timing.StepTime`),
     the kernel classes and bounds the ``code`` column indexes, and where the model's constants come from.
     """
     spec = gpu_spec(gpu)
@@ -271,6 +273,8 @@ def time_pack(trace: Record, gpu: GPUSpec | str) -> bytes:
         "gpu": spec.name,
         "n_ops": int(len(df)),
         "step_s": float(step.step_s),
+        "timed": step.timed,
+        "step_start": int(step.start),
         "gpu_s": float(step.gpu_s),
         "host_s": float(step.host_s),
         "comm_s": float(step.comm_s),

@@ -160,6 +160,7 @@ export function readTime(pack) {
     n,
     gpu: meta.gpu ?? "",
     stepS: meta.step_s ?? edge[n],
+    timed: meta.timed ?? "",
     bound: meta.bound ?? "",
     end,
     est,

@@ -34,7 +34,8 @@ export const END = (() => {
 export function timePack({ gpu = "H100", end = END, est = EST, cls = OP_CLASS, bound = OP_BOUND } = {}) {
   const timed = est.filter((_, i) => cls[i] !== "none");
   return pack({
-    meta: { gpu, n_ops: end.length, step_s: end.at(-1), gpu_s: est.reduce((a, b) => a + b, 0), host_s: 3.7e-4, comm_s: 0, exposed_comm_s: 0, bound: "gpu", classes: CLASSES, bounds: BOUNDS, untimed: "none", source: "test" },
+    // the step without the set-up (ops 0-1, the init phase): what fakeviz/_views/payload.py time_pack sends
+    meta: { gpu, n_ops: end.length, step_s: end.at(-1) - end[1], timed: "the training step (ops 2 to 11, after the set-up)", step_start: 2, gpu_s: est.reduce((a, b) => a + b, 0), host_s: 3.7e-4, comm_s: 0, exposed_comm_s: 0, bound: "gpu", classes: CLASSES, bounds: BOUNDS, untimed: "none", source: "test" },
     arrays: {
       end_s: ["f4", end],
       code: ["i1", cls.map((c, i) => CLASSES.indexOf(c) * BOUNDS.length + BOUNDS.indexOf(bound[i]))],
@@ -165,7 +166,7 @@ export function state({ selected = "", precision = true } = {}) {
       n_ops: n,
       capacity: 3000,
       capacity_spec: "3000",
-      verdict: { fits: false, capacity: 3000, devices: { "cuda:0": { peak: 4 << 20, allocated: 2400, raw: 2400, headroom: 3000 - (4 << 20), fits: false, oom_seq: -1 } }, text: "does not fit 2.9 KiB: cuda:0 over by 4.0 MiB" },
+      verdict: { fits: false, capacity: 3000, devices: { "cuda:0": { judged: 4 << 20, freed: false, peak: 4 << 20, allocated: 2400, raw: 2400, headroom: 3000 - (4 << 20), fits: false, oom_seq: -1, capacity: 3000, text: "cuda:0 peaks at 4.0 MiB reserved of 2.9 KiB, over by 4.0 MiB" } }, text: "does not fit 2.9 KiB: cuda:0 peaks at 4.0 MiB reserved of 2.9 KiB, over by 4.0 MiB" },
       peaks: {
         "cuda:0": { bytes: 2400, seq: 10, phase: "backward", op: "aten.add_", module: "Net.blocks.0.fc", user_line: "train.py:10 in step", by_category: { Parameter: 1200, Buffer: 0, Gradient: 1200, "Optimizer state": 0, Activation: 0, Temporary: 0, Input: 0, Other: 0 }, allocated: 2400, allocated_seq: 10, reserved: 4 << 20, reserved_seq: 0 },
       },

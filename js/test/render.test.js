@@ -38,6 +38,8 @@ describe("explorer render", () => {
     expect(qa(".fv-ops .fv-ops-sizer .fv-op-row").length).toBe(12);
     expect(q('[data-testid="fv-ops-count"]').textContent).toBe("12 of 12 ops");
     expect(q('[data-testid="fv-verdict"]').textContent).toMatch(/does not fit/);
+    // one device: the verdict above names the bytes it judged; the headroom beside the bar is capacity - judged
+    expect(q(".fv-headroom").textContent).toBe("over by 4.0 MiB");
     expect(qa(".fv-selected").length).toBe(0);
     expect(qa(".fv-highlight").length).toBe(0);
   });
@@ -257,7 +259,10 @@ describe("explorer render", () => {
     expect(select.hidden).toBe(false);
     expect([...select.options].map((o) => [o.value, o.textContent])).toEqual([["op", "x: op index"], ["time", "x: estimated time on H100"]]);
     expect(select.value).toBe("op");
-    expect(q('[data-testid="fv-step-time"]').textContent).toBe(`estimated step ${fmtSeconds(Math.fround(END.at(-1)))} on H100 (gpu bound)`);
+    // the step, not the set-up before it, and which step it is (Note: [one step] in fakeviz/_analysis/timing.py)
+    expect(q('[data-testid="fv-step-time"]').textContent).toBe(
+      `estimated step ${fmtSeconds(END.at(-1) - END[1])} on H100 (gpu bound); timed: the training step (ops 2 to 11, after the set-up)`,
+    );
     const ticks = () => qa(".fv-timeline .fv-tick").map((t) => t.textContent);
     const areas = () => qa(".fv-timeline .fv-area").map((a) => a.getAttribute("d"));
     expect(ticks()).toEqual(["op 0", "op 6", "op 11"]);

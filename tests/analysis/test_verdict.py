@@ -47,7 +47,7 @@ def test_stopped_run_is_incomplete_never_fits(tmp_path: Path) -> None:
 def test_stopped_run_over_capacity_says_both() -> None:
     v = _stopped().verdict(4096)
     assert not v["fits"] and v["incomplete"]
-    assert v["text"].startswith("does not fit 4.0 KiB: cuda:0 needs") and "the run stopped at op" in v["text"]
+    assert v["text"].startswith("does not fit 4.0 KiB: cuda:0 peaks at") and "the run stopped at op" in v["text"]
 
 
 def _grows() -> tuple[torch.Tensor, torch.Tensor]:
@@ -114,3 +114,77 @@ def test_weights_alone_over_capacity_never_fits() -> None:
     assert o["seq"] == -1 and o["op"] is None and o["live"] >= 4 * 1024 * 1024 * 4
     assert o["where"].startswith("fails before the first op") and o["where"] in v["text"]
     assert trace.verdict("1GiB")["fits"] is True
+
+
+# Note: [the verdict]. gpt2 cut to one layer, two AdamW steps: its reserved peak is over CAPACITY, and the
+# caching-allocator model run with CAPACITY as its limit serves every request by freeing its cached blocks.
+CLI_RUN = ["gpt2", "--set", "n_layer=1", "--seq", "16", "--train", "--steps", "2"]
+CAPACITY = "1100MB"
+
+
+def test_one_verdict_with_the_bytes_it_judged_on_every_surface(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A run that fits only after freeing cached blocks: the API, the CLI's text and JSON, the text summaries,
+    the explorer's payload and the HTML file give one verdict, naming the same judged bytes in the same words."""
+    import json
+
+    from fakeviz._analysis.memory import allocator_run
+    from fakeviz._analysis.verdict import judged_text
+    from fakeviz._core.fmt import format_bytes, html_text
+    from fakeviz._frontends.cli import main
+    from fakeviz._views.payload import build_state
+    from fakeviz._views.text import summary, summary_html
+
+    js, page, fvz = tmp_path / "r.json", tmp_path / "r.html", tmp_path / "r.fvz"
+    assert main(["report", *CLI_RUN, "--capacity", CAPACITY, "--json", str(js), "--html", str(page),
+                 "--save", str(fvz)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    trace = fv.load(fvz)
+    v = trace.verdict(CAPACITY)
+    d = v["devices"]["cuda:0"]
+    # the run this test is about: over the capacity without a limit, within it once cached blocks are freed
+    assert v["fits"] and d["fits"] and d["freed"] and d["peak"] > d["capacity"] >= d["judged"] > d["allocated"] * 0.9
+    limited = allocator_run(trace, "cuda:0", d["capacity"])
+    assert d["judged"] == limited.peak_reserved and limited.num_ooms == 0 and limited.segments_freed > 0
+    assert d["peak"] == trace.peak()["cuda:0"].reserved  # the charts' "reserved at peak" (no limit)
+    text = v["text"]
+    assert text == "fits: " + judged_text("cuda:0", d) == "fits: " + d["text"]
+    # the figure it names is the judged bytes (with the decimals that keep it apart from the capacity's)
+    said, unit = text.split("peaks at ")[1].split(" reserved of ")[0].split()
+    assert unit == format_bytes(d["judged"]).split()[1] == "GiB" and abs(float(said) - d["judged"] / 2**30) < 0.01
+    assert "after freeing cached blocks" in text and "without a limit" in text
+    # the command line: the verdict line is the text; its JSON the same text and bytes
+    assert f"\nverdict: {text}\n" in out
+    data = json.loads(js.read_text())
+    assert data["verdict"]["text"] == text and data["verdict"]["fits"] is True
+    assert data["devices"]["cuda:0"]["judged"] == d["judged"] and data["devices"]["cuda:0"]["freed"] is True
+    # the text summaries, the explorer's payload and the HTML file
+    assert text in summary(trace) and text in repr(trace) and html_text(text) in summary_html(trace)
+    state = build_state(trace)
+    assert state["summary"]["verdict"]["text"] == text
+    assert state["summary"]["verdict"]["devices"]["cuda:0"]["judged"] == d["judged"]
+    assert state["summary"]["verdict"]["devices"]["cuda:0"]["text"] == d["text"]
+    assert html_text(text) in page.read_text()
+
+
+def test_plan_and_simulation_judge_the_same_bytes() -> None:
+    """``Plan.fits``, ``Plan.peaks``, ``Simulation.fits`` and their texts read the verdict: on a capacity the run
+    fits only after freeing cached blocks, each says so with the verdict's bytes and words."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=32000, max_position_embeddings=4096)  # fmt: skip
+    p = fv.plan(cfg, gpus="360MiB", batch=2, seq=64, train=True)
+    d = p.verdict["devices"]["cuda:0"]
+    assert p.fits and d["freed"] and d["peak"] > d["capacity"] >= d["judged"]
+    assert p.fit_text == p.verdict["text"] == "fits: " + d["text"] and d["text"] in p.text
+    row = p.peaks.iloc[0]
+    assert row.judged == d["judged"] and row.peak == d["peak"] and row.headroom == d["capacity"] - d["judged"]
+    assert row.verdict == d["text"] and row.fits
+    sim = fv.plan(cfg, gpus="2x360MiB", batch=2, seq=64, train=True, parallel={"dp_shard": 2})
+    assert sim.fits
+    for r in sim.peaks.itertuples():
+        rec = sim.trace(r.rank if r.recorded else sim.stand_ins[r.rank])
+        dv = next(iter(rec.verdict(360 << 20)["devices"].values()))
+        assert r.judged == dv["judged"] < r.peak and r.headroom == dv["capacity"] - dv["judged"] >= 0
+        assert r.verdict.endswith(dv["text"].partition(" ")[2]) and "after freeing cached blocks" in r.verdict
+    assert any(r.verdict in sim.text for r in sim.peaks.itertuples())

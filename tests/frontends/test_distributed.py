@@ -290,3 +290,50 @@ def test_a_value_after_a_collective_is_a_stated_assumption() -> None:
     rows = t.fidelity()["assumptions"]
     assert list(rows.op) == ["c10d.allreduce_.default"]
     assert "this rank's own" in rows.assumption.iloc[0] and "fake process group" in rows.assumption.iloc[0]
+
+
+def test_mfu_divides_by_the_peak_of_the_dtype_the_matmuls_ran_in() -> None:
+    """A float32 model under FSDP2's ``MixedPrecisionPolicy(param_dtype=bf16)``: its matmuls run in bf16, so
+    MFU divides by the bf16 peak (issue 41: the fp32 peak gave an MFU of 6.79); ``tokens=`` gives tokens/s."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from fakeviz._analysis import timing
+    from fakeviz._core.errors import ArgumentError
+    from fakeviz._core.gpu_specs import gpu_spec
+
+    sim = fv.simulate(_fsdp_step({}, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16)), 2, gpu="H100",
+                      tokens=2 * BATCH * SEQ)  # fmt: skip
+    sp = sim.speed
+    rec = sim.trace(0)
+    f = timing.features(rec).tail(timing.step_start(rec))
+    gemms = [f.dtype[i] for i in range(len(f)) if timing.CLASSES[f.cls[i]] == "gemm"]
+    assert gemms and set(gemms) == {"torch.bfloat16"}  # what the record says the matmuls ran in
+    assert sp.dtype == "torch.bfloat16" and sp.peak_flops == gpu_spec("H100").peak_flops("torch.bfloat16")
+    assert sp.peak_flops > gpu_spec("H100").peak_flops("torch.float32")
+    assert sim.mfu == pytest.approx(sp.model_flops / (sim.step_s * 2 * sp.peak_flops), rel=1e-12)
+    assert 0 < sim.mfu < 1
+    assert sim.tokens_per_s == pytest.approx(2 * BATCH * SEQ / sim.step_s, rel=1e-12) and "tokens/s" in sim.text
+    plain = fv.simulate(_fsdp_step({}), 2, gpu="H100", ranks=[0])  # float32 matmuls: the fp32 peak; no tokens
+    assert plain.speed.dtype == "torch.float32" and plain.tokens_per_s is None and plain.mfu is not None
+    for bad in (0, -3, 2.5, True, "4096"):
+        with pytest.raises(ArgumentError, match=r"tokens=.*whole number of at least 1"):
+            fv.simulate(lambda r, m: None, 2, tokens=bad)
+
+
+def test_mixed_matmul_dtypes_divide_by_their_flop_weighted_peak() -> None:
+    """Matmuls in bf16 and in float32 in one step: the peak is ``sum(flops) / sum(flops / peak)``, the rate at
+    which those FLOPs run at each dtype's peak, and ``dtype`` says the mix."""
+    from fakeviz._analysis import timing
+    from fakeviz._core.gpu_specs import gpu_spec
+
+    with fv.record(device="cuda:0", gpu="H100") as rec:
+        a = torch.randn(256, 512, dtype=torch.bfloat16)
+        (a @ torch.randn(512, 1024, dtype=torch.bfloat16)).sum()  # 2 x 256 x 512 x 1024 FLOPs in bf16
+        x = torch.randn(256, 512)
+        (x @ torch.randn(512, 256)).sum()  # a quarter of that in float32
+    peak, dtype = timing.matmul_peak(rec, "H100")
+    spec = gpu_spec("H100")
+    big, small = 2 * 256 * 512 * 1024, 2 * 256 * 512 * 256
+    bf16, fp32 = spec.peak_flops("torch.bfloat16"), spec.peak_flops("torch.float32")
+    assert peak == pytest.approx((big + small) / (big / bf16 + small / fp32), rel=1e-12)
+    assert fp32 < peak < bf16 and dtype == "torch.bfloat16 80%, torch.float32 20%"

@@ -53,10 +53,11 @@ def test_a_plans_step_is_its_records_step_time_from_the_steps_first_op(train_pla
     assert PHASES[phase[start]] == "forward" and all(PHASES[x] == "init" for x in phase[:start])
     st = steps.window_time(trace, "H100", start)
     assert p.step_s == st.step_s and p.speed.step is not None
-    # from op 0 the window is the record's own step time, field for field
-    assert steps.window_time(trace, "H100", 0) == trace.step_time("H100")
-    # the set-up before the step (the inputs) is all that differs from the whole record's step time
-    full = trace.step_time("H100").step_s
+    # the record's own step time is the step's, field for field (Note: [one step]): never the set-up before it
+    assert trace.step_time("H100") == st and st.start == start and st.timed.startswith("the training step (ops ")
+    # the set-up before the step (the inputs) is all that differs from the whole record's time (from op 0)
+    full = steps.window_time(trace, "H100", 0).step_s
+    assert full == trace.step_time("H100", start=0).step_s > st.step_s
     t = trace.time("H100")
     setup = float(t.est_s.iloc[:start].sum()) + start * max(a.host_s for a in timing.ACHIEVED.values())
     assert 0 <= full - p.step_s <= setup + 1e-12
@@ -307,7 +308,7 @@ def test_the_cli_prints_and_writes_the_time(tmp_path, capsys) -> None:
     assert data["mfu"] == pytest.approx(data["model_flops"] / (st.step_s * BF16_PEAK), rel=1e-9)
     line = next(x for x in text.splitlines() if x.startswith("time: "))
     assert fv._core.fmt.format_seconds(st.step_s) in line and "tokens/s" in line and f"MFU {data['mfu']:.1%}" in line
-    assert "its last step" in line
+    assert f"timed: {st.timed}" in line and st.timed.startswith("the last of 2 training steps (ops ")
     assert main(["report", "meta-llama/Llama-3.1-8B", "--set", "num_hidden_layers=1", "--seq", "16",
                  "--capacity", "80GB", "--json", str(out)]) == 0  # fmt: skip
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time: "))

@@ -27,28 +27,16 @@ export function barsView(ctx) {
   function deviceVerdict(dev) {
     const v = summary.verdict?.devices?.[dev];
     if (!v) return null;
-    // "reserved at peak" is one figure everywhere (Note: [reserved at peak] in fakeviz/_analysis/memory.py)
-    const reserved = `${fmtBytes(v.peak)} reserved at peak`;
+    // the verdict's own words for this device, with the bytes it judged (Note: [the verdict] in
+    // fakeviz/_analysis/verdict.py): reserved at peak, or after freeing cached blocks when it had to
     const o = v.first_oom;
     const fails = o ? `; ${o.where}` : ""; // the verdict's one text (fakeviz/_analysis/verdict.py _where)
     if (Object.keys(summary.verdict.devices).length < 2) {
-      // one device: the verdict above names it; say only the headroom here
-      const text = v.fits
-        ? v.headroom < 0
-          ? `fits by freeing cached blocks (${reserved} without a limit)`
-          : `headroom ${fmtBytes(v.headroom)} (${reserved})`
-        : v.headroom < 0
-          ? `short by ${fmtBytes(-v.headroom)} (${reserved})`
-          : `runs out at op ${fmtInt(v.oom_seq)}: fragmentation (${reserved})`;
+      // one device: the verdict above says it all; say only the headroom here (capacity - the bytes judged)
+      const text = v.fits ? `headroom ${fmtBytes(v.headroom)}` : `over by ${fmtBytes(-v.headroom)}`;
       return h("p", { class: "fv-hint fv-headroom", text });
     }
-    const text = v.fits
-      ? v.headroom < 0
-        ? `fits by freeing cached blocks (${reserved} without a limit)`
-        : `fits: ${reserved}, ${fmtBytes(v.headroom)} to spare`
-      : v.headroom < 0
-        ? `does not fit: over by ${fmtBytes(-v.headroom)} (${reserved})${fails}`
-        : `does not fit: runs out at op ${fmtInt(v.oom_seq)} (fragmentation, ${reserved})${fails}`;
+    const text = `${v.fits ? "fits" : "does not fit"}: ${v.text}${fails}`;
     return h("p", { class: `fv-verdict ${v.fits ? "fv-fits" : "fv-over"}`, text });
   }
 

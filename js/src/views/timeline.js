@@ -47,7 +47,8 @@ export function timelineView(ctx) {
       h("option", { value: "time", text: `x: estimated time on ${time.gpu}` }),
     );
     xAxis.value = timed() ? "time" : "op";
-    stepNote.textContent = `estimated step ${fmtSeconds(time.stepS)} on ${time.gpu} (${time.bound} bound)`;
+    // one step, never the set-up (Note: [one step] in fakeviz/_analysis/timing.py): `timed` says which
+    stepNote.textContent = `estimated step ${fmtSeconds(time.stepS)} on ${time.gpu} (${time.bound} bound)${time.timed ? `; timed: ${time.timed}` : ""}`;
     stepNote.title = "fakeviz's time model (Trace.step_time): an estimate from the record's FLOPs and bytes, not a measurement";
   }
 
