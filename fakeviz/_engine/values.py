@@ -257,6 +257,7 @@ class Values:
                 and not isinstance(src, FakeTensor)
                 and (out.constant is None or out.constant.device.type != "cpu")
                 and src.layout == torch.strided
+                and src.device.type != "meta"  # torch >= 2.15 makes the data on a meta device context's device: no values
                 and src.numel() <= VALUE_LIMIT
             ):
                 # a CUDA build copies torch.tensor(data, device="cuda") to the GPU before lifting it: torch then

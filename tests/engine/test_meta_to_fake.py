@@ -195,3 +195,19 @@ def test_example_meta_to_fake() -> None:
     assert re.search(r"TinyLM\.head\s+Linear\s+64000\s+256000\s+True", out), out
     assert "cuda:0  256000 Parameter TinyLM.embed.weight|TinyLM.head.weight" in out
     assert re.search(r"cuda:0: peak [\d,]+ B at aten\.mm\.default in TinyLM\.head \(Parameter 522,240 B", out), out
+
+
+def test_torch_tensor_under_a_meta_device_context_in_a_recording() -> None:
+    """transformers asks ``torch.tensor([]).device`` for the device context a model is built under; torch >= 2.15
+    makes the data on the context's device, so the lifted tensor's source is a meta tensor with no values to
+    keep (the README's parallel plan failed there: 'Cannot copy out of meta tensor')."""
+
+    def made() -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+        with torch.device("meta"):
+            ts = [torch.tensor([]), torch.tensor([1.0, 2.0]), torch.tensor(3, dtype=torch.int64)]
+        return [(t.device.type, tuple(t.shape), t.dtype) for t in ts]
+
+    real = made()
+    with fv.record() as trace:
+        fake = made()
+    assert fake == real and trace.error is None
