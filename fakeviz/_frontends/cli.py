@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .._core.limits import MAX_REPEATS
+
 __all__ = ["main"]
 
 _QUANT = ("nf4", "fp4", "int8", "int4", "fp8")
@@ -41,7 +43,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ------------------------------------------------------------------------------------------ options
-def _positive(name: str) -> Any:
+def _positive(name: str, most: int | None = None) -> Any:
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -49,6 +51,8 @@ def _positive(name: str) -> Any:
             raise argparse.ArgumentTypeError(f"{name} takes a whole number, not {text!r}") from None
         if v <= 0:
             raise argparse.ArgumentTypeError(f"{name} must be at least 1, not {v}")
+        if most is not None and v > most:  # Note: [size limits]
+            raise argparse.ArgumentTypeError(f"{name} is at most {most:,} (each one is recorded), not {v:,}")
         return v
 
     return parse
@@ -132,7 +136,7 @@ def _parser() -> _Parser:
                    help="quantize the weights: nf4, fp4, int8 (bitsandbytes), int4, fp8 (torchao); --train needs --lora")  # fmt: skip
     r.add_argument("--lora", type=_positive("--lora"), default=None, metavar="RANK",
                    help="LoRA adapters of this rank on every linear layer (peft; with --quant: QLoRA)")  # fmt: skip
-    r.add_argument("--steps", type=_positive("--steps"), default=None,
+    r.add_argument("--steps", type=_positive("--steps", MAX_REPEATS), default=None,
                    help="training steps (default 2: the second holds the first's optimizer state, as later ones do)")  # fmt: skip
     r.add_argument("--checkpointing", nargs="?", const=True, default=False, metavar="FORM", help="with --train: "
                    "activation checkpointing: full (no value), selective (op-level SAC) or N (every N-th block)")  # fmt: skip

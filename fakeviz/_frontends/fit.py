@@ -59,6 +59,7 @@ from .. import models
 from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import parse_gpus
+from .._core.limits import divisors
 from . import executors, fit_layouts, offload, planning, steps
 from .fit_layouts import dp as _dp
 from .fit_layouts import name as _name
@@ -87,7 +88,7 @@ def _offloads(sharded: bool) -> list[str]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    return divisors(n)  # O(sqrt n): Note: [size limits]
 
 
 def _pp(layout: dict[str, int] | None) -> int:
@@ -314,6 +315,7 @@ def fit(
     caps = parse_gpus(gpus)
     n = len(caps)
     planning.check_sizes(batch=batch, seq=seq)
+    models.check_step(model, batch=batch, seq=seq)  # the context and Note: [size limits], before any search
     optimizer = steps.check_optimizer(optimizer)
     executors.check(executor)
     models.as_dtype(dtype)  # a dtype it cannot read is refused here, not in every configuration

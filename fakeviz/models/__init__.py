@@ -18,10 +18,10 @@ from .._core.notices import quiet_import_notices
 from . import _prequantized, _quant
 from ._build import as_dtype, building, config, instantiate, spec_of
 from ._catalog import CatalogEntry, catalog, entries, resolve
-from ._inputs import check_seq, context, inputs, task_of
+from ._inputs import check_config_step, check_seq, context, inputs, task_of
 from ._pretrained import from_pretrained
 
-__all__ = ["CatalogEntry", "available", "build", "catalog", "check_seq", "config", "context", "from_pretrained", "inputs",
+__all__ = ["CatalogEntry", "available", "build", "catalog", "check_seq", "check_step", "config", "context", "from_pretrained", "inputs",
            "resolve", "task_of"]  # fmt: skip
 
 
@@ -75,6 +75,22 @@ def build(
     """
     with quiet_import_notices():  # Note: [import notices]: transformers' first model imports torchao's quantizers
         return _build(name_or_path_or_config, dtype, device, quantization, revision, trust_remote_code, config_overrides)
+
+
+def check_step(model: Any, *, batch: int, seq: int, new_tokens: int = 0, revision: str | None = None) -> None:
+    """Refuse, before anything is built or recorded, a step past ``model``'s context or of more tokens than the
+    largest job holds (Note: [size limits]); ``model``: a module, or what :func:`build` takes.
+
+    Raises:
+        SequenceTooLongError: ``seq + new_tokens`` past the context. ArgumentError: too many tokens.
+    """
+    if isinstance(model, torch.nn.Module):
+        cfg = getattr(model, "config", None)
+        if cfg is not None:
+            check_config_step(cfg, type(model).__name__, batch=batch, seq=seq, new_tokens=new_tokens)
+        return
+    spec = spec_of(model, {}, revision=revision)
+    check_config_step(spec.config, spec.architecture, batch=batch, seq=seq, new_tokens=new_tokens)
 
 
 def _build(name_or_path_or_config: Any, dtype: Any, device: Any, quantization: Any, revision: str | None,

@@ -18,6 +18,7 @@ import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from .._core.errors import ArgumentError, CheckpointError, FakeVizError, UnknownModelError
+from .._core.limits import check_config
 from .._engine.arguments import as_dtype, fake_device
 from .._engine.checkpoint import MAX_INDEX_BYTES
 from .._engine.session import fake_mode
@@ -37,6 +38,7 @@ class Spec:
         self, config: Any, architecture: str | None, entry: CatalogEntry | None, dtype: torch.dtype | None,
         model_class: type | None = None,
     ):  # fmt: skip
+        check_config(config, getattr(config, "name_or_path", "") or "")  # Note: [size limits], before any build
         self.config = config
         self.architecture = architecture
         self.entry = entry

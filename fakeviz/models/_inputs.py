@@ -7,8 +7,9 @@ from typing import Any
 import torch
 
 from .._core.errors import SequenceTooLongError
+from .._core.limits import check_tokens
 
-__all__ = ["check_seq", "context", "inputs", "task_of"]
+__all__ = ["check_config_step", "check_seq", "context", "inputs", "task_of"]
 
 # position ids of these models start after the padding index (RoBERTa's create_position_ids_from_input_ids):
 # max_position_embeddings - pad_token_id - 1 positions are left for the tokens
@@ -17,7 +18,10 @@ _PADDED_POSITIONS = frozenset({"roberta", "xlm-roberta", "xlm-roberta-xl", "came
 
 def task_of(model: torch.nn.Module) -> str:
     """The task a model class's forward takes inputs for (see :class:`~fakeviz.models.CatalogEntry`)."""
-    name = type(model).__name__
+    return _task_of_class(type(model).__name__)
+
+
+def _task_of_class(name: str) -> str:
     if name == "CLIPModel":
         return "contrastive"
     if name.startswith("Whisper") and name.endswith("ForConditionalGeneration"):
@@ -40,7 +44,10 @@ def context(model: torch.nn.Module) -> tuple[int, str] | None:
         task = task_of(model)
     except ValueError:
         return None
-    cfg = model.config
+    return _context(task, model.config)
+
+
+def _context(task: str, cfg: Any) -> tuple[int, str] | None:
     if task == "contrastive":
         cfg = cfg.text_config
     elif task == "speech_seq2seq":
@@ -63,11 +70,31 @@ def check_seq(model: torch.nn.Module, seq: int, new_tokens: int = 0) -> None:
     Raises:
         SequenceTooLongError: naming the context, the config field and the longest sequence to ask for.
     """
-    bound = context(model)
+    _refuse_past(context(model), getattr(model.config, "_name_or_path", "") or type(model).__name__, seq, new_tokens)
+
+
+def check_config_step(config: Any, architecture: str | None, *, batch: int, seq: int, new_tokens: int = 0) -> None:
+    """Before anything is built or recorded: ``seq`` (+ ``new_tokens``) within the context of the model
+    ``config`` describes (``architecture``: its class name, as ``architectures`` gives it), and a step's tokens
+    within Note: [size limits] (their hidden states alone under the memory of the largest job).
+
+    Raises:
+        SequenceTooLongError: past the context. ArgumentError: too many tokens.
+    """
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    hidden = next((v for n in ("hidden_size", "d_model", "n_embd") if isinstance(v := getattr(text, n, None), int)), 1)
+    check_tokens(batch, seq + new_tokens, hidden)
+    try:
+        task = _task_of_class(architecture or "")
+    except ValueError:
+        return
+    _refuse_past(_context(task, config), getattr(config, "_name_or_path", "") or str(architecture), seq, new_tokens)
+
+
+def _refuse_past(bound: tuple[int, str] | None, name: str, seq: int, new_tokens: int) -> None:
     if bound is None or seq + new_tokens <= bound[0]:
         return
     limit, field = bound
-    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
     asked = f"seq={seq:,}" + (f" + new_tokens={new_tokens:,}" if new_tokens else "")
     longest = f"seq <= {limit - new_tokens:,}" if limit > new_tokens else f"new_tokens < {limit:,}"
     raise SequenceTooLongError(
@@ -93,6 +120,7 @@ def inputs(model: torch.nn.Module, *, batch: int = 1, seq: int = 128, labels: bo
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"models.inputs: {name}={v!r}; give a whole number >= 1")
     check_seq(model, seq)
+    check_config_step(model.config, None, batch=batch, seq=seq)  # Note: [size limits]
     p = next(model.parameters())
     dev, fdt = p.device, p.dtype if p.dtype.is_floating_point else torch.get_default_dtype()
     cfg = model.config
