@@ -242,8 +242,8 @@ def test_bars_verdict_when_it_does_not_fit(mlp_trace):
     assert data.capacity == cap
     assert (
         data.title.startswith(f"does not fit {V.format_bytes(cap)}")
-        and "cuda:0 needs" in data.title
-        and "(over by" in data.title
+        and "cuda:0 peaks at" in data.title  # the bytes the verdict judged (Note: [the verdict])
+        and ", over by " in data.title
     )
     assert "first fails at op 0 " in data.title  # the first allocation already needs a 2 MiB segment
     row = data.table.set_index("device").loc["cuda:0"]
