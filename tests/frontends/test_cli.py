@@ -214,6 +214,11 @@ def test_demo_still_runs(tmp_path, capsys):
     line = next(x for x in text.splitlines() if x.startswith("time: "))
     assert f"step {fv._core.fmt.format_seconds(st.step_s)} on H100" in line and f"timed: {st.timed}" in line
     assert st.step_s < trace.step_time("H100", start=0).step_s
+    # the page's "estimated step": the time pack its explorer state carries (fakeviz/_views/report.py)
+    from fakeviz._views.payload import build_state, unpack
+
+    meta = unpack(build_state(trace, gpu="H100")["time"])[0]
+    assert meta["step_s"] == pytest.approx(st.step_s, rel=1e-12) and meta["timed"] == st.timed
     assert main(["report", str(out), "--gpus", "H100"]) == 0
     again = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("time: "))
     assert again.split(",")[0] == line.split(",")[0] and f"timed: {st.timed}" in again
