@@ -610,6 +610,10 @@ declare("p2p-values", "torch.distributed, torch.distributed.distributed_c10d",
 declare("pipeline-meta-inference", "torch.distributed.pipelining.stage.PipelineStage", "_recv_meta", scope="record",
         by="fakeviz._engine.distributed",
         why="Note: [values between simulated ranks]: a stage's gradient metadata from a rank not recorded yet")  # fmt: skip
+declare("thread-default-dtype", "torch, transformers.modeling_utils", ("get_default_dtype", "local_torch_dtype"),
+        scope="session", by="fakeviz._engine.default_dtype",
+        why="Note: [a thread's default dtype]: a build's dtype for its own thread, never torch's process-wide "
+            "default")  # fmt: skip
 declare("tracing-checks", "transformers.utils.import_utils", "is_fake_tensor", scope="record",
         by="fakeviz._engine.tracing_checks",
         why="Note: [tracing checks under fake tensors]; also a sys.meta_path finder while transformers is "

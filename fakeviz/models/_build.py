@@ -21,6 +21,7 @@ from .._core.errors import ArgumentError, CheckpointError, FakeVizError, Unknown
 from .._core.limits import check_config
 from .._engine.arguments import as_dtype, fake_device
 from .._engine.checkpoint import MAX_INDEX_BYTES
+from .._engine.default_dtype import default_dtype
 from .._engine.session import fake_mode
 from ._catalog import CatalogEntry, resolve
 from ._hub import HubConfig, fetch_config, is_hub_id, remote_code
@@ -323,12 +324,9 @@ def instantiate(spec: Spec, dtype: torch.dtype | None) -> torch.nn.Module:
     """Build ``spec``'s model class at ``dtype`` (else the published dtype, else the default) in the current context."""
     cls = _model_class(spec)
     dtype = dtype or spec.dtype or torch.get_default_dtype()
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype if dtype.is_floating_point and dtype.itemsize >= 2 else saved)
-    try:
+    # this thread's default only, never torch's process-wide one (Note: [a thread's default dtype])
+    with default_dtype(dtype if dtype.is_floating_point and dtype.itemsize >= 2 else None):
         model = cls._from_config(spec.config, dtype=dtype)
-    finally:
-        torch.set_default_dtype(saved)
     if spec.entry is not None and spec.entry.loss_type and getattr(model, "loss_type", None) is None:
         model.loss_type = spec.entry.loss_type
     return model
