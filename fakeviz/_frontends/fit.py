@@ -200,17 +200,31 @@ class _Search:
     def next_probe(self, lower: Any = None, beat: tuple[float, str] | None = None) -> int | None:
         """The next micro-batch index to record (None: done). ``lower(i)``: a lower bound on the global step at
         candidate ``i`` (Note: [bounds in fit]); ``beat``: the fastest fitting configuration so far (seconds, words):
-        a knob none of whose candidates can beat it is not started, and the search ends there."""
+        a knob none of whose candidates can beat it is not started, and the search ends there; a bisection whose
+        micro-batches left cannot beat it ends that knob."""
         while self.k < len(self.knobs):
             if self.first and self.hi == len(self.cands) and self.lo == self.floor and lower and beat:
                 rest = range(self.floor + 1, len(self.cands))
-                low = min((lower(i) for i in rest), default=math.inf)
-                if low > beat[0]:  # every later knob's candidates are among these (Note: [the budget search])
+                # every later knob's candidates are among these (Note: [the budget search]), its bound its own
+                low = min((lower(i, k) for i in rest for k in range(self.k, len(self.knobs))), default=math.inf)
+                if low > beat[0]:
                     what = "every configuration" if self.k == 0 else f"checkpointing={_label(self.knobs[self.k][0])}" + (
                         f" offload={self.knobs[self.k][1]}" if self.knobs[self.k][1] else "") + " and later knobs"
-                    self.pruned = f"{what} not recorded: at least {low:.3g} s per global step, slower than {beat[1]}"
+                    self.pruned += ("; " if self.pruned else "") + (
+                        f"{what} not recorded: at least {low:.3g} s per global step, slower than {beat[1]}")  # fmt: skip
                     self.k = len(self.knobs)
                     return None
+            if self.hi - self.lo > 1 and not self.first and lower and beat:
+                low = min(lower(i) for i in range(self.lo + 1, self.hi))
+                if low > beat[0]:  # the micro-batches left between lo and hi cannot beat it: this knob ends here
+                    self.pruned += ("; " if self.pruned else "") + (
+                        f"checkpointing={_label(self.knobs[self.k][0])}"
+                        + (f" offload={self.knobs[self.k][1]}" if self.knobs[self.k][1] else "")
+                        + f" at micro-batches {self.cands[self.lo + 1]}-{self.cands[self.hi - 1]} not recorded: at least "
+                        f"{low:.3g} s per global step, slower than {beat[1]}")  # fmt: skip
+                    if self.k in self.best and self.global_s(*self.best[self.k]) > beat[0]:
+                        self.dropped.add(self.k)  # its answer, a larger micro-batch if any fits, is slower than beat
+                    self.hi = self.lo + 1
             if self.hi - self.lo > 1:
                 return self.hi - 1 if self.first else (self.lo + self.hi) // 2
             if self.descend and self.lo > self.floor:
@@ -436,6 +450,7 @@ class _Bounds:
         self.work: dict[int, dict[int, fit_layouts.Work]] = {}  # tp -> the twin's micro-batch -> its math
         self.gemm: float | None = None  # GEMM seconds per sequence of the whole model (a tp 1 recording)
         self.fails: dict[tuple[str, str], int] = {}  # (layout, knob) -> the smallest micro-batch that failed
+        self.own: dict[tuple[str, str], dict[int, float]] = {}  # (layout, knob) -> micro-batch -> its global step
 
     def add(self, s: _Search, i: int, fits: bool, p: Any) -> None:
         knob = repr(s.knobs[s.k])
@@ -445,6 +460,9 @@ class _Bounds:
         if self.gpu is None or isinstance(p, executors.Failed):
             return
         g = s.global_s(i, p)
+        if g == g and s.layout is not None and _pp(s.layout) == 1:  # fitting or not: a bound at smaller micro-batches
+            own = self.own.setdefault((_key(s.layout), repr(s.knobs[s.k])), {})
+            own[s.cands[i]] = min(g, own.get(s.cands[i], g))
         if fits and g == g and (self.beat is None or g < self.beat[0]):
             self.beat = (g, f"{_name(s.layout, self.n)} micro-batch {s.cands[i]} checkpointing="
                             f"{_label(s.knobs[s.k][0])}" + (f" offload={s.knobs[s.k][1]}" if s.knobs[s.k][1] else "")
@@ -457,15 +475,20 @@ class _Bounds:
             if s.lay.get("tp", 1) == 1:
                 self.gemm = max(self.gemm or 0.0, w.gemm)
 
-    def lower(self, s: _Search, i: int) -> float:
-        """A lower bound on the global step of ``s`` at candidate ``i``, any knob (0: none known)."""
+    def lower(self, s: _Search, i: int, k: int | None = None) -> float:
+        """A lower bound on the global step of ``s`` at candidate ``i`` with knob ``k`` (default: the knob searched;
+        0: none known)."""
         if self.gpu is None or s.lay.get("ep", 1) > 1:
             return 0.0
         pp, cp, m = s.lay.get("pp", 1), s.lay.get("cp", 1), s.cands[i]
         bubble = 1.0 / (1.0 - fit_layouts.bubble(pp, s.steps(i))) if pp > 1 else 1.0
         out = 0.0
+        if pp == 1 and s.layout is not None:  # its own recordings at micro-batches >= m: its knob's, or without knobs
+            knob = s.knobs[s.k if k is None else k]
+            for key in {repr(knob), *([repr((False, None))] if knob[1] is None else [])}:
+                out = max([out, *(g for m_r, g in self.own.get((_key(s.layout), key), {}).items() if m_r >= m)])
         if self.gemm is not None:
-            out = self.gemm * self.batch / (1 if s.layout is None else self.n) * bubble
+            out = max(out, self.gemm * self.batch / (1 if s.layout is None else self.n) * bubble)
         if s.layout is None:
             return out
         for m_r, w in self.work.get(s.lay.get("tp", 1), {}).items():
@@ -518,7 +541,7 @@ def _search(searches: list[_Search], base: dict[str, Any], run: Any, local: Any,
     while True:
         ready = []
         for s in searches:
-            lower = (lambda i, s=s: bounds.lower(s, i)) if bounds.gpu else None
+            lower = (lambda i, k=None, s=s: bounds.lower(s, i, k)) if bounds.gpu else None
             while (i := s.next_probe(lower, bounds.beat)) is not None and (why := bounds.known_fail(s, i)):
                 s.record(i, False, None)
                 tried.append(_tried(s, i, n, False, None, why))

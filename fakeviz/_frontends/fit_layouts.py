@@ -79,6 +79,17 @@ rank runs at least the mean of every GEMM of the batch, split or not; a pipeline
 ``batch x g`` (its GPUs run one after another). Expert parallel layouts get no bound (their routing changes the
 expert GEMMs). Without a GPU kind there is no time and nothing is pruned by it.
 
+A layout's own recordings bound it too (not a pipeline's, whose microbatch count changes with the micro-batch, nor a
+device map's, whose placement does): at a micro-batch ``m <= m_R`` its step runs the same ops as at ``m_R``, each at
+least ``m / m_R`` of its time (fact 2, and for collectives and copies likewise: their bytes are affine in the
+micro-batch with nonnegative intercepts), and a stream's finishing time grows with its ops' times and scales with
+them (``max`` and ``+`` only), so ``step(m) >= m / m_R x step(m_R)``: its global step, ``per / m`` micro-steps, is at
+least that recorded at ``m_R``, fitting or not. That holds with the recording's knob, and from a recording without
+knobs for any checkpointing (it only adds recomputed ops; an offload knob is bounded by its own recordings only:
+``"cpu"`` moves the optimizer off the GPU). A layout whose largest micro-batch is slower than a configuration that
+fits is then recorded once (``dp_shard 4 x tp 2`` in the README's 8B call: 3.82 s per global step at micro-batch 16,
+against ``dp_shard 8`` at 2, 3.51 s), and a bisection stops where the micro-batches left cannot be faster.
+
 Memory: a configuration whose every tensor is at least as large as one that does not fit does not fit either (the
 argument of Note: [the budget search]): HSDP ``dp_replicate x dp_shard`` holds what its twin ``dp_shard`` holds with
 larger shards, and cp at micro-batch ``m`` what its twin holds at ``m / C`` plus the ring's keys and values; such

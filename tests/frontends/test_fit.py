@@ -194,3 +194,25 @@ def test_fit_refuses_axes_and_schedules_it_cannot_search(cfg) -> None:
         fv.fit(cfg, gpus="4xH100", axes=["pp"], progress=False)  # 2 layers: no pp 4, and pp 2 needs a 2nd axis
     with pytest.raises(ArgumentError, match="training step"):
         fv.fit(cfg, gpus="4xH100", train=False, parallel=[{"pp": 2, "dp_shard": 2}], progress=False)
+
+
+def test_a_layout_slower_at_its_largest_micro_batch_is_not_recorded_at_smaller_ones() -> None:
+    # Note: [bounds in fit]: a step's time per sequence does not fall at a smaller micro-batch, so tp 2's recording at
+    # its largest (which does not fit) bounds every smaller one, with checkpointing too; dp_shard 2 fits faster
+    wide = fv.models.config("meta-llama/Llama-3.1-8B", num_hidden_layers=2)
+    df = fv.fit(wide, gpus="2xH100", seq=4096, batch=16, axes=["dp_shard", "tp"], checkpointing=[False, True],
+                offload=[], progress=False, executor=False)  # fmt: skip
+    tried = df.attrs["tried"]
+    beat = df.global_step_s.iloc[0]
+    assert df.layout.iloc[0] == "dp_shard 2" and "tp 2" not in set(df.layout)
+    tp = tried[tried.layout == "tp 2"]
+    assert list(zip(tp.micro_batch, tp.checkpointing, tp.fits)) == [(16, False, False)]  # one recording, no more
+    bound = tp.global_step_s.iloc[0]
+    assert bound > beat
+    (why,) = [p for p in df.attrs["pruned"] if p.startswith("tp 2:")]
+    assert "checkpointing=False at micro-batches 1-8 not recorded" in why and "checkpointing=True" in why
+    # what the bound claims, recorded: tp 2 at smaller micro-batches, with and without checkpointing, is slower still
+    for m, c in ((8, False), (1, False), (8, True)):
+        p = fv.plan(wide, gpus="2xH100", seq=4096, batch=m, train=True, parallel={"tp": 2}, checkpointing=c,
+                    executor=False)  # fmt: skip
+        assert p.step_s * 16 / m >= bound > beat
