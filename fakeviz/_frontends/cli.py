@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import re
 import sys
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .._core.limits import MAX_REPEATS
+from .._core.notices import quiet_import_notices, verbose_requested
 
 __all__ = ["main"]
 
@@ -716,18 +716,14 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return tuple(found)
 
 
-# Loggers of libraries that print notices when transformers imports them (torchao's optional CUDA extensions that a
-# CPU build cannot load, torch's pytree deprecation notice for torchao's enums): not what a report is about. The CLI
-# owns its process, so it raises their level to errors unless --verbose.
-_IMPORT_NOTICES = ("torchao", "bitsandbytes", "torch.utils._pytree")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit code (0 report made, 1 the run failed, 2 usage error)."""
-    verbose = "--verbose" in (sys.argv[1:] if argv is None else argv) or bool(os.environ.get("FAKEVIZ_VERBOSE"))
-    if not verbose:
-        for name in _IMPORT_NOTICES:
-            logging.getLogger(name).setLevel(logging.ERROR)
+    verbose = verbose_requested("--verbose" in (sys.argv[1:] if argv is None else argv))
+    with quiet_import_notices(verbose):  # Note: [import notices]: not what a report is about
+        return _main(argv, verbose)
+
+
+def _main(argv: list[str] | None, verbose: bool) -> int:
     try:
         parser = _parser()
         args = parser.parse_args(_join_negative_values(parser, list(sys.argv[1:] if argv is None else argv)))
