@@ -7,7 +7,7 @@ from typing import Any
 from .errors import ArgumentError
 from .gpus import MAX_RANKS, PUBLISHED_GB
 
-__all__ = ["MAX_JOB_BYTES", "MAX_REPEATS", "check_config", "check_repeats", "check_tokens", "config_bytes", "divisors"]
+__all__ = ["MAX_JOB_BYTES", "MAX_REPEATS", "check_config", "check_repeats", "check_tokens", "config_bytes", "divisors", "token_width"]
 
 # Note: [size limits]
 # Two rules, defined here once, bound every number a user types or a config file holds, before work starts:
@@ -15,7 +15,7 @@ __all__ = ["MAX_JOB_BYTES", "MAX_REPEATS", "check_config", "check_repeats", "che
 #   [GPU counts]) of the catalog's largest GPU, MAX_JOB_BYTES (65,536 x 192 GB, about 12.6 PB). A config's weights,
 #   estimated from its sizes at one byte per parameter (embeddings, positions, and per layer four hidden x hidden
 #   attention matrices and three hidden x intermediate MLP matrices per expert), and a step's tokens (batch x seq,
-#   each holding at least its hidden state in bf16) stay under it. Every size of a real model is far below (Llama
+#   each holding at least its widest activation in bf16: hidden state, MLP or logits) stay under it. Every size of a real model is far below (Llama
 #   3.1 405B: about 0.4 TB at one byte); the bound also keeps every element count far from int64's end.
 # * Work: fakeviz answers in minutes, and a count that repeats work (the layers it builds, about 12 ms each, and
 #   records; the training steps the command line records) is at most MAX_REPEATS, 1,024: 8x the deepest published
@@ -101,13 +101,27 @@ def check_config(cfg: Any, where: str = "") -> None:
         )  # fmt: skip
 
 
-def check_tokens(batch: int, seq: int, hidden: int, *, written: str | None = None) -> None:
-    """Refuse a step of ``batch x seq`` tokens whose hidden states alone (bf16) pass :data:`MAX_JOB_BYTES`."""
+def token_width(cfg: Any) -> int:
+    """A token's widest activation in ``cfg``'s model: its hidden state, MLP or logits (Note: [size limits])."""
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return max((v for _, v in _sizes(text, _HIDDEN + _INTER + ("vocab_size",))), default=1) or 1
+
+
+def check_tokens(batch: int, seq: int, hidden: int, *, written: str | None = None, argument: str = "batch") -> None:
+    """Refuse a step of ``batch x seq`` tokens whose widest activations alone (bf16) pass :data:`MAX_JOB_BYTES`;
+    ``argument``: the one the error names (``batch``; ``max_num_batched_tokens`` with ``batch`` 1)."""
     need = batch * seq * max(hidden, 1) * 2
     if need > MAX_JOB_BYTES:
         most = max(MAX_JOB_BYTES // (seq * max(hidden, 1) * 2), 0)
+        if argument != "batch":
+            raise ArgumentError(
+                argument, seq, f"{seq:,} tokens hold {need:.3g} bytes of activations (width {hidden:,}, bf16) "
+                f"alone, more than the {MAX_JOB_BYTES / 1e15:.1f} PB of the largest job fakeviz plans",
+                f"Give {argument} <= {MAX_JOB_BYTES // (max(hidden, 1) * 2):,} (Note: [size limits] in "
+                "fakeviz._core.limits).", written=written,
+            )  # fmt: skip
         raise ArgumentError(
-            "batch", batch, f"{batch:,} x {seq:,} tokens hold {need:.3g} bytes of hidden states (hidden size "
+            "batch", batch, f"{batch:,} x {seq:,} tokens hold {need:.3g} bytes of activations (width "
             f"{hidden:,}, bf16) alone, more than the {MAX_JOB_BYTES / 1e15:.1f} PB of the largest job fakeviz plans",
             f"Give batch <= {most:,} at this seq (Note: [size limits] in fakeviz._core.limits).",
             written=written or f"batch={batch:,}, seq={seq:,}",

@@ -44,6 +44,7 @@ from .._analysis.memory import peak_bytes
 from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import CAPABILITY, Capacity, parse_gpus
+from .._core.limits import check_tokens, token_width
 from . import adapters
 
 __all__ = ["Serving", "serve"]
@@ -219,7 +220,7 @@ def _check(max_model_len: Any, gpu_memory_utilization: Any, block_size: Any, kv_
     if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1:
         raise ArgumentError("gpu_memory_utilization", u, "the fraction of the GPU's memory vLLM may use is in (0, 1]",
                             "Give e.g. gpu_memory_utilization=0.9 (vLLM's default).")  # fmt: skip
-    if block_size not in kv_blocks.BLOCK_SIZES:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in kv_blocks.BLOCK_SIZES:
         raise ArgumentError("block_size", block_size, "vLLM's block sizes are " +
                             ", ".join(map(str, kv_blocks.BLOCK_SIZES)), "Give block_size=16 (vLLM's default).")  # fmt: skip
     if kv_cache_dtype not in KV_DTYPES:
@@ -322,6 +323,10 @@ def serve(
         raise ArgumentError("tensor_parallel_size", tp, "a module cannot be resharded: tensor parallel serving builds "
                             "one rank's shard from the model's config", "Give the model's name or config.")  # fmt: skip
     config = model.config if is_module else models.config(model)
+    width = token_width(config)
+    for name, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_model_len", max_model_len)):
+        if v is not None:  # Note: [size limits]: the profile run's tokens, one request's
+            check_tokens(1, v, width, argument=name)
     limit = _context(config)
     if limit and max_model_len > limit:
         raise ArgumentError("max_model_len", max_model_len,
@@ -329,6 +334,10 @@ def serve(
                             "vLLM refuses it too unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
                             f"Give max_model_len <= {limit:,}.")  # fmt: skip
     tokens, seqs = _defaults(gpu, max_model_len, max_num_batched_tokens, max_num_seqs)
+    if tokens > seqs * max_model_len:  # its profile run's sequences would pass max_model_len (Note: [size limits])
+        raise ArgumentError("max_num_batched_tokens", tokens, f"more tokens than max_num_seqs={seqs:,} requests of "
+                            f"max_model_len={max_model_len:,} hold: the scheduler never batches them",
+                            f"Give max_num_batched_tokens <= {seqs * max_model_len:,}.")  # fmt: skip
     _check(max_model_len, gpu_memory_utilization, block_size, kv_cache_dtype, tokens, seqs, 1)
     dt = _serving_dtype(config, dtype, gpu)
     state_bytes = torch.empty((), dtype=dt).element_size()

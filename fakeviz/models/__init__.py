@@ -15,6 +15,7 @@ import torch
 
 from .._core.errors import ArgumentError
 from .._core.notices import quiet_import_notices
+from .._engine.arguments import DEFAULT_DTYPES
 from . import _prequantized, _quant
 from ._build import as_dtype, building, config, instantiate, spec_of
 from ._catalog import CatalogEntry, catalog, entries, resolve
@@ -95,6 +96,11 @@ def check_step(model: Any, *, batch: int, seq: int, new_tokens: int = 0, revisio
 
 def _build(name_or_path_or_config: Any, dtype: Any, device: Any, quantization: Any, revision: str | None,
            trust_remote_code: bool, config_overrides: dict[str, Any]) -> Any:  # fmt: skip
+    given, dtype = dtype, as_dtype(dtype)
+    if dtype is not None and dtype not in DEFAULT_DTYPES:  # torch makes no module at fp8 or int8
+        raise ArgumentError("dtype", given, f"{str(dtype).removeprefix('torch.')} cannot be a model's parameter dtype",
+                            "Give bf16, fp16, fp32 or fp64; for 8-bit or 4-bit weights, quantization='fp8', 'int8', "
+                            "'int4' or 'nf4'.")  # fmt: skip
     spec = spec_of(name_or_path_or_config, config_overrides, revision=revision, trust_remote_code=trust_remote_code)
     q = None if quantization is None else _quant.resolve(quantization)
     with building(device), _quant.deferring(q) as deferred:  # Note: [quantizing a built model]

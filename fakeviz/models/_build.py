@@ -257,6 +257,8 @@ def _read_config(file: Path) -> dict[str, Any]:
         raw = json.loads(data)
     except ValueError as e:
         raise CheckpointError(f"{file}: not readable as JSON ({e})") from e
+    except RecursionError:  # brackets nested thousands deep: no config is
+        raise CheckpointError(f"{file}: JSON nested too deep to be a model config") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file}: not a config (a JSON object)")
     return raw

@@ -61,7 +61,7 @@ __all__ = ["DEADLINE_S", "MAX_SHARDS", "HubConfig", "check_revision", "fetch_con
            "read_hub_checkpoint", "remote_code"]
 
 # huggingface_hub's REPO_ID_REGEX with the namespace required: owner/name, each [\w.-]{1,96}, no "--" or "..".
-_REPO_ID = re.compile(r"^[\w.-]{1,96}/[\w.-]{1,96}$")
+_REPO_ID = re.compile(r"^[\w.-]{1,96}/[\w.-]{1,96}$", re.ASCII)  # as the hub's: full-width letters are no id
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
 _WORKERS = 8
 #: The seconds one request to the hub may take, from its first byte asked to its last byte read (not per read):
@@ -458,6 +458,8 @@ def fetch_config(repo: str, revision: str | None = None) -> HubConfig:
         raw = json.loads(data)
     except ValueError as e:
         raise CheckpointError(f"{where}: not readable as JSON ({str(e)[:200]})") from e
+    except RecursionError:  # brackets nested thousands deep: no config is
+        raise CheckpointError(f"{where}: JSON nested too deep to be a model config") from None
     if not isinstance(raw, dict):
         raise CheckpointError(f"{where}: not a config (a JSON object)")
     return HubConfig(repo, revision, commit, raw, path)

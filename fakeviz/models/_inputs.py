@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from .._core.errors import SequenceTooLongError
-from .._core.limits import check_tokens
+from .._core.limits import check_tokens, token_width
 
 __all__ = ["check_config_step", "check_seq", "context", "inputs", "task_of"]
 
@@ -76,14 +76,12 @@ def check_seq(model: torch.nn.Module, seq: int, new_tokens: int = 0) -> None:
 def check_config_step(config: Any, architecture: str | None, *, batch: int, seq: int, new_tokens: int = 0) -> None:
     """Before anything is built or recorded: ``seq`` (+ ``new_tokens``) within the context of the model
     ``config`` describes (``architecture``: its class name, as ``architectures`` gives it), and a step's tokens
-    within Note: [size limits] (their hidden states alone under the memory of the largest job).
+    within Note: [size limits] (their widest activations alone under the memory of the largest job).
 
     Raises:
         SequenceTooLongError: past the context. ArgumentError: too many tokens.
     """
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    hidden = next((v for n in ("hidden_size", "d_model", "n_embd") if isinstance(v := getattr(text, n, None), int)), 1)
-    check_tokens(batch, seq + new_tokens, hidden)
+    check_tokens(batch, seq + new_tokens, token_width(config))
     try:
         task = _task_of_class(architecture or "")
     except ValueError:

@@ -187,7 +187,23 @@ def quant_config(spec: Spec) -> dict[str, Any] | None:
     qc = getattr(spec.config, "quantization_config", None)
     if qc is None:
         return None
-    return dict(qc) if isinstance(qc, dict) else qc.to_dict()
+    where = getattr(spec.config, "name_or_path", "") or "the config"
+    if not isinstance(qc, dict) and not hasattr(qc, "to_dict"):
+        raise CheckpointError(f"{where}: quantization_config is {qc!r}, not an object\nA pre-quantized config holds "
+                              "an object: {\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128}.")  # fmt: skip
+    qc = dict(qc) if isinstance(qc, dict) else qc.to_dict()
+    for key, ok, what in _NUMBERS if str(qc.get("quant_method", "")).lower() in ("gptq", "awq") else ():
+        v = qc.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not ok(v)):
+            raise CheckpointError(f"{where}: quantization_config.{key}={v!r} is not {what}\nGive {key} as the "
+                                  "checkpoint's quantizer wrote it.")  # fmt: skip
+    return qc
+
+
+# the numbers of a quantization_config that size tensors: refused before a layer is made with them
+_NUMBERS = (("bits", lambda v: v in (2, 3, 4, 8), "2, 3, 4 or 8"), ("w_bit", lambda v: v in (2, 3, 4, 8), "2, 3, 4 or 8"),
+            ("group_size", lambda v: v == -1 or 1 <= v <= 2**20, "-1 (one group) or a whole number from 1 to 2**20"),
+            ("q_group_size", lambda v: v == -1 or 1 <= v <= 2**20, "-1 (one group) or a whole number from 1 to 2**20"))  # fmt: skip
 
 
 def _method(qc: dict[str, Any], where: str) -> str:

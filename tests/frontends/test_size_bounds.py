@@ -73,7 +73,7 @@ def test_fit_refuses_a_huge_batch_and_a_seq_past_the_context_before_searching():
 def test_inputs_refuse_a_step_past_the_largest_job():
     with fv.fake_mode():
         m = fv.models.build("meta-llama/Llama-3.1-8B", **TINY)
-        with pytest.raises(ArgumentError, match="hidden states"):
+        with pytest.raises(ArgumentError, match="bytes of activations"):
             fv.models.inputs(m, batch=10**15, seq=100)
 
 
