@@ -224,6 +224,10 @@ def _read(source: Any, path: Path, size: int, cls: type[R]) -> R:
     try:
         with zipfile.ZipFile(source) as zf:
             members = {info.filename: info for info in zf.infolist()}
+            if len(members) != len(zf.infolist()):  # zipfile reads the last of two same names: which was meant?
+                seen: set[str] = set()
+                dup = next(i.filename for i in zf.infolist() if i.filename in seen or seen.add(i.filename))
+                raise _fail(path, f"two members are named {dup[:60]!r}; a trace holds each once")
             header = _read_header(path, zf, members)
             _check_header(path, header)
             specs = _check_members(path, header, members, size)

@@ -153,7 +153,7 @@ class Capacity:
         if isinstance(value, (int, float)):
             if value <= 0:
                 raise ValueError(f"capacity must be positive, got {value}")
-            return cls(int(value), None, value)
+            return cls(_bounded(value, value), None, value)
         text = str(value).strip()
         name = gpu_name(text)
         if name is not None:
@@ -163,7 +163,7 @@ class Capacity:
             n = float(m.group(1)) * _UNITS[m.group(2).upper()]
             if n <= 0:
                 raise ValueError(f"capacity must be positive, got {value!r}")
-            return cls(int(n), None, value)
+            return cls(_bounded(n, value), None, value)
         raise ValueError(
             f"unknown GPU or capacity {value!r}; use a size like '80GB' / '80GiB' or one of: {', '.join(GPUS)}"
         )
@@ -177,6 +177,13 @@ class Capacity:
     def capability(self) -> tuple[int, int] | None:
         """The CUDA compute capability of the named GPU (None: no name, or not an NVIDIA GPU)."""
         return CAPABILITY.get(self.gpu) if self.gpu else None
+
+
+def _bounded(n: float, value: Any) -> int:
+    if not n <= MAX_JOB_BYTES:  # NaN too
+        raise ValueError(f"capacity {value!r} is more than the {MAX_JOB_BYTES / 1e15:.1f} PB of the largest job "
+                         f"fakeviz plans ({MAX_RANKS:,} GPUs of {max(PUBLISHED_GB.values())} GB)")
+    return int(n)
 
 
 def parse_capacity(value: str | int | float | Capacity) -> int:
@@ -211,6 +218,9 @@ def gpu_capability(name: str) -> tuple[int, int] | None:
 MAX_GPUS = 64
 #: The most ranks of a parallel job (Note: [GPU counts]).
 MAX_RANKS = 65536
+#: The memory of the largest job fakeviz plans: MAX_RANKS of the catalog's largest GPU (Note: [size limits] in
+#: fakeviz._core.limits); no capacity a user gives is larger.
+MAX_JOB_BYTES = MAX_RANKS * max(PUBLISHED_GB.values()) * 10**9
 
 _GIVE = "Give a GPU count with its kind ('8xH100', '2x80GB'), a GPU or size ('H100', '80GB'), or a list (['80GB', '40GiB'])."
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ArgumentError
-from .gpus import MAX_RANKS, PUBLISHED_GB
+from .gpus import MAX_JOB_BYTES, MAX_RANKS, PUBLISHED_GB
 
 __all__ = ["MAX_JOB_BYTES", "MAX_REPEATS", "check_config", "check_repeats", "check_tokens", "config_bytes", "divisors", "token_width"]
 
@@ -21,8 +21,6 @@ __all__ = ["MAX_JOB_BYTES", "MAX_REPEATS", "check_config", "check_repeats", "che
 #   records; the training steps the command line records) is at most MAX_REPEATS, 1,024: 8x the deepest published
 #   model in the catalog (Llama 3.1 405B's 126 layers). Searches over divisors cost O(sqrt n) (:func:`divisors`).
 
-#: The memory of the largest job fakeviz plans, in bytes (Note: [size limits]).
-MAX_JOB_BYTES = MAX_RANKS * max(PUBLISHED_GB.values()) * 10**9
 #: The most layers built, or steps recorded, for one answer (Note: [size limits]).
 MAX_REPEATS = 1024
 
