@@ -62,6 +62,7 @@ from .._core.gpus import parse_gpus
 from .._core.limits import divisors
 from . import executors, fit_layouts, offload, planning, steps
 from .fit_layouts import dp as _dp
+from .offload import OFFLOADS
 from .fit_layouts import name as _name
 
 __all__ = ["fit"]
@@ -330,6 +331,10 @@ def fit(
     n = len(caps)
     planning.check_sizes(batch=batch, seq=seq)
     models.check_step(model, batch=batch, seq=seq)  # the context and Note: [size limits], before any search
+    for o in offload or ():  # each value as plan's offload= names it: an unknown one is refused, never skipped
+        if not isinstance(o, str) or o.strip().lower() not in OFFLOADS:
+            raise ArgumentError("offload", offload, f"{o!r} is not an offload fakeviz knows",
+                                "Give a list of 'activations' and 'cpu', or [] for none.")  # fmt: skip
     optimizer = steps.check_optimizer(optimizer)
     executors.check(executor)
     models.as_dtype(dtype)  # a dtype it cannot read is refused here, not in every configuration

@@ -446,6 +446,9 @@ def _remote_probe(shared: dict[str, Any], v: int) -> Plan:
 
 
 def _largest(axis: str, model: Any, gpus: Any, limit: int, executor: Any = None, **kw: Any) -> Largest:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ArgumentError("limit", limit, f"the largest {axis} to try is a whole number of at least 1",
+                            f"Give e.g. limit={4096 if axis == 'batch' else 1 << 20}.")  # fmt: skip
     caps = parse_gpus(gpus)
     executors.check(executor)
     kw["optimizer"] = steps.check_optimizer(kw.get("optimizer", "adamw"))

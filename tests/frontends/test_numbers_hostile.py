@@ -65,3 +65,21 @@ def test_a_parameter_dtype_torch_cannot_build_is_refused(dtype):
 def test_serve_refuses_careless_numbers(kw, match):
     with pytest.raises(ArgumentError, match=match):
         fv.serve(L, gpus="H100", **kw)
+
+
+def _tiny():
+    return fv.models.config(L, num_hidden_layers=1, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                            num_key_value_heads=4, vocab_size=256)  # fmt: skip
+
+
+def test_fit_refuses_an_unknown_offload_instead_of_skipping_it():
+    with pytest.raises(ArgumentError, match=r"^offload=\['everything'\]: 'everything' is not an offload"):
+        fv.fit(_tiny(), gpus="H100", batch=2, seq=16, offload=["everything"], progress=False)
+
+
+@pytest.mark.parametrize("limit", [1.5, 0, -3, True, "8"])
+def test_max_batch_and_max_seq_refuse_a_limit_that_is_not_a_whole_number(limit):
+    with pytest.raises(ArgumentError, match=rf"^limit={limit!r}: the largest batch to try"):
+        fv.max_batch(_tiny(), gpus="H100", limit=limit)
+    with pytest.raises(ArgumentError, match=rf"^limit={limit!r}: the largest seq to try"):
+        fv.max_seq(_tiny(), gpus="H100", limit=limit)
