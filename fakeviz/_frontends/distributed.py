@@ -387,6 +387,10 @@ def simulate_recipe(
         )
     if isinstance(ranks, str) and ranks not in ("all", "auto"):
         raise ValueError(f"ranks={ranks!r}: use 'all', or a list of ranks")
+    if not isinstance(ranks, str) and (not isinstance(ranks, (list, tuple, set, frozenset, range))
+                                       or any(isinstance(r, bool) or not hasattr(r, "__index__") for r in ranks)):  # fmt: skip
+        raise ArgumentError("ranks", ranks, "not 'all', 'auto' or a list of ranks",
+                            "Give ranks='all', or the ranks to record as a list, e.g. ranks=[0, 63].")  # fmt: skip
     todo = list(range(world_size)) if isinstance(ranks, str) else sorted({int(r) for r in ranks})
     bad = [r for r in todo if not 0 <= r < world_size]
     if bad:

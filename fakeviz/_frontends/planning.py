@@ -219,8 +219,22 @@ def _checked(model: Any, knobs: dict[str, Any]) -> dict[str, Any]:
         )
     if isinstance(device_map, str) and device_map not in MAPS:
         raise ValueError(f"device_map={device_map!r}: use one of {', '.join(map(repr, MAPS))}, or a dict")
+    if isinstance(device_map, dict):
+        _check_map_devices(device_map, len(parse_gpus(a["gpus"])))
     adapters.check_finetune(train, a["quantization"], a["lora"])
     return a
+
+
+def _check_map_devices(device_map: dict[str, Any], n: int) -> None:
+    """A device map's devices are these GPUs (0..n-1 or ``"cuda:i"``), ``"cpu"`` or ``"disk"``: refused otherwise."""
+    for name, v in device_map.items():
+        text = str(v) if not isinstance(v, (int, bool)) else ""
+        index = v if isinstance(v, int) and not isinstance(v, bool) else (
+            int(text[5:]) if text.startswith("cuda:") and text[5:].isdigit() else None)  # fmt: skip
+        if text in ("cpu", "disk") or (index is not None and 0 <= index < n):
+            continue
+        raise ArgumentError("device_map", device_map, f"{name!r} is put on {v!r}, and the plan has GPUs 0 to {n - 1}",
+                            f"Give each module a GPU index below {n}, 'cpu' or 'disk' (e.g. {{{name!r}: 0}}).")  # fmt: skip
 
 
 def _parallel_plan(a: dict[str, Any]) -> Simulation:

@@ -83,3 +83,24 @@ def test_max_batch_and_max_seq_refuse_a_limit_that_is_not_a_whole_number(limit):
         fv.max_batch(_tiny(), gpus="H100", limit=limit)
     with pytest.raises(ArgumentError, match=rf"^limit={limit!r}: the largest seq to try"):
         fv.max_seq(_tiny(), gpus="H100", limit=limit)
+
+
+@pytest.mark.parametrize("ranks", [-1, 2.0, [0, 1.5], "some", [True]])
+def test_simulate_refuses_ranks_that_are_not_a_list_of_ranks(ranks):
+    def step() -> None:
+        pass
+
+    with pytest.raises((ArgumentError, ValueError), match=r"^ranks="):
+        fv.simulate(step, world_size=2, ranks=ranks)
+
+
+@pytest.mark.parametrize("dm, where", [({"": 5}, "5"), ({"": -1}, "-1"), ({"": "cuda:7"}, "'cuda:7'"),
+                                       ({"model": 0, "lm_head": 2}, "2")])  # fmt: skip
+def test_a_device_map_onto_gpus_the_plan_lacks_is_refused(dm, where):
+    with pytest.raises(ArgumentError, match=rf"^device_map=.*is put on {where}, and the plan has GPUs 0 to 1"):
+        fv.plan(_tiny(), gpus="2xH100", device_map=dm)
+
+
+def test_a_device_map_onto_the_plans_gpus_and_cpu_runs():
+    p = fv.plan(_tiny(), gpus="2xH100", device_map={"model": "cuda:1", "lm_head": "cpu"})
+    assert p.fits in (True, False)
