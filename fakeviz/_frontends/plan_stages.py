@@ -27,6 +27,7 @@ import torch
 
 from .. import models
 from .._analysis import placement
+from .._core.errors import ArgumentError
 from .._core.fmt import format_bytes
 from .._core.gpus import Capacity
 from . import adapters, steps
@@ -216,6 +217,16 @@ def apply_map(model: torch.nn.Module, device_map: dict[str, str], placed: dict[s
     was last moved by, is the same) and hook it so its inputs follow; returns the hook handles."""
     from torch.utils._pytree import tree_map
 
+    names = {n for n, _ in model.named_modules()}
+    for name in device_map:
+        if name not in names:  # a name the model lacks: refused with the near ones, before anything moves
+            import difflib
+
+            near = difflib.get_close_matches(name, sorted(names), 3)
+            raise ArgumentError("device_map", device_map, f"{type(model).__name__} has no module {name!r}",
+                                (f"Did you mean {' or '.join(map(repr, near))}? " if near else "") +
+                                "Name modules as model.named_modules() does ('' is the whole model).",
+                                suggestions=tuple(near))  # fmt: skip
     if placed != device_map:
         with own_mode(model):
             # from a clean slate: what an earlier plan moved and this map does not name starts on the first device

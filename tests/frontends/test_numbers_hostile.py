@@ -104,3 +104,8 @@ def test_a_device_map_onto_gpus_the_plan_lacks_is_refused(dm, where):
 def test_a_device_map_onto_the_plans_gpus_and_cpu_runs():
     p = fv.plan(_tiny(), gpus="2xH100", device_map={"model": "cuda:1", "lm_head": "cpu"})
     assert p.fits in (True, False)
+
+
+def test_a_device_map_naming_a_module_the_model_lacks_is_refused():
+    with pytest.raises(ArgumentError, match=r"(?s)^device_map=.*has no module 'model.layer'.*Did you mean 'model.layers'"):
+        fv.plan(_tiny(), gpus="2xH100", device_map={"model.layer": 0, "lm_head": 1})
