@@ -13,6 +13,13 @@ micro-batch).
     python benchmarks/fit_search.py [--gpus 4xH100] [--seq 4096] [--batch 8] [--layers 4] [--tiny] [--out PATH] [--append]
 
 Results: ``benchmarks/results/fit_search.json``.
+
+``--readme`` runs the README's call exactly, ``fv.fit("meta-llama/Llama-3.1-8B", gpus="8xH100", seq=4096, batch=64)``
+(the default executor; issue 41: the goal is an answer in under 2 minutes on 2 cores), and reports its wall time, the
+configurations it recorded and the rank recordings they took against the configurations of its grid (too many to
+record them all here: the tiny models above check the rows against the grid), what it pruned and its first row; then
+the time of one recording of one 8B rank (``dp_shard 8``, micro-batch 8, the search's first point) so the wall time
+on idle cores can be predicted from the count. Results: ``benchmarks/results/fit_search_readme.json`` (appended).
 """
 
 from __future__ import annotations
@@ -30,6 +37,57 @@ from fakeviz._frontends import fit as fit_mod
 from fakeviz._frontends import fit_layouts
 
 OUT = Path(__file__).resolve().parent / "results" / "fit_search.json"
+README_OUT = Path(__file__).resolve().parent / "results" / "fit_search_readme.json"
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)  # fmt: skip
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "fakeviz"], capture_output=True, text=True,
+                               cwd=Path(__file__).resolve().parent).stdout.strip()  # fmt: skip
+        return out.stdout.strip() + (" (fakeviz/ modified)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def readme(path: Path) -> None:
+    """The README's call, as a user runs it; then one 8B rank's recording time."""
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    df = fv.fit("meta-llama/Llama-3.1-8B", gpus="8xH100", seq=4096, batch=64)
+    wall = time.perf_counter() - t0
+    tried = df.attrs["tried"]
+    t0 = time.perf_counter()
+    fv.plan("meta-llama/Llama-3.1-8B", gpus="8xH100", parallel={"dp_shard": 8}, seq=4096, batch=8, train=True,
+            checkpointing=False, executor=False)  # fmt: skip
+    one = time.perf_counter() - t0
+    first = df.iloc[0] if len(df) else None
+    out = {
+        "call": 'fv.fit("meta-llama/Llama-3.1-8B", gpus="8xH100", seq=4096, batch=64)', "commit": _commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpus": os.cpu_count(),
+        "load_average_before": load0, "load_average_after": os.getloadavg(), "wall_s": round(wall, 1),
+        "configurations_recorded": df.attrs["points"], "rank_recordings": df.attrs["recordings"],
+        "configurations_in_grid": df.attrs["configurations"],
+        "points_known_not_to_fit": int((tried.recordings == 0).sum()) if len(tried) else 0,
+        "rows": len(df), "executor": df.attrs["executor"],
+        "first_row": None if first is None else {k: (v.item() if hasattr(v, "item") else v) for k, v in
+                                                  first[["layout", "checkpointing", "offload", "micro_batch",
+                                                         "accumulation", "max peak", "global_step_s"]].items()},
+        "table": df.drop(columns=["rank"]).to_dict("records"), "pruned": df.attrs["pruned"],
+        "tried": tried.to_dict("records"), "one_8b_rank_recording_s": round(one, 2),
+    }  # fmt: skip
+    print(json.dumps({k: v for k, v in out.items() if k not in ("table", "tried")}, indent=1, default=str))
+    answer = "nothing fits" if first is None else (
+        f"{first['layout']}, micro-batch {first['micro_batch']} x accumulation {first['accumulation']}, checkpointing="
+        f"{first['checkpointing']}, {first['global_step_s']:.3g} s per global step")  # fmt: skip
+    print(f"README call: {wall:.1f} s (load average {load0[0]:.1f} before, {os.getloadavg()[0]:.1f} after, "
+          f"{os.cpu_count()} cores); {out['configurations_recorded']} of {out['configurations_in_grid']} configurations "
+          f"recorded ({out['rank_recordings']} rank recordings); answer: {answer}")  # fmt: skip
+    runs = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([*runs, out], indent=1, default=str) + "\n")
 
 
 def _divisors(n: int) -> list[int]:
@@ -91,7 +149,11 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="4 heads, 2 key/value heads, vocabulary 256")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--append", action="store_true", help="add this run to the file's list")
+    ap.add_argument("--readme", action="store_true", help="the README's 8B call instead (results: fit_search_readme.json)")
     a = ap.parse_args()
+    if a.readme:
+        readme(Path(a.out) if a.out != str(OUT) else README_OUT)
+        return
     dims = {"num_hidden_layers": a.layers, "hidden_size": a.hidden, "intermediate_size": 2 * a.hidden}
     if a.tiny:  # the tests' tiny Llama: 4 query and 2 key/value heads, a vocabulary of 256
         dims.update(num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
@@ -133,6 +195,8 @@ def main() -> None:
     # layout fitting the same or a larger micro-batch (Note: [the budget search]), or be a pruned cp layout
     order = [str(c) for c in fit_mod._checkpointing_kinds()]
     have = {(r["layout"], str(r["checkpointing"]), str(r["offload"])) for r in df.to_dict("records")}
+    tried = df.attrs["tried"]
+    fastest_fit = tried[tried.fits & (tried.recordings > 0)].global_step_s.min() if len(tried) else float("nan")
     missing = []
     for key, g in best.items():
         if key in have:
@@ -141,8 +205,11 @@ def main() -> None:
         earlier = [b for k, b in largest.items() if k[0] == key[0] and
                    order.index(k[1]) + (len(order) if k[2] != "None" else 0) + (k[2] == "cpu") < rank]  # fmt: skip
         dominated = any(b >= largest[key] for b in earlier)
-        pruned_cp = any(line.startswith(key[0] + ":") for line in df.attrs["pruned"])
-        missing.append({"row": key, "micro_batch": g["micro_batch"], "dominated_or_pruned": dominated or pruned_cp})
+        pruned_cp = any(line.startswith(key[0] + ":") and "dp twin" in line for line in df.attrs["pruned"])
+        # Note: [bounds in fit]: slower than a configuration fit recorded that fits
+        slower = g["global_step_s"] is not None and g["global_step_s"] > fastest_fit
+        missing.append({"row": key, "micro_batch": g["micro_batch"], "global_step_s": g["global_step_s"],
+                        "dominated_or_pruned": dominated or pruned_cp or slower})  # fmt: skip
     fastest_grid = min((r for r in best.values() if r["global_step_s"]), key=lambda r: r["global_step_s"], default=None)
     out = {
         "model": f"{a.model} with {a.layers} layers, hidden {a.hidden}" + (", tiny heads and vocabulary" if a.tiny else ""), "gpus": a.gpus, "seq": a.seq, "batch": a.batch,
