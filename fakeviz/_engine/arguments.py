@@ -14,6 +14,7 @@ import torch
 
 from .._core.dtypes import DTYPE_NAMES, dtype_name
 from .._core.errors import ArgumentError
+from .._core.gpus import MAX_GPUS
 
 __all__ = ["DEFAULT_DTYPES", "DTYPES", "FAKED_DEVICES", "as_dtype", "default_dtype", "fake_device", "one_or_many"]
 
@@ -80,6 +81,9 @@ def fake_device(
         raise ArgumentError("device", device, "not a device name", advice, written=written) from None
     if fake and dev.type not in FAKED_DEVICES:
         raise ArgumentError("device", device, f"fakeviz does not fake {dev.type} devices", advice, written=written)
+    if fake and dev.type == "cuda" and (dev.index or 0) >= MAX_GPUS:  # Note: [GPU counts]
+        raise ArgumentError("device", device, f"fake cuda devices are cuda:0 .. cuda:{MAX_GPUS - 1}", advice,
+                            written=written)  # fmt: skip
     return dev
 
 

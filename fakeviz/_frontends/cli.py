@@ -58,6 +58,19 @@ def _positive(name: str, most: int | None = None) -> Any:
     return parse
 
 
+def _at_least_zero(name: str) -> Any:
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} takes a whole number, not {text!r}") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be at least 0, not {v}")
+        return v
+
+    return parse
+
+
 def _dtype(text: str) -> str:
     """``--dtype``: read as ``models.build(dtype=...)`` and ``fv.record(dtype=...)`` read it
     (:func:`fakeviz._engine.arguments.as_dtype`); the canonical name (``"bfloat16"``)."""
@@ -151,7 +164,7 @@ def _parser() -> _Parser:
     r.add_argument("--html", type=Path, default=None, help="write the explorer as one self-contained HTML file")
     r.add_argument("--json", type=Path, default=None, help="write the report as JSON")
     r.add_argument("--save", type=Path, default=None, help="save the trace (.fvz)")
-    r.add_argument("--oplog", type=int, default=0, help="also print the first N op-log lines")
+    r.add_argument("--oplog", type=_at_least_zero("--oplog"), default=0, help="also print the first N op-log lines")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress line on stderr while recording (default: when stderr is a terminal)")  # fmt: skip
     r.add_argument("--verbose", action="store_true", help="tracebacks for errors")

@@ -81,3 +81,11 @@ def test_cli_steps_are_bounded(capsys):
     assert main(["report", "gpt2", "--train", "--steps", "1000000000"]) == 2
     err = capsys.readouterr().err
     assert "--steps is at most 1,024" in err and "1,000,000,000" in err
+
+
+@pytest.mark.parametrize("argv, says", [(["--oplog", "-1"], "--oplog must be at least 0, not -1"),
+                                        (["--device", "cuda:99"], "--device 'cuda:99': fake cuda devices are cuda:0 .. cuda:63"),
+                                        (["--device", "mps"], "fakeviz does not fake mps devices")])  # fmt: skip
+def test_cli_refuses_a_bad_oplog_or_device_as_a_usage_error(capsys, argv, says):
+    assert main(["report", "gpt2", *argv]) == 2
+    assert says in capsys.readouterr().err
