@@ -43,29 +43,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ------------------------------------------------------------------------------------------ options
-def _positive(name: str, most: int | None = None) -> Any:
+def _positive(name: str, most: int | None = None, low: int = 1) -> Any:
     def parse(text: str) -> int:
         try:
             v = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{name} takes a whole number, not {text!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 1, not {v}")
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{name} must be at least {low}, not {v}")
         if most is not None and v > most:  # Note: [size limits]
             raise argparse.ArgumentTypeError(f"{name} is at most {most:,} (each one is recorded), not {v:,}")
-        return v
-
-    return parse
-
-
-def _at_least_zero(name: str) -> Any:
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} takes a whole number, not {text!r}") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be at least 0, not {v}")
         return v
 
     return parse
@@ -164,7 +151,7 @@ def _parser() -> _Parser:
     r.add_argument("--html", type=Path, default=None, help="write the explorer as one self-contained HTML file")
     r.add_argument("--json", type=Path, default=None, help="write the report as JSON")
     r.add_argument("--save", type=Path, default=None, help="save the trace (.fvz)")
-    r.add_argument("--oplog", type=_at_least_zero("--oplog"), default=0, help="also print the first N op-log lines")
+    r.add_argument("--oplog", type=_positive("--oplog", low=0), default=0, help="also print the first N op-log lines")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress line on stderr while recording (default: when stderr is a terminal)")  # fmt: skip
     r.add_argument("--verbose", action="store_true", help="tracebacks for errors")
