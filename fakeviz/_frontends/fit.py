@@ -62,8 +62,8 @@ from .._core.gpus import parse_gpus
 from .._core.limits import divisors
 from . import executors, fit_layouts, offload, planning, steps
 from .fit_layouts import dp as _dp
-from .offload import OFFLOADS
 from .fit_layouts import name as _name
+from .offload import OFFLOADS
 
 __all__ = ["fit"]
 
