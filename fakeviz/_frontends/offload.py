@@ -44,6 +44,7 @@ import pandas as pd
 import torch
 
 from .._core.errors import ArgumentError
+from .._core.gpus import MAX_JOB_BYTES
 
 __all__ = [
     "OFFLOADS",
@@ -166,7 +167,7 @@ def with_host_row(peaks: pd.DataFrame, trace: Any, settings: dict[str, Any]) -> 
         return peaks
     from .._analysis import placement
 
-    host = placement.peaks_table(trace, {"cpu": 1 << 62})  # any capacity: the bytes by kind are the same
+    host = placement.peaks_table(trace, {"cpu": MAX_JOB_BYTES})  # any capacity: the bytes by kind are the same
     host["capacity"] = host["headroom"] = None
     host["fits"] = True
     for col in peaks.columns.difference(host.columns):  # a simulation's rank, class, recorded: the GPU row's
