@@ -1,11 +1,12 @@
 """Numbers and names for people: byte sizes, FLOPs, counts, and text safe for HTML and plotly.
 
 The one definition of each format; the explorer's JavaScript (``js/src/format.js``) mirrors
-:func:`format_bytes` and :func:`plain_name`, and ``tests/views`` checks the byte formats agree.
+:func:`format_bytes` and :func:`visible`, and ``tests/views`` checks the byte formats agree.
 
 Every string fakeviz writes into HTML (notebook reprs, the static summary, the report page, plotly's
 HTML-like labels) goes through :func:`html_text` (or :func:`esc`, its plotly form, or :func:`html_table`
-for a DataFrame): escaped, and with its bidirectional controls written out as ``<U+202E>``. A module
+for a DataFrame): escaped, and with its bidirectional and other control characters written out as
+``<U+202E>`` (:func:`visible`, which the command line's text uses too). A module
 name, an error message or a title comes from the user's code or from a file, so a right-to-left override
 in it must not reorder the text around it (Note: [bidi controls in names]).
 """
@@ -20,28 +21,44 @@ from typing import Any
 
 __all__ = [
     "esc", "format_bytes", "format_count", "format_flops", "format_seconds", "html_table", "html_text", "plain_name",
+    "visible",
 ]  # fmt: skip
 
 # Note: [bidi controls in names]
 # Marks (U+200E, U+200F, U+061C), embeddings and overrides (U+202A-U+202E) and isolates (U+2066-U+2069)
 # reorder the text that follows them up to the end of the paragraph: a module named "a\u202e.fc" shows
 # as "a" followed by ".fc" reversed, and everything after it on the line (sizes, other names) with it.
-# HTML escaping leaves them alone (they are not markup), so every HTML writer takes its strings through
-# plain_name, which writes each control out as "<U+202E>": the text shows in logical order and the
-# reader sees that the name holds a control. The explorer does the same in JS (js/src/format.js).
-_BIDI = re.compile("[\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 control characters (a carriage return, ESC's terminal sequences) rewrite a terminal's line.
+# HTML escaping leaves them alone (they are not markup), so everything fakeviz shows a person goes through
+# visible, which writes each such character out as "<U+202E>": the text shows in logical order and the
+# reader sees that the name holds a control. The one definition: html_text / esc / html_table for HTML,
+# the text summary and the command line's output; the explorer does the same in JS, in js/src/dom.js
+# where every text and tooltip is set (visible in js/src/format.js). The record and the explorer's
+# payload keep names as they are: a selection sent back to Python must name the module it was.
+# A name (visible(name)) has its line breaks and tabs written out too; a text of several lines
+# (visible(text, lines=True): a summary, an error message) keeps them.
+_BIDI = "\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069"
+_HIDDEN = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+_HIDDEN_IN_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
 
 
 def _missing(n: Any) -> bool:
     return n is None or (isinstance(n, float) and math.isnan(n))
 
 
-def plain_name(text: Any) -> str:
-    """``text`` with each bidirectional control written out (``<U+202E>``), so it shows in logical order.
+def visible(text: Any, *, lines: bool = False) -> str:
+    """``text`` as a person should see it: each bidi control and C0/C1 control written out (``<U+202E>``).
 
-    Not HTML-escaped (plain text: a ``repr``, a terminal); :func:`html_text` escapes as well.
+    Ordinary letters of any script stay as they are (``"é"``, ``"注意"``); not HTML-escaped (a terminal, a
+    ``repr``: :func:`html_text` escapes as well). With ``lines``, line breaks and tabs are kept (a text of
+    several lines); without, they are written out too (a name). Note: [bidi controls in names].
     """
-    return _BIDI.sub(lambda m: f"<U+{ord(m.group()):04X}>", str(text))
+    return (_HIDDEN_IN_LINES if lines else _HIDDEN).sub(lambda m: f"<U+{ord(m.group()):04X}>", str(text))
+
+
+def plain_name(text: Any) -> str:
+    """:func:`visible` keeping line breaks and tabs: what every HTML writer shows (``<U+202E>`` for U+202E)."""
+    return visible(text, lines=True)
 
 
 def html_text(text: Any, *, quote: bool = True) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+from .._core.fmt import visible
 from .._core.limits import MAX_REPEATS
 from .._core.notices import quiet_import_notices, verbose_requested
 
@@ -256,6 +257,11 @@ def _check_output(flag: str, path: Path, source: Path | None = None) -> None:
                          "replaces one: give a file name")  # fmt: skip
 
 
+def _print(*args: Any, **kwargs: Any) -> None:
+    """``print``, each control character in a name or message written out (Note: [bidi controls in names])."""
+    print(*(visible(a, lines=True) for a in args), **kwargs)
+
+
 def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
@@ -310,7 +316,7 @@ def _report_saved(args: argparse.Namespace, path: Path) -> int:
     trace = load(path)
     if args.capacity or args.gpus:
         trace.meta["capacity"] = args.capacity or args.gpus_parsed[1]
-    print(summary(trace))
+    _print(summary(trace))
     if args.gpus:
         from .._core.gpus import Capacity
         from . import steps as _steps
@@ -318,9 +324,9 @@ def _report_saved(args: argparse.Namespace, path: Path) -> int:
         kind = Capacity.parse(args.gpus_parsed[1]).gpu
         note = "" if kind else f"--gpus {args.gpus} gives memory only, no GPU kind; name the GPU (e.g. --gpus H100)"
         sp = _steps.speed([(trace, 1)], gpu=kind, gpus=1, tokens=None, note=note)
-        print(_speed_line({"gpus": 1}, sp.as_dict()))
+        _print(_speed_line({"gpus": 1}, sp.as_dict()))
     if args.oplog:
-        print(trace.oplog(limit=args.oplog))
+        _print(trace.oplog(limit=args.oplog))
     _write_outputs(args, trace, None)
     return 0
 
@@ -389,11 +395,11 @@ def _report_model(args: argparse.Namespace) -> int:
     trace.meta["capacity_spec"] = f"{n_gpus}x{capacity}" if n_gpus > 1 else capacity
     info["speed"] = _speed(trace, args, capacity, on_cuda).as_dict()
     data = report_data(trace, info)
-    print(report_table(data))
+    _print(report_table(data))
     if error is not None:
-        print(f"\nthe run stopped: {error}", file=sys.stderr)
+        _print(f"\nthe run stopped: {error}", file=sys.stderr)
     if args.oplog:
-        print(trace.oplog(limit=args.oplog))
+        _print(trace.oplog(limit=args.oplog))
     _write_outputs(args, trace, data)
     return 1 if error is not None else 0
 
@@ -614,15 +620,15 @@ def _write_outputs(args: argparse.Namespace, trace: Any, data: dict[str, Any] | 
         payload = data if data is not None else {"model": str(args.model), "ops": int(trace.num_ops)}
         with _writing("--json", args.json):
             args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        print(f"report written to {args.json}")
+        _print(f"report written to {args.json}")
     if getattr(args, "save", None) is not None:
         with _writing("--save", args.save):
             trace.save(args.save)
-        print(f"trace written to {args.save}")
+        _print(f"trace written to {args.save}")
     if getattr(args, "html", None) is not None:
         with _writing("--html", args.html):
             what = _write_html(trace, args.html, capacity, title=f"fakeviz: {args.model}")
-        print(f"{what} written to {args.html}")
+        _print(f"{what} written to {args.html}")
 
 
 @contextlib.contextmanager
@@ -645,7 +651,7 @@ def _write_html(trace: Any, path: Path, capacity: Any, *, title: str | None = No
         trace.to_html(path, capacity, title=title)
         return "explorer (one self-contained HTML file; works offline)"
     except FileNotFoundError as exc:  # the JS bundle was not built (no npm): a static summary instead
-        print(f"fakeviz: {_first_line(exc)}", file=sys.stderr)
+        _print(f"fakeviz: {_first_line(exc)}", file=sys.stderr)
         path.write_text(
             f"<!doctype html><meta charset='utf-8'><title>{html_text(title or 'fakeviz')}</title>"
             + summary_html(trace)
@@ -670,11 +676,11 @@ def demo(args: argparse.Namespace) -> int:
         cfg = models.config(args.model, **({"num_hidden_layers": args.layers} if args.layers else {}))
     except ArgumentError as exc:
         raise exc.reworded(f"--layers {args.layers}") from exc
-    print(
+    _print(
         f"fakeviz demo: {args.model} ({cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}), bf16, "
         f"batch {args.batch}, seq {args.seq}, fwd+bwd on fake {args.device}"
     )
-    print(f"fake cuda: {fake_cuda_status().mode}")
+    _print(f"fake cuda: {fake_cuda_status().mode}")
     t0 = time.perf_counter()
     named = bool(args.gpu) and gpu_capability(args.gpu) is not None
     with record(device=args.device, gpu=args.gpu if named else None) as trace:
@@ -686,20 +692,20 @@ def demo(args: argparse.Namespace) -> int:
     if args.gpu and not named:
         trace.meta["capacity"] = args.gpu  # a size such as "80GB": the verdict, without a GPU's attention rules
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"{n_params / 1e9:.1f} B parameters, recorded in {dt:.1f} s")
-    print(summary(trace))
+    _print(f"{n_params / 1e9:.1f} B parameters, recorded in {dt:.1f} s")
+    _print(summary(trace))
     if named and args.device.startswith("cuda"):
         # the step as the report and the HTML page time it: fwd+bwd, never the model's build (Note: [one step])
         from .._core.gpus import Capacity
         from . import steps as _steps
 
         sp = _steps.speed([(trace, 1)], gpu=Capacity.parse(args.gpu).gpu, gpus=1, tokens=args.batch * args.seq)
-        print(_speed_line({"gpus": 1}, sp.as_dict()))
+        _print(_speed_line({"gpus": 1}, sp.as_dict()))
     out_path = Path(args.output)
     trace.save(out_path)
     html_path = out_path.with_suffix(".html")
     what = _write_html(trace, html_path, args.gpu, title="fakeviz demo")
-    print(f"trace written to {out_path}, {what}: {html_path}")
+    _print(f"trace written to {out_path}, {what}: {html_path}")
     return 0
 
 
@@ -731,10 +737,10 @@ def _main(argv: list[str] | None, verbose: bool) -> int:
     except UsageError as exc:
         if verbose:
             traceback.print_exc()
-        print(f"fakeviz: error: {exc}", file=sys.stderr)
+        _print(f"fakeviz: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fakeviz: interrupted", file=sys.stderr)
+        _print("fakeviz: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # noqa: BLE001 - no traceback for user errors; --verbose shows every one
         if verbose:
@@ -742,9 +748,9 @@ def _main(argv: list[str] | None, verbose: bool) -> int:
         user = isinstance(exc, _user_errors())
         msg = str(exc).strip() if user else f"{type(exc).__name__}: {_first_line(exc)}"
         lines = msg.splitlines() or [type(exc).__name__]
-        print("fakeviz: error: " + "\n  ".join(lines[:25]), file=sys.stderr)
+        _print("fakeviz: error: " + "\n  ".join(lines[:25]), file=sys.stderr)
         if not verbose and not user:
-            print("  (--verbose shows the traceback)", file=sys.stderr)
+            _print("  (--verbose shows the traceback)", file=sys.stderr)
         return 2 if user else 1
 
 

@@ -8,7 +8,7 @@ from .._analysis.memory import peak_bytes, peaks
 from .._analysis.tables import phase_counts
 from .._analysis.tree import folded_modules, weight_precisions
 from .._analysis.verdict import verdict
-from .._core.fmt import format_bytes, format_count, format_seconds, html_text
+from .._core.fmt import format_bytes, format_count, format_seconds, html_text, visible
 from .._core.record import Record
 
 __all__ = ["precision_text", "speed_text", "summary", "summary_html", "trace_repr"]
@@ -59,7 +59,11 @@ def summary_html(rec: Record) -> str:
 
 
 def summary(trace: Record) -> str:
-    """Plain-text summary: per-device peak by category and what set it, FLOPs, top modules, fidelity."""
+    """Plain-text summary: per-device peak by category and what set it, FLOPs, top modules, fidelity.
+
+    Every name and message from the user's code or a file is shown through :func:`visible` (Note: [bidi
+    controls in names]): a control character in a module name cannot reorder or rewrite the line.
+    """
     lines = [f"{trace.num_ops:,} ops recorded"]
     lines.append("ops per phase: " + ", ".join(f"{k} {v:,}" for k, v in phase_counts(trace).items() if v))
     lines.append("peak memory per device:")
@@ -67,10 +71,12 @@ def summary(trace: Record) -> str:
         alloc = ""
         if pk.allocated is not None:
             alloc = f"; allocator model: {format_bytes(pk.allocated)} allocated, {format_bytes(pk.reserved)} reserved"
-        lines.append(f"  {dev:>8}: {format_bytes(pk.bytes)} of tensors{alloc}")
-        lines.append(f"            at op #{pk.seq} {pk.op} ({pk.phase}, {pk.module or '<top level>'})")
+        lines.append(f"  {visible(dev):>8}: {format_bytes(pk.bytes)} of tensors{alloc}")
+        lines.append(
+            f"            at op #{pk.seq} {visible(pk.op)} ({pk.phase}, {visible(pk.module or '<top level>')})"
+        )
         if pk.user_line:
-            lines.append(f"            {pk.user_line}")
+            lines.append(f"            {visible(pk.user_line)}")
         cats = ", ".join(f"{k} {format_bytes(v)}" for k, v in pk.by_category.items() if v)
         lines.append(f"            {cats}")
     if trace.meta.get("capacity"):
@@ -81,7 +87,7 @@ def summary(trace: Record) -> str:
         lines.append("FLOPs: " + ", ".join(f"{k} {v / 1e12:,.1f} T" for k, v in flops.items()))
         unknown = flop_coverage(trace).query("kind == 'unknown'")
         if len(unknown):
-            lines.append(f"  ops without a FLOP formula (not counted): {', '.join(unknown.op.head(8))}")
+            lines.append(f"  ops without a FLOP formula (not counted): {', '.join(map(visible, unknown.op.head(8)))}")
     weights = precision_text(trace)
     if weights:
         lines.append(f"weights: {weights}")
@@ -90,7 +96,7 @@ def summary(trace: Record) -> str:
         top = mt[mt.depth <= 3].sort_values("params", ascending=False).head(6)
         lines.append("largest modules (folded):")
         for _, r in top.iterrows():
-            lines.append(f"  {r.path:<48} {r.params / 1e9:8.3f} B params  x{r['count']}")
+            lines.append(f"  {visible(r.path):<48} {r.params / 1e9:8.3f} B params  x{r['count']}")
     fid = fidelity_report(trace)
     if len(fid["without_meta"]) or len(fid["data_dependent"]):
         lines.append(f"fidelity: {len(fid['without_meta'])} ops without a meta kernel, "
@@ -99,14 +105,16 @@ def summary(trace: Record) -> str:
     if len(att):
         lines.append("attention: " + ", ".join(f"{b} x{n}" for b, n in att.backend.value_counts().items()))
     if trace.error:
-        lines.append(f"stopped by {trace.error.get('type')}: {trace.error.get('message', '')[:300]}")
-    return "\n".join(lines)
+        lines.append(
+            f"stopped by {trace.error.get('type')}: {visible(trace.error.get('message', '')[:300], lines=True)}"
+        )
+    return visible("\n".join(lines), lines=True)  # what the lines above did not name (capacity_spec, kinds)
 
 
 def precision_text(trace: Record) -> str:
     """``"nf4 (224 linear), bf16 (embed_tokens, 65 norm, lm_head), LoRA bf16 (112 adapted layers)"``: the
     precision of the weights, most bytes first (Note: [weight precision]); ``""`` without weights."""
-    return ", ".join(f"{r['precision']} ({r['kinds']})" for r in weight_precisions(trace))
+    return visible(", ".join(f"{r['precision']} ({r['kinds']})" for r in weight_precisions(trace)))
 
 
 def speed_text(step_s: float | None, tokens_per_s: float | None, mfu: float | None, *, gpus: int, gpu: str | None,

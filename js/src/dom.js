@@ -1,22 +1,28 @@
 // Tiny DOM builders. Text always goes through textContent, attributes through setAttribute:
-// nothing the trace contains is ever parsed as HTML.
+// nothing the trace contains is ever parsed as HTML. Every text, text child, tooltip (`title`, an SVG
+// <title>) and aria-label is shown through `visible` (Note: [bidi controls in names] in
+// fakeviz/_core/fmt.py): the one place the explorer writes out a name's control characters. Other
+// attributes (data-path, ids) keep the name as it is, so a selection names the module it was.
+import { visible } from "./format.js";
+
+const SHOWN = new Set(["title", "aria-label", "placeholder", "alt"]);
 
 export const SVG_NS = "http://www.w3.org/2000/svg";
 
 function apply(el, props) {
   for (const [k, v] of Object.entries(props || {})) {
     if (v == null || v === false) continue;
-    if (k === "text") el.textContent = String(v);
+    if (k === "text") el.textContent = visible(v, true);
     else if (k === "style" && typeof v === "object") Object.assign(el.style, v);
     else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v === true ? "" : String(v));
+    else el.setAttribute(k, v === true ? "" : SHOWN.has(k) ? visible(v, true) : String(v));
   }
 }
 
 function append(el, children) {
   for (const c of children.flat(Infinity)) {
     if (c == null || c === false) continue;
-    el.appendChild(typeof c === "object" ? c : document.createTextNode(String(c)));
+    el.appendChild(typeof c === "object" ? c : document.createTextNode(visible(c, true)));
   }
 }
 
@@ -34,6 +40,12 @@ export function s(tag, props = {}, ...children) {
   apply(el, props);
   append(el, children);
   return el;
+}
+
+/** Set `el`'s text, and its tooltip when `title` is given, as `h` does: through `visible`. */
+export function setText(el, text, title) {
+  el.textContent = visible(text ?? "", true);
+  if (title !== undefined) el.setAttribute("title", visible(title, true));
 }
 
 /** An SVG <title> (the browser's tooltip), as text. */

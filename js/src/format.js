@@ -108,11 +108,20 @@ export function capacityOf(summary, device) {
 }
 
 /**
- * `name` with each bidirectional control (marks, embeddings, overrides, isolates) written out as `<U+202E>`,
- * so a module name shows in logical order and cannot reorder the text around it (fakeviz/_views/static.py's
- * `plain_name` does the same in Python).
+ * `text` as a person should see it: each bidi control (marks, embeddings, overrides, isolates) and each C0/C1
+ * control character written out as `<U+202E>`, so a name shows in logical order and cannot reorder the text
+ * around it; ordinary letters of any script stay. With `lines`, line breaks and tabs are kept. The same as
+ * `visible` in fakeviz/_core/fmt.py (Note: [bidi controls in names]); js/src/dom.js applies it to every text
+ * and tooltip it sets, so the views need not.
  */
-export function plainName(name) {
-  return String(name).replace(/[\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]/g,
+const HIDDEN = /[\x00-\x1f\x7f-\x9f\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]/g;
+const HIDDEN_IN_LINES = /[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]/g;
+export function visible(text, lines = false) {
+  return String(text).replace(lines ? HIDDEN_IN_LINES : HIDDEN,
     (c) => `<U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}>`);
+}
+
+/** A name as `visible` writes it, keeping line breaks and tabs (`plain_name` in Python). */
+export function plainName(name) {
+  return visible(name, true);
 }

@@ -1,6 +1,6 @@
 // The alias graph neighbourhood: parameter names -> tensors (views one column right of their
 // base) -> storages, with in-place writes; the selected module's nodes highlighted.
-import { h, s, tip, toggle, watchWidth, widthOf } from "../dom.js";
+import { h, s, setText, tip, toggle, watchWidth, widthOf } from "../dom.js";
 import { fmtBytes, plainName, shortPath } from "../format.js";
 import { aliasLayout } from "../layout.js";
 
@@ -36,12 +36,12 @@ export function aliasView(ctx) {
     const alias = ctx.data.alias; // replaced when the kernel redraws the neighbourhood
     const meta = alias.meta || {};
     if (!alias.nodes) {
-      info.textContent = "";
+      setText(info, "");
       scroll.replaceChildren(h("p", { class: "fv-empty", text: "no tensors to show" }));
       return;
     }
     const shown = Array.from(alias.kind).filter((k) => k !== 2).length;
-    info.textContent = `${shown} of ${meta.total_nodes ?? shown} storages and tensors${meta.truncated ? ` (bounded at ${meta.max_nodes} nodes)` : ""}${meta.around ? ` around ${meta.around}` : ""}`;
+    setText(info, `${shown} of ${meta.total_nodes ?? shown} storages and tensors${meta.truncated ? ` (bounded at ${meta.max_nodes} nodes)` : ""}${meta.around ? ` around ${meta.around}` : ""}`);
     const lay = aliasLayout(alias, { maxViewDepth: viewDepth(widthOf(scroll, 1000)) });
     const colX = (c) => (c === 0 ? 6 : c === lay.columns - 1 ? NAME_W + (lay.columns - 2) * TENSOR_W + GAP : NAME_W + (c - 1) * TENSOR_W);
     const width = NAME_W + (lay.columns - 2) * TENSOR_W + GAP + STORAGE_W;

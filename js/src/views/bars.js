@@ -1,6 +1,6 @@
 // Per-device peak memory as a stacked bar by category, with the capacity line, the caching
 // allocator's peaks and the verdict; the selected module's share of the peak underneath.
-import { h, s, tip, watchWidth, widthOf } from "../dom.js";
+import { h, s, setText, tip, watchWidth, widthOf } from "../dom.js";
 import { peakShare } from "../filter.js";
 import { capacityOf, fmtBytes, fmtInt } from "../format.js";
 import { linear } from "../layout.js";
@@ -148,7 +148,7 @@ export function barsView(ctx) {
     const st = store.get();
     W = widthOf(body, W);
     const sel = ctx.derived.selection;
-    verdict.textContent = summary.verdict ? summary.verdict.text : summary.capacity ? "" : "no capacity given: pass capacity= for a verdict";
+    setText(verdict, summary.verdict ? summary.verdict.text : summary.capacity ? "" : "no capacity given: pass capacity= for a verdict");
     verdict.className = `fv-verdict-all ${summary.verdict ? (summary.verdict.fits ? "fv-fits" : "fv-over") : "fv-hint"}`;
     const devs = Object.keys(summary.peaks).filter((d) => !st.device || d === st.device);
     const memOf = new Map(memory.devices.map((m) => [m.device, m]));

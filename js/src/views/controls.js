@@ -1,5 +1,5 @@
 // The header: title, device and phase selectors, module search, tree sizing, the selection.
-import { h } from "../dom.js";
+import { h, setText } from "../dom.js";
 import { searchModules, searchTree } from "../filter.js";
 import { SIZE_BY, fmtInt } from "../format.js";
 
@@ -114,12 +114,11 @@ export function controlsView(ctx) {
       }
       if (all || changed.has("selected")) {
         const sel = ctx.derived.selection;
-        label.textContent = !st.selected
+        setText(label, !st.selected
           ? "no module selected"
           : sel.kind === "none"
             ? `${st.selected} (not in this trace)`
-            : st.selected;
-        label.title = st.selected;
+            : st.selected, st.selected);
         clear.disabled = !st.selected;
       }
     },

@@ -1,8 +1,8 @@
 // The ops table, virtualised: only the rows in view exist in the DOM. Filtered by the selected
 // module, the search, the phase and device selectors and an op-name filter.
-import { h, toggle } from "../dom.js";
+import { h, setText, toggle } from "../dom.js";
 import { filterOps, lowerBound, textMask } from "../filter.js";
-import { fmtBytes, fmtFlops, fmtInt, fmtTensor, shortLine, plainName } from "../format.js";
+import { fmtBytes, fmtFlops, fmtInt, fmtTensor, shortLine } from "../format.js";
 
 export const ROW_H = 22;
 const VIEW_H = 330;
@@ -49,8 +49,8 @@ export function opsView(ctx) {
     // isolate with its bidi controls written out, so a mark in a module name reorders nothing
     const moduleCell = h(
       "span",
-      { class: "fv-c-module fv-link", title: module ? `${plainName(module)}\n(click to select)` : "" },
-      h("bdi", { dir: "ltr", text: module ? plainName(module) : "top level" }),
+      { class: "fv-c-module fv-link", title: module ? `${module}\n(click to select)` : "" },
+      h("bdi", { dir: "ltr", text: module || "top level" }),
     );
     if (module) {
       moduleCell.addEventListener("click", (ev) => {
@@ -105,7 +105,7 @@ export function opsView(ctx) {
     const parts = [`${fmtInt(rows.length)} of ${fmtInt(ops.n)} ops`];
     if (ops.meta.truncated) parts.push(`(ops ${fmtInt(ops.meta.start)}–${fmtInt(ops.meta.stop - 1)} of ${fmtInt(ops.meta.n_ops)} sent)`);
     if (sel.mask) parts.push(`in ${sel.path}`);
-    count.textContent = parts.join(" ");
+    setText(count, parts.join(" "));
     if (viewport.scrollTop > rows.length * ROW_H) viewport.scrollTop = 0;
     renderRows(true);
   }

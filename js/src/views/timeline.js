@@ -3,7 +3,7 @@
 // allocator's allocated/reserved curves, the capacity line, the selected module's op spans highlighted; hover
 // shows the op, module, line and the op's estimated time and bound.
 import { minmaxByColumn } from "../decimate.js";
-import { h, s, tip, toggle, watchWidth, widthOf } from "../dom.js";
+import { h, s, setText, tip, toggle, watchWidth, widthOf } from "../dom.js";
 import { moduleSpans, nearest, rowOfSeq } from "../filter.js";
 import { capacityOf, fmtBytes, fmtInt, fmtSeconds, shortLine } from "../format.js";
 import { linePath, linear, stackedAreas, timeAxis } from "../layout.js";
@@ -48,8 +48,8 @@ export function timelineView(ctx) {
     );
     xAxis.value = timed() ? "time" : "op";
     // one step, never the set-up (Note: [one step] in fakeviz/_analysis/timing.py): `timed` says which
-    stepNote.textContent = `estimated step ${fmtSeconds(time.stepS)} on ${time.gpu} (${time.bound} bound)${time.timed ? `; timed: ${time.timed}` : ""}`;
-    stepNote.title = "fakeviz's time model (Trace.step_time): an estimate from the record's FLOPs and bytes, not a measurement";
+    setText(stepNote, `estimated step ${fmtSeconds(time.stepS)} on ${time.gpu} (${time.bound} bound)${time.timed ? `; timed: ${time.timed}` : ""}`,
+      "fakeviz's time model (Trace.step_time): an estimate from the record's FLOPs and bytes, not a measurement");
   }
 
   function chart(dev) {

@@ -1,7 +1,7 @@
 // The folded layer tree as an icicle: click to select (and drill into) a module, breadcrumb to go back.
-import { h, toggle } from "../dom.js";
+import { h, setText, toggle } from "../dom.js";
 import { searchTree, subtreeMask } from "../filter.js";
-import { SIZE_BY, fmtBytes, fmtInt, fmtSI, plainName } from "../format.js";
+import { SIZE_BY, fmtBytes, fmtInt, fmtSI } from "../format.js";
 import { ancestry, icicle } from "../layout.js";
 import { treeKeyColor } from "../palette.js";
 
@@ -55,7 +55,7 @@ export function treeView(ctx) {
   function renderIcicle() {
     const st = store.get();
     const size = sizeOf();
-    hint.textContent = `sized by ${size.label}; click to select and drill down`;
+    setText(hint, `sized by ${size.label}; click to select and drill down`);
     if (!tree.n) {
       icicleEl.replaceChildren(h("p", { class: "fv-empty", text: "no modules were called in this run" }));
       icicleEl.style.height = "";
@@ -86,7 +86,7 @@ export function treeView(ctx) {
             height: `${ROW_H - 2}px`,
           },
         },
-        h("span", { class: "fv-node-name", text: plainName(name) }),
+        h("span", { class: "fv-node-name", text: name }),
         h("span", { class: "fv-node-value", text: size.fmt(v) }),
       );
       node.addEventListener("click", () => activate(r));
@@ -155,7 +155,7 @@ export function treeView(ctx) {
     };
     crumbs.replaceChildren(
       item("all", -1, ""),
-      ...trail.flatMap((r) => [h("span", { class: "fv-crumb-sep", text: "›" }), item(plainName(tree.name[r]), r, tree.path[r])]),
+      ...trail.flatMap((r) => [h("span", { class: "fv-crumb-sep", text: "›" }), item(tree.name[r], r, tree.path[r])]),
     );
   }
 
@@ -203,7 +203,7 @@ export function treeView(ctx) {
         ? `${sel.path} — one of the modules folded into ${tree.path[r]}; figures below are the fold's`
         : tree.path[r];
     detail.replaceChildren(
-      h("div", { class: "fv-detail-path", text: plainName(heading) }),
+      h("div", { class: "fv-detail-path", text: heading }),
       h(
         "dl",
         { class: "fv-figures" },
