@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+from .._core.fmt import visible
+
 __all__ = ["add_parser", "serve_command"]
 
 _QUANT = ("nf4", "fp4", "int8", "int4", "fp8")
@@ -80,5 +82,5 @@ def serve_command(args: argparse.Namespace) -> int:
         json.dump(s.to_dict(), sys.stdout, indent=1)
         print()
     else:
-        print(s.text)
+        print(visible(s.text, lines=True))  # Note: [bidi controls in names]
     return 0 if s.fits else 1
