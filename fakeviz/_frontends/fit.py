@@ -165,6 +165,12 @@ def _peak(p: Any) -> int:
     return int(gpu.peak.max()) if len(gpu) else 0
 
 
+def _headroom(p: Any, cap: int) -> int:
+    """The smallest GPU's headroom as the verdict judged it (capacity - judged: Note: [the verdict])."""
+    gpu = offload.gpu_rows(p.peaks) if not isinstance(p, executors.Failed) else None
+    return int(gpu.headroom.min()) if gpu is not None and len(gpu) else cap
+
+
 # ------------------------------------------------------------------------------------------------ search
 @dataclass
 class _Search:
@@ -320,7 +326,8 @@ def fit(
     Returns:
         A DataFrame, one row per layout and knobs with the largest micro-batch that fits (a pipeline's: the fastest
         that fits), ranked (``rank``): layout, dp, tp, pp, cp, ep, schedule, checkpointing, offload, micro_batch,
-        accumulation, microbatches (a pipeline's), batch, max peak, headroom, step_s (one recorded step),
+        accumulation, microbatches (a pipeline's), batch, max peak (reserved, without a limit), headroom (the
+        smallest GPU's capacity - judged bytes: Note: [the verdict]), step_s (one recorded step),
         bubble (a pipeline's idle share), global_step_s, tokens_per_s. ``attrs``: ``plans`` (each row's
         :class:`~fakeviz.Plan` or :class:`~fakeviz.Simulation`), ``recordings`` (ranks and runs recorded),
         ``points`` (configurations recorded), ``configurations`` (every configuration covered), ``tried`` (every
@@ -615,7 +622,7 @@ def _table(searches: list[_Search], tried: list[dict[str, Any]], skipped: list[s
                          "cp": lay.get("cp", 1), "ep": lay.get("ep", 1), "schedule": s.schedule,
                          "checkpointing": _label(s.knobs[k][0]), "offload": s.knobs[k][1], "micro_batch": s.cands[i],
                          "accumulation": 1 if pp > 1 else m, "microbatches": m if pp > 1 else None, "batch": batch,
-                         "max peak": peak, "headroom": cap - peak,
+                         "max peak": peak, "headroom": _headroom(p, cap),
                          "step_s": float(sp) if sp is not None else float("nan"),
                          "bubble": fit_layouts.bubble(pp, m) if pp > 1 else 0.0, "global_step_s": g,
                          "tokens_per_s": batch * seq / g if pd.notna(g) and g else float("nan")})  # fmt: skip
