@@ -157,11 +157,11 @@ plan.transfers
 # %% [markdown]
 # ### The per-device bars
 #
-# `plan.peaks` is one row per GPU: the bytes alive at that GPU's peak, by kind, then `peak` (what the caching allocator has reserved at that moment, the figure the verdict judges), the capacity, the headroom and whether it fits. In GiB:
+# `plan.peaks` is one row per GPU: the bytes alive at that GPU's peak, by kind, then `peak` (what the caching allocator has reserved at that moment), `judged` (the bytes the verdict judged: the same, or less when the run fits only by freeing cached blocks under the GPU's capacity), the capacity, the headroom (capacity minus judged), whether it fits and the verdict's words for that GPU. The numbers in GiB:
 
 # %%
 peaks = plan.peaks.set_index("device")
-(peaks.drop(columns="fits") / 2**30).round(2).assign(fits=peaks.fits)
+(peaks.select_dtypes("number") / 2**30).round(2).assign(fits=peaks.fits)
 
 
 # %% [markdown]
@@ -208,7 +208,7 @@ print(plan.text)
 train = fv.plan("meta-llama/Llama-3.1-70B", gpus="2xH100", seq=512, train=True)
 print("fits:", train.fits)
 train_peaks = train.peaks.set_index("device")
-(train_peaks.drop(columns="fits") / 2**30).round(1).assign(fits=train_peaks.fits)
+(train_peaks.select_dtypes("number") / 2**30).round(1).assign(fits=train_peaks.fits)
 
 # %%
 bars(train_peaks)

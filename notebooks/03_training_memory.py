@@ -188,8 +188,8 @@ for name, r in [("without checkpointing", plain), ("with checkpointing", ckpt)]:
 
 # %%
 peaks = ckpt.plan.peaks.set_index("device")
-peaks[["weights", "gradients", "optimizer", "kv_cache", "activations", "temporaries", "peak", "capacity",
-       "headroom"]].map(gib)  # GiB
+peaks[["weights", "gradients", "optimizer", "kv_cache", "activations", "temporaries", "peak", "judged",
+       "capacity", "headroom"]].map(gib)  # GiB
 
 # %% [markdown]
 # ## Exercises

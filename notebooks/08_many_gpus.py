@@ -114,11 +114,11 @@ for rank in (0, 7):
 #
 # ### Per-rank peaks
 #
-# `sim.peaks` has one row per rank: the bytes by kind at that rank's peak, and the peak as the CUDA caching allocator would reserve it (the figure the verdict compares with the GPU's capacity). In MiB:
+# `sim.peaks` has one row per rank: the bytes by kind at that rank's peak, the peak as the CUDA caching allocator would reserve it (`peak`) and the bytes the verdict judged against the GPU's capacity (`judged`: the same, unless the rank fits only by freeing cached blocks). In MiB:
 
 # %%
 def in_mib(peaks):
-    kinds = ["weights", "gradients", "optimizer", "activations", "temporaries", "peak"]
+    kinds = ["weights", "gradients", "optimizer", "activations", "temporaries", "peak", "judged"]
     df = peaks[["rank", "device", *kinds, "fits", "class"]].copy()
     df[kinds] = (df[kinds] / MiB).round(1)
     return df
