@@ -100,7 +100,7 @@ def test_sharded_parameters_and_optimizer_state(nb, gpt2) -> None:
 
 def test_weights_at_the_peak_are_the_shards_and_the_gathered_root(nb, gpt2) -> None:
     out = plain(cell(nb, "def in_mib(peaks)"))
-    rows = re.findall(r"^\s*\d+\s+(\d)\s+cuda:(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(True|False)"
+    rows = re.findall(r"^\s*\d+\s+(\d)\s+cuda:(\d)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+(True|False)"
                       r"\s+(\d)\s*$", out, re.M)  # fmt: skip
     assert len(rows) == WORLD, out
     gathered_root = WORLD * padded(root_params(gpt2))  # FSDP2 keeps the root's parameters gathered until backward
