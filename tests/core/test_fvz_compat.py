@@ -14,7 +14,9 @@ issue 17 (each device of the verdict names its own capacity: GPUs of different s
 ``summary``, ``repr_html``, ``explorer_tree`` and ``view_layer_tree`` with issue 31 (the precision of the weights: a ``precision`` column,
 a "weights:" line, the tree pack's precisions; read from the file's parameter dtypes, since it predates them), and
 ``test_the_old_tables_and_texts_plus_the_weights_precision`` checks that without those additions they are still
-the pre-move ones.
+the pre-move ones. Issue 41 (one verdict: the bytes it judged, in judged_text's words; one step) re-pinned
+``summary``, ``repr_html``, ``explorer_summary``, ``verdict_1gb``, ``verdict_h100`` and ``view_memory_bars``
+(and the summary's and repr_html's digests in that test).
 """
 
 from __future__ import annotations
@@ -71,8 +73,8 @@ def test_the_old_tables_and_texts_plus_the_weights_precision() -> None:
     trace = fv.load(FIXTURES / "pre_move.fvz")
     pre_move = {"modules": "93c719ec66bfe70a00d24c156895732edeab2148828303ea7cd33e40c579b17b",
                 "folded": "031406f5fd1e22b52a7e12ed113156001e47f95206289c26b1cdc5b73aee2e50",
-                "summary": "9831e80d5bf3000a10cf3ce1d62ffe2b83fb447416ad1d38fab74cb36308a7d9",
-                "repr_html": "1d95e003d86e3d815e81ccf5b02999148794711fa1acdc5270c59252239c755a",
+                "summary": "6cccf5350c6322a04d9044c0d3d3915c212b21fadb84eee5aadb9e638403d502",  # issue 41's verdict words
+                "repr_html": "dce78026793df626b0ae3dfe494e82fbd1ce8e469289f8aaa3396e87138ab2ed",  # issue 41
                 "view_layer_tree": "57b0ab52776895731c1aba399ab79b56307a87f10e815944b064f7ad9477fa80"}  # fmt: skip
     assert set(trace.modules["precision"]) == {"fp32", ""} and "weight_precision" not in trace.meta
     assert make_pre_move.digest(trace.modules.drop(columns=["precision"])) == pre_move["modules"]
