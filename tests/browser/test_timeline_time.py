@@ -90,8 +90,8 @@ def test_report_time_axis(tmp_path, browser, bundle):
         assert axis.locator("option").all_inner_texts() == ["x: op index", f"x: estimated time on {gpu}"]
         step = trace.step_time(gpu)
         assert root.locator("[data-testid=fv-step-time]").inner_text() == (
-            f"estimated step {_seconds(step.step_s)} on {gpu} ({step.bound} bound)"
-        )
+            f"estimated step {_seconds(step.step_s)} on {gpu} ({step.bound} bound); timed: {step.timed}"
+        )  # which step it timed (Note: [one step])
         assert _ticks(root)[0] == "op 0"
 
         axis.select_option("time")
