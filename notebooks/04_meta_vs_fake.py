@@ -78,7 +78,7 @@ pd.DataFrame([(k, tuple(t.shape), t.dtype, str(t.device)) for k, t in sd.items()
 
 
 # %% [markdown]
-# Everything is `meta`, whatever device the tensors were saved from. Now a subtler loss. The tied weight is **one** storage in the checkpoint (`torch.save` writes a shared storage once). A real load gives it back as one storage; the meta load gives two. The reason is instructive: `torch.load` recognises a storage it has already loaded by its data pointer, and every meta tensor's data pointer is 0 (there is no memory to point to), so nothing is ever recognised. Comparing storage *objects* (`a.untyped_storage() is b.untyped_storage()`) is the test that works on meta and fake tensors; comparing `data_ptr()` never does.
+# Everything is `meta`, whatever device the tensors were saved from. Now a subtler loss. The tied weight is **one** storage in the checkpoint (`torch.save` writes a shared storage once). A real load gives it back as one storage. A meta load does too from torch 2.15 on; before (2.13, 2.14) it gave two, and the reason is instructive: `torch.load` recognised a storage it had already loaded by its data pointer, and every meta tensor's data pointer is 0 (there is no memory to point to), so nothing was recognised. Comparing storage *objects* (`a.untyped_storage() is b.untyped_storage()`) is the test that works on meta and fake tensors; comparing `data_ptr()` never does. (The first line of the notebook says which torch you run.)
 
 # %%
 def shared(d):

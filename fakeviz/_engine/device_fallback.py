@@ -15,6 +15,12 @@ the op on that device type (:func:`has_kernel`):
   line);
 * an op that writes or returns a view of an input cannot be run on twins: it fails naming the op.
 
+An op of torch's that has a meta kernel but no kernel for the device runs under FakeTensorMode where the real run
+fails (torch 2.15 gives ``_histogramdd_bin_edges`` and ``_histogramdd_from_bin_cts`` meta kernels; their kernels are
+still CPU and MPS only). :func:`check_kernel`, called after every op that succeeded, refuses it the same way: for an
+``aten`` op PyTorch says which devices have kernels (another library's ops may register their CUDA kernels only when
+a GPU is there, so theirs are not judged). The answer is kept per op: a dictionary lookup for every other op.
+
 Which devices have a kernel: the dispatcher's registrations (a CUDA build registers its CUDA kernels, every build its
 composite ones); on a CPU-only build, which registers no CUDA kernel, the op's ``dispatch:`` entry in the
 ``native_functions.yaml`` that torch ships in ``torchgen/packaged``; an op found in neither is run as on cpu.
@@ -34,7 +40,7 @@ from .sparse import stand_in
 from .value_args import flat
 from .value_reads import known_value
 
-__all__ = ["NOT_RETRIED", "has_kernel", "kernel_keys", "retry"]
+__all__ = ["NOT_RETRIED", "check_kernel", "has_kernel", "kernel_keys", "retry"]
 
 #: What :func:`retry` returns for a failure it does not handle: the caller re-raises it.
 NOT_RETRIED = object()
@@ -55,11 +61,7 @@ def retry(values: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         return NOT_RETRIED
     has = has_kernel(func, device.type)
     if has is False:
-        keys = ", ".join(kernel_keys(func) or ())
-        raise NotImplementedError(
-            f"{func} has no {device.type.upper()} kernel in PyTorch (only {keys}): a real run on {device} fails here "
-            f"too. Run it on a cpu tensor (.cpu())."
-        ) from None
+        raise _without_kernel(func, device) from None
     if values.written(func, args, kwargs) or any(r.alias_info is not None for r in func._schema.returns):
         raise NotImplementedError(
             f"{func} has no fake rule, and on {device} the real kernel it falls back to needs a real GPU "
@@ -81,6 +83,31 @@ def retry(values: Any, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         if isinstance(o, FakeTensor):
             o.fake_device = device
     return out
+
+
+def _without_kernel(func: Any, device: torch.device) -> NotImplementedError:
+    keys = ", ".join(kernel_keys(func) or ())
+    return NotImplementedError(
+        f"{func} has no {device.type.upper()} kernel in PyTorch (only {keys}): a real run on {device} fails here "
+        f"too. Run it on a cpu tensor (.cpu())."
+    )
+
+
+_LACKS_CUDA: dict[Any, bool] = {}  # op -> whether it is torch's and PyTorch has no CUDA kernel for it
+
+
+def check_kernel(func: Any, args: Any, kwargs: Any) -> None:
+    """Refuse ``func``, which ran on fake tensors, when an argument is on a fake cuda device and PyTorch has no CUDA
+    kernel for this op of torch's (a meta kernel let it run): Note: [fallback kernels on fake devices]."""
+    lacks = _LACKS_CUDA.get(func)
+    if lacks is None:
+        lacks = _LACKS_CUDA[func] = (
+            isinstance(func, torch._ops.OpOverload) and func.namespace == "aten" and has_kernel(func, "cuda") is False
+        )
+    if lacks:
+        device = _accelerator(args, kwargs)
+        if device is not None and device.type == "cuda":
+            raise _without_kernel(func, device) from None
 
 
 def _accelerator(args: Any, kwargs: Any) -> torch.device | None:

@@ -239,6 +239,7 @@ class Values:
                 # user's tensors in them, alive until the garbage collector ran, where the real run freed them
                 raise
             return out
+        _device_fallback.check_kernel(func, args, kwargs)  # a meta kernel where a real GPU has none
         if type(out) is FakeTensor and out.layout is not torch.strided:  # (no sparse input: out as it is)
             return _sparse.stand_in(self, func, args, kwargs, out)
         return out
@@ -257,7 +258,8 @@ class Values:
                 and not isinstance(src, FakeTensor)
                 and (out.constant is None or out.constant.device.type != "cpu")
                 and src.layout == torch.strided
-                and src.device.type != "meta"  # torch >= 2.15 makes the data on a meta device context's device: no values
+                # torch >= 2.15 makes the data on a meta device context's device: no values
+                and src.device.type != "meta"
                 and src.numel() <= VALUE_LIMIT
             ):
                 # a CUDA build copies torch.tensor(data, device="cuda") to the GPU before lifting it: torch then

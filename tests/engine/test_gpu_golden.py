@@ -59,6 +59,14 @@ OPLOG_XFAIL: dict[str, str] = {
         if TORCH_VERSION >= (2, 14)
         else {}
     ),  # fmt: skip
+    **(
+        {
+            "bert": "torch >= 2.15's linear reshapes a 3-D input's addmm output with aten._unsafe_view (the H200's "
+            "torch 2.11: aten.view; the fake record equals a real CPU run on either torch)"
+        }
+        if TORCH_VERSION >= (2, 15)
+        else {}
+    ),  # fmt: skip
     "gpt2_tied": ZEROS,
     "llama": ZEROS,
     "t5": ZEROS,

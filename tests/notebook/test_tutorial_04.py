@@ -18,6 +18,7 @@ import torch
 from nbrun import cell, errors, execute, text
 
 import fakeviz as fv
+from fakeviz._engine.torch_compat import TORCH_VERSION
 
 NB = "04_meta_vs_fake.ipynb"
 
@@ -70,7 +71,7 @@ def test_meta_model_and_checkpoint_have_the_real_shapes_on_meta(nb, ns, tmp_path
     out = text(cell(nb, "def shared(d):"))
     assert f"real load: emb.weight and head.weight share a storage: {shared(real_sd)}" in out
     assert f"meta load: emb.weight and head.weight share a storage: {shared(meta_sd)}" in out
-    assert shared(real_sd) and not shared(meta_sd)
+    assert shared(real_sd) and shared(meta_sd) == (TORCH_VERSION >= (2, 15))  # torch 2.15 keeps the tie on meta
     assert "meta data pointers: {0}" in out and {t.data_ptr() for t in meta_sd.values()} == {0}
     assert "tied after assign: False" in text(cell(nb, "result = meta_model.load_state_dict("))
 

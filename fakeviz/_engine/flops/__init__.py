@@ -91,6 +91,8 @@ Conventions
   formula for ``_scaled_dot_product_flash_attention`` (and its backward) on the
   same shapes: the two matmuls (forward) or five (backward); softmax,
   masking, dropout and causality are not counted, as in the registry.
+  torch 2.15 registers the CPU op itself with the same formula; there the
+  registry's entry is used (an added formula never shadows the registry).
 * Zero: views (a return that aliases an input without writing it,
   ``Tag.inplace_view``, ``Tag.view_copy``), ops without tensor arguments
   (factories: empty, zeros, arange, randn, scalar_tensor, ...; SymInt
