@@ -34,6 +34,7 @@ _ALWAYS = frozenset(
                                 "bartlett_window", "blackman_window", "kaiser_window") if hasattr(torch, n)
 )  # fmt: skip
 _BY_VALUES = frozenset(getattr(torch, n) for n in ("tensor", "as_tensor", "asarray", "full", "arange", "range"))
+_FACTORIES = _ALWAYS | _BY_VALUES
 
 
 def thread_dtype() -> torch.dtype | None:
@@ -42,39 +43,44 @@ def thread_dtype() -> torch.dtype | None:
     return stack[-1] if stack else None
 
 
-def _floats(data: Any) -> bool:
-    """True when torch infers its default dtype from ``data``: Python floats, and no tensor or array among them."""
-    if isinstance(data, bool):
-        return False
-    if isinstance(data, float):
-        return True
-    if isinstance(data, (list, tuple)):
-        seen = False
-        for x in data:
-            if isinstance(x, (list, tuple)):
-                if _floats(x):
-                    seen = True
-                elif any(not isinstance(y, (int, float, bool, list, tuple)) for y in x):
-                    return False
-            elif isinstance(x, float) and not isinstance(x, bool):
-                seen = True
-            elif not isinstance(x, (int, bool)):
-                return False
-        return seen
-    return False
+def _inferred(data: Any, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype torch infers from ``data`` (``torch.tensor(data)``) when its default dtype is ``dtype``, where the
+    default takes part (a Python float, or no element at all); None where it does not, or where ``data`` holds
+    something other than Python numbers and tensors (an array: torch's own inference, as it is)."""
+    found, out, todo = False, None, [data]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, (list, tuple)):
+            found = found or not x  # torch.tensor([]): the default dtype
+            todo.extend(x)
+            continue
+        if isinstance(x, bool):
+            t = torch.bool
+        elif isinstance(x, int):
+            t = torch.int64
+        elif isinstance(x, float):
+            t, found = dtype, True
+        elif isinstance(x, torch.Tensor):
+            t = x.dtype
+        else:
+            return None
+        out = t if out is None else torch.promote_types(out, t)
+    return (out or dtype) if found else None
 
 
-def _takes_default(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+def _dtype_for(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype) -> torch.dtype | None:
+    """The ``dtype=`` to give factory ``func`` for a thread whose default is ``dtype``; None: the call as it is."""
     if kwargs.get("dtype") is not None or kwargs.get("out") is not None:
-        return False
+        return None
     if func in _ALWAYS:
-        return True
+        return dtype
     if func is torch.full:
         fill = args[1] if len(args) > 1 else kwargs.get("fill_value")
-        return isinstance(fill, float)
+        return dtype if isinstance(fill, float) else None
     if func in (torch.arange, torch.range):
-        return any(isinstance(a, float) for a in (*args, *(kwargs.get(k) for k in ("start", "end", "step"))))
-    return _floats(args[0] if args else kwargs.get("data", kwargs.get("obj")))
+        values = (*args, *(kwargs.get(k) for k in ("start", "end", "step")))
+        return dtype if any(isinstance(a, float) for a in values) else None
+    return _inferred(args[0] if args else kwargs.get("data", kwargs.get("obj")), dtype)
 
 
 class _DefaultDtype(TorchFunctionMode):
@@ -84,8 +90,10 @@ class _DefaultDtype(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
-        if (func in _ALWAYS or func in _BY_VALUES) and _takes_default(func, args, kwargs):
-            kwargs["dtype"] = self.dtype
+        if func in _FACTORIES:
+            dtype = _dtype_for(func, args, kwargs, self.dtype)
+            if dtype is not None:
+                kwargs["dtype"] = dtype
         return func(*args, **kwargs)
 
 

@@ -47,7 +47,12 @@ def test_the_default_answers_in_its_own_thread_only():
     with fake_mode(), default_dtype(torch.float16):
         inside += [torch.get_default_dtype(), torch.zeros(1).dtype, torch.tensor(1.0).dtype, torch.full((1,), 2.0).dtype,
                    torch.arange(0.0, 2.0).dtype, torch.nn.Linear(2, 2).weight.dtype, thread_dtype()]  # fmt: skip
-        ints = [torch.tensor([1, 2]).dtype, torch.arange(3).dtype, torch.full((1,), 2).dtype, torch.zeros(1, dtype=torch.int8).dtype]
+        ints = [
+            torch.tensor([1, 2]).dtype,
+            torch.arange(3).dtype,
+            torch.full((1,), 2).dtype,
+            torch.zeros(1, dtype=torch.int8).dtype,
+        ]
         th = threading.Thread(target=lambda: other.extend([torch.get_default_dtype(), torch.zeros(1).dtype]))
         th.start()
         th.join()
@@ -78,3 +83,25 @@ def test_a_build_equals_one_under_torchs_process_wide_default(name):
         finally:
             torch.set_default_dtype(saved)
     assert _layout(ours) == _layout(theirs)
+
+
+DATA = [1.5, 3, True, [1, 2.0], [[1], [2.5]], [[1, 2], [3, 4]], ((1, 2), (3.0, 4)), [], [[], []], [True, 1.0],
+        [[1, 2], [3, True]], [torch.tensor(1), 2.0], [[torch.tensor(1.0)], [2.0]],
+        [torch.tensor(1.0, dtype=torch.float64), 2]]  # fmt: skip
+
+
+@pytest.mark.parametrize("data", DATA, ids=repr)
+def test_factories_infer_the_dtype_torchs_default_gives(data):
+    """``tensor``/``full``/``arange`` from Python numbers: the thread's dtype wherever torch's default would apply."""
+    calls = [lambda: torch.tensor(data), lambda: torch.as_tensor(data)]
+    if isinstance(data, (int, float)):
+        calls += [lambda: torch.full((2,), data), lambda: torch.arange(0, 4, data or 1)]
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        theirs = [call().dtype for call in calls]
+    finally:
+        torch.set_default_dtype(saved)
+    with default_dtype(torch.bfloat16):
+        ours = [call().dtype for call in calls]
+    assert ours == theirs
