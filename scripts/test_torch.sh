@@ -12,8 +12,9 @@
 # index as a user's pip sees it: PIP_CONFIG_FILE=/dev/null sets aside this machine's pip configuration, whose local
 # indexes cap torch below the newest release); runs the demo (python -m fakeviz
 # demo, on fake cuda:0), then one pytest run of the tutorials' own checks (tests/notebook/test_tutorial_[0-9]*.py,
-# in this environment's kernel), tests/engine and tests/analysis, on pytest-xdist workers as scripts/test.sh does
-# (scripts/xdist.sh). .ci/run calls it after the main suite.
+# in this environment's kernel), tests/engine, tests/analysis and the README's code blocks (tests/docs/test_readme.py:
+# on the torch users get; .ci/run's main job leaves them to this one), on pytest-xdist workers as scripts/test.sh
+# does (scripts/xdist.sh). .ci/run calls it after the main suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -55,7 +56,7 @@ echo "test_torch: demo on torch $TORCH took $(( $(date +%s) - start )) s"
 # suite under xdist]); serially (-n 0) they run first because they are named first.
 # A test path among the pytest arguments (a file or folder that exists, with or without ::test) runs instead of
 # that set.
-TESTS=(tests/notebook/test_tutorial_[0-9]*.py tests/engine tests/analysis)
+TESTS=(tests/notebook/test_tutorial_[0-9]*.py tests/engine tests/analysis tests/docs/test_readme.py)
 for arg in "$@"; do
   [[ "$arg" != -* && -e "${arg%%::*}" ]] && TESTS=() && break
 done

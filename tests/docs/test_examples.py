@@ -9,7 +9,9 @@ the later blocks seeing the names the earlier ones made, as in a reader's sessio
 temporary folder, so what the blocks write (``run.fvz``, ``out.html``) never lands in the repository.
 
 One test per block, named after its page and line: selecting a later block alone (``-k``) runs the page's earlier
-blocks first. A page whose blocks build the large published models is marked ``slow`` (still run in CI).
+blocks first. A page whose blocks build the large published models is marked ``slow`` (still run in CI). The
+README's blocks are tests of ``tests/docs/test_readme.py``: a file of their own, so that pytest-xdist (``--dist
+loadfile``) runs them on one worker while another runs the docs pages' (the README's take minutes: 70B and 405B).
 ``test_every_code_block_is_run`` keeps the list whole: a block in a language the reader cannot run, or an
 indented block (Markdown's other kind of code block, invisible to Sybil), fails it.
 """
@@ -32,7 +34,9 @@ from sybil.parsers.markdown import CodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parents[2]
 READER = Path(__file__).with_name("reader.py")
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
+PAGES = [README, *DOCS]
 LANGUAGES = ("python", "ipython", "bash")
 # the pages whose blocks build published models in full (70B, 405B): minutes, not seconds
 SLOW = {"README.md"}
@@ -151,9 +155,10 @@ def _evaluate(example: Example) -> None:
 PARSERS = [*(CodeBlockParser(language=lang, evaluator=_evaluate) for lang in LANGUAGES), SkipParser()]
 
 
-def _blocks() -> list:
+def blocks(pages: list[Path]) -> list:
+    """One pytest parameter per block of ``pages`` that runs (page, index among the page's examples)."""
     params = []
-    for page in PAGES:
+    for page in pages:
         examples = Document.parse(str(page), *PARSERS).examples()
         for index, example in enumerate(examples):
             if example.region.evaluator is not _evaluate:
@@ -166,23 +171,22 @@ def _blocks() -> list:
 _READERS: dict[str, tuple[Reader, list[Example]]] = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_readers():
-    yield
-    for reader, _ in _READERS.values():
-        reader.close()
-    _READERS.clear()
+def close_readers(pages: list[Path]) -> None:
+    """End the readers of ``pages`` (their Python processes, their folders)."""
+    for page in map(_name, pages):
+        if page in _READERS:
+            _READERS.pop(page)[0].close()
 
 
-@pytest.mark.parametrize(("page", "index"), _blocks())
-def test_block_runs(page: str, index: int) -> None:
+def run_block(page: str, index: int) -> None:
+    """Block ``index`` of ``page``, after the page's earlier blocks (run first when ``-k`` picked this one alone)."""
     if page not in _READERS:
         document = Document.parse(str(ROOT / page), *PARSERS)
         reader = Reader(page)
         document.namespace["reader"] = reader
         _READERS[page] = (reader, list(document.examples()))
     reader, examples = _READERS[page]
-    while reader.done < index:  # the earlier blocks first, as the reader ran them (-k picked this one alone)
+    while reader.done < index:  # the earlier blocks first, as the reader ran them
         example = examples[reader.done]
         reader.done += 1
         try:
@@ -192,6 +196,17 @@ def test_block_runs(page: str, index: int) -> None:
     if reader.done == index:
         reader.done += 1
         examples[index].evaluate()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_readers():
+    yield
+    close_readers(DOCS)
+
+
+@pytest.mark.parametrize(("page", "index"), blocks(DOCS))
+def test_block_runs(page: str, index: int) -> None:
+    run_block(page, index)
 
 
 def test_every_code_block_is_run() -> None:
