@@ -4,6 +4,8 @@
 #   bash scripts/test_journey.sh                   # every step
 #   bash scripts/test_journey.sh demo kernel       # the environment and wheel steps, then only these
 #   JOURNEY_TORCH=torch==2.14.1 bash scripts/test_journey.sh   # another torch than the newest (same environment)
+#   bash scripts/test_journey.sh prepare           # the environment, wheel and install steps only (.ci/run makes
+#                                                  # them while the main suite runs; a later run redoes them fast)
 #
 # Steps, in order; the first that fails stops the run (exit status non-zero, the step, its exit status and time):
 #   env     .venv-journey (git-ignored, kept between runs) with the newest torch and pip the index serves
@@ -34,7 +36,8 @@ LIMIT="${JOURNEY_TIMEOUT:-1800}"
 TORCH="${JOURNEY_TORCH:-torch}"
 ALL=(demo kernel cli readme)
 if [ $# -gt 0 ]; then WANT=("$@"); else WANT=("${ALL[@]}"); fi
-for s in "${WANT[@]}"; do
+[ "${WANT[*]}" = prepare ] && WANT=()
+for s in ${WANT[@]+"${WANT[@]}"}; do
   case " ${ALL[*]} " in *" $s "*) ;; *) echo "journey: unknown step '$s' (steps after the install: ${ALL[*]})" >&2; exit 2;; esac
 done
 
@@ -173,6 +176,6 @@ step_readme() {
 step env
 step wheel
 step install
-for s in "${WANT[@]}"; do step "$s"; done
+for s in ${WANT[@]+"${WANT[@]}"}; do step "$s"; done
 echo "journey: every step passed in $(( $(date +%s) - t_all )) s:"
 printf '%s\n' "${TIMES[@]}"

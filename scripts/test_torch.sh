@@ -6,6 +6,7 @@
 #   bash scripts/test_torch.sh torch==2.11.0   # any other requirement
 #   bash scripts/test_torch.sh torch -k attention -x   # pytest arguments after the requirement
 #   bash scripts/test_torch.sh torch -x tests/engine/test_torch_contract.py   # test paths: these instead of the set
+#   bash scripts/test_torch.sh torch --prepare   # the environment only (.ci/run makes it while the main suite runs)
 #
 # In its own virtual environment (.venv-torch-<requirement>, git-ignored, kept between runs; pip's cache keeps the
 # wheels): installs the requirement, then fakeviz[test] with that torch kept (for the default, both from the package
@@ -20,6 +21,8 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 SPEC="${1:-torch}"
 shift || true
+PREPARE=0
+if [ "${1:-}" = --prepare ]; then PREPARE=1; shift; fi
 NAME="$(printf '%s' "$SPEC" | tr -c 'A-Za-z0-9._-' '-')"
 [ "$SPEC" = torch ] && NAME=newest
 VENV=".venv-torch-$NAME"
@@ -43,6 +46,7 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$(cat "$STAMP")" !
   printf '%s' "$TORCH" > "$STAMP"
 fi
 echo "test_torch: $SPEC -> torch $TORCH in $VENV (setup $(( $(date +%s) - start )) s)"
+[ "$PREPARE" = 1 ] && exit 0
 "$VENV/bin/python" -c 'import fakeviz; s = fakeviz.fake_cuda_status(); print("fake cuda:", s.mode, "-", s.reason)'
 
 start=$(date +%s)
