@@ -89,11 +89,11 @@ class _DefaultDtype(TorchFunctionMode):
         self.dtype = dtype
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
-        kwargs = dict(kwargs or {})
+        kwargs = kwargs or {}
         if func in _FACTORIES:
             dtype = _dtype_for(func, args, kwargs, self.dtype)
             if dtype is not None:
-                kwargs["dtype"] = dtype
+                kwargs = {**kwargs, "dtype": dtype}  # a copy: the caller's dict stays as it was
         return func(*args, **kwargs)
 
 
